@@ -1,0 +1,199 @@
+"""What a device can do with each 16-bit format: supported at all, and fast.
+
+"Supported" means `torch.autocast` can run the format on that device type.
+"Fast" means its matmuls run on hardware that makes them quicker than fp32
+(tensor cores on Ampere+ GPUs for bf16, AVX512-BF16/AMX on CPUs). The two differ:
+fp16 autocast runs on any modern CPU, but without AVX512-FP16/AMX-FP16 its
+matmuls are emulated and many times slower than fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DeviceCaps", "device_caps"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceCaps:
+    """The 16-bit capabilities of one device.
+
+    Attributes:
+        device_type: ``"cpu"``, ``"cuda"``, ``"mps"``...
+        name: a human-readable name of the device.
+        bf16_supported: autocast can compute in bf16 here.
+        fp16_supported: autocast can compute in fp16 here.
+        bf16_fast: bf16 matmuls are hardware-accelerated.
+        fp16_fast: fp16 matmuls are hardware-accelerated.
+        bf16_reason: why bf16 is (not) supported/fast, in one sentence.
+        fp16_reason: why fp16 is (not) supported/fast, in one sentence.
+    """
+
+    device_type: str
+    name: str
+    bf16_supported: bool
+    fp16_supported: bool
+    bf16_fast: bool
+    fp16_fast: bool
+    bf16_reason: str
+    fp16_reason: str
+
+    def supported(self, dtype: torch.dtype) -> bool:
+        """Whether autocast can compute in `dtype` on this device (fp32 always can)."""
+        if dtype == torch.bfloat16:
+            return self.bf16_supported
+        if dtype == torch.float16:
+            return self.fp16_supported
+        return dtype == torch.float32
+
+    def fast(self, dtype: torch.dtype) -> bool:
+        """Whether `dtype` matmuls are hardware-accelerated on this device."""
+        if dtype == torch.bfloat16:
+            return self.bf16_fast
+        if dtype == torch.float16:
+            return self.fp16_fast
+        return dtype == torch.float32
+
+    def reason(self, dtype: torch.dtype) -> str:
+        """One sentence on the support and speed of `dtype` here."""
+        if dtype == torch.bfloat16:
+            return self.bf16_reason
+        if dtype == torch.float16:
+            return self.fp16_reason
+        return "fp32 is supported everywhere"
+
+
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key = line.split(":", 1)[0].strip()
+                if key in ("flags", "Features"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _mkldnn_supports(kind: str) -> bool | None:
+    """oneDNN's own check (what Inductor uses); None when this torch lacks it."""
+    try:
+        if kind == "bf16":
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _cpu_caps() -> DeviceCaps:
+    flags = _cpu_flags()
+    name = _cpu_model()
+    bf16_flags = sorted(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    fp16_flags = sorted(flags & {"avx512_fp16", "amx_fp16", "fphp", "asimdhp"})
+    bf16_fast = _mkldnn_supports("bf16")
+    if bf16_fast is None:
+        bf16_fast = bool(bf16_flags)
+    fp16_fast = _mkldnn_supports("fp16")
+    if fp16_fast is None:
+        fp16_fast = bool(flags & {"avx512_fp16", "amx_fp16"})
+    bf16_reason = (
+        f"bf16 matmul is accelerated on this CPU ({', '.join(bf16_flags) or 'oneDNN'})"
+        if bf16_fast
+        else "this CPU has no AVX512-BF16/AMX: bf16 autocast runs but is emulated"
+    )
+    fp16_reason = (
+        f"fp16 matmul is accelerated on this CPU ({', '.join(fp16_flags) or 'oneDNN'})"
+        if fp16_fast
+        else "this CPU has no AVX512-FP16/AMX-FP16: fp16 autocast runs but its matmuls are "
+        "emulated, typically many times slower than fp32"
+    )
+    return DeviceCaps(
+        device_type="cpu",
+        name=name,
+        bf16_supported=True,
+        fp16_supported=True,
+        bf16_fast=bf16_fast,
+        fp16_fast=fp16_fast,
+        bf16_reason=bf16_reason,
+        fp16_reason=fp16_reason,
+    )
+
+
+def _cuda_caps(index: int) -> DeviceCaps:
+    major, minor = torch.cuda.get_device_capability(index)
+    name = f"{torch.cuda.get_device_name(index)} (sm_{major}{minor})"
+    try:
+        bf16_supported = bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # older signature
+        bf16_supported = bool(torch.cuda.is_bf16_supported())
+    bf16_fast = (major, minor) >= (8, 0)
+    fp16_fast = (major, minor) >= (7, 0) or (major, minor) == (6, 0)
+    return DeviceCaps(
+        device_type="cuda",
+        name=name,
+        bf16_supported=bf16_supported,
+        fp16_supported=True,
+        bf16_fast=bf16_fast,
+        fp16_fast=fp16_fast,
+        bf16_reason=(
+            f"sm_{major}{minor} has bf16 tensor cores"
+            if bf16_fast
+            else f"sm_{major}{minor} predates Ampere: no bf16 tensor cores"
+        ),
+        fp16_reason=(
+            f"sm_{major}{minor} has fast fp16"
+            if fp16_fast
+            else f"sm_{major}{minor} has no fast fp16 arithmetic"
+        ),
+    )
+
+
+def _generic_caps(device_type: str) -> DeviceCaps:
+    return DeviceCaps(
+        device_type=device_type,
+        name=device_type,
+        bf16_supported=True,
+        fp16_supported=True,
+        bf16_fast=True,
+        fp16_fast=True,
+        bf16_reason=f"assumed supported and fast on {device_type} (not probed)",
+        fp16_reason=f"assumed supported and fast on {device_type} (not probed)",
+    )
+
+
+@functools.cache
+def _caps_cached(device_type: str, index: int) -> DeviceCaps:
+    if device_type == "cpu":
+        return _cpu_caps()
+    if device_type == "cuda":
+        return _cuda_caps(index)
+    return _generic_caps(device_type)
+
+
+def device_caps(device: torch.device | str | None = None) -> DeviceCaps:
+    """The 16-bit capabilities of `device` (default: the current CUDA device if any, else CPU).
+
+    Results are cached per device.
+    """
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    dev = torch.device(device)
+    index = dev.index if dev.index is not None else 0
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+    return _caps_cached(dev.type, index)

@@ -1,0 +1,694 @@
+"""`Precision`: run any PyTorch training loop under a precision policy.
+
+The runtime composes PyTorch rather than rewriting it: forward passes run under
+`torch.autocast`, loss scaling is `torch.amp.GradScaler` (`ShardedGradScaler` for
+FSDP2 models). What it adds is the discipline around them:
+
+* gradients are always unscaled before they are clipped, and the clipped norm is
+  the true one;
+* a step with non-finite gradients is never applied, with or without a scaler;
+* closure-based optimizers (LBFGS) work under loss scaling, which
+  `GradScaler.step` refuses;
+* every step returns a `StepReport`, and `Precision.stats` keeps the telemetry
+  (skipped steps, the loss-scale history); a scale that keeps collapsing raises
+  `PrecisionError` instead of looping forever.
+
+Example:
+    >>> prec = Precision("bf16_master")
+    >>> model = prec.prepare(model)
+    >>> optimizer = prec.optimizer(model, lr=3e-4)
+    >>> with prec.autocast():
+    ...     loss = loss_fn(model(x), y)
+    >>> prec.backward(loss)
+    >>> prec.clip_grad_norm_(model.parameters(), 1.0)
+    >>> report = prec.step(optimizer)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import math
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from mixprec.device import device_caps
+from mixprec.dtypes import dtype_name
+from mixprec.errors import PerformanceWarning, PrecisionError
+from mixprec.policy import Policy, matches_fp32_module, policy
+
+__all__ = ["Precision", "PrecisionStats", "StepReport"]
+
+Closure = Callable[[], Any]
+ParamsArg = nn.Module | Iterable[torch.Tensor] | Iterable[dict[str, Any]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepReport:
+    """What happened in one optimizer step.
+
+    Attributes:
+        step: the index of this step (0-based, counting skipped steps).
+        applied: whether the optimizer update was applied (False: skipped, params
+            and optimizer state untouched).
+        scale: the loss scale the gradients of this step carried (None without
+            loss scaling).
+        next_scale: the loss scale for the next step (None without loss scaling).
+        grad_norm: the true (unscaled, pre-clip) total gradient norm; inf or NaN
+            when gradients were non-finite.
+        nonfinite_grads: how many gradient elements were inf or NaN.
+    """
+
+    step: int
+    applied: bool
+    scale: float | None
+    next_scale: float | None
+    grad_norm: float
+    nonfinite_grads: int
+
+    @property
+    def skipped(self) -> bool:
+        """The update was not applied."""
+        return not self.applied
+
+
+@dataclass(kw_only=True)
+class PrecisionStats:
+    """Telemetry accumulated by a `Precision` over its steps.
+
+    Attributes:
+        steps: optimizer steps attempted.
+        applied_steps: steps whose update was applied.
+        skipped_steps: steps skipped because gradients were non-finite.
+        consecutive_skips: skipped steps since the last applied one.
+        last_nonfinite_step: index of the last step with non-finite gradients, or None.
+        loss_scale: the current loss scale (None without loss scaling).
+        scale_history: ``(step, scale)`` pairs, one per change of the loss scale
+            (the most recent `history_size` of them), starting with the initial scale.
+    """
+
+    steps: int = 0
+    applied_steps: int = 0
+    skipped_steps: int = 0
+    consecutive_skips: int = 0
+    last_nonfinite_step: int | None = None
+    loss_scale: float | None = None
+    history_size: int = 1000
+    scale_history: deque[tuple[int, float]] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        self.scale_history = deque(self.scale_history, maxlen=self.history_size)
+
+    def record_scale(self, step: int, scale: float) -> None:
+        """Note the loss scale in force from `step` on, if it changed."""
+        if not self.scale_history or self.scale_history[-1][1] != scale:
+            self.scale_history.append((step, scale))
+        self.loss_scale = scale
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        out = asdict(self)
+        out["scale_history"] = [list(item) for item in self.scale_history]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrecisionStats:
+        """Inverse of `to_dict`."""
+        values = dict(data)
+        history = [(int(s), float(v)) for s, v in values.pop("scale_history", [])]
+        return cls(**values, scale_history=deque(history))
+
+
+class _NonFiniteInClosureError(Exception):
+    """Raised inside a wrapped closure to abort an optimizer step with bad gradients."""
+
+
+def _floating_params(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    return [p for p in params if p.grad is not None]
+
+
+def _count_nonfinite(grads: Sequence[torch.Tensor]) -> int:
+    return int(sum(int((~torch.isfinite(g)).sum()) for g in grads))
+
+
+def _total_norm(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    if not grads:
+        return torch.zeros(())
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False)
+
+
+def _any_across_ranks(flag: bool, device: torch.device) -> bool:
+    """True if `flag` is true on any rank (every rank then skips together)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _cast_floating(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(dtype)
+    if isinstance(value, tuple | list):
+        return type(value)(_cast_floating(v, dtype) for v in value)
+    return value
+
+
+def _first_floating_dtype(args: tuple[Any, ...]) -> torch.dtype | None:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return a.dtype
+    return None
+
+
+def _make_fp32_island(module: nn.Module, device_type: str) -> None:
+    """Run `module` in fp32: inputs upcast, autocast off inside, outputs cast back.
+
+    The output goes back to the dtype of the first floating input so a 16-bit
+    model around the island sees the dtype it passed in.
+    """
+    if getattr(module, "_mixprec_fp32_island", False):
+        return
+    original = module.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        in_dtype = _first_floating_dtype(args)
+        with torch.autocast(device_type=device_type, enabled=False):
+            out = original(
+                *_cast_floating(args, torch.float32), **_cast_floating(kwargs, torch.float32)
+            )
+        if in_dtype is not None and in_dtype != torch.float32:
+            out = _cast_floating(out, in_dtype)
+        return out
+
+    module.forward = forward
+    module._mixprec_fp32_island = True  # type: ignore[assignment]
+
+
+class Precision:
+    """Run a training loop under a precision `Policy`.
+
+    Args:
+        policy: a `Policy`, or a preset name or alias (see `mixprec.policy`).
+        device: the device type autocast runs on; by default taken from the model
+            in `prepare`, else CUDA when available, else CPU.
+        max_consecutive_skips: raise `PrecisionError` after this many skipped steps
+            in a row (None: never).
+        min_loss_scale: raise `PrecisionError` when the dynamic loss scale falls
+            below this (None: never).
+        history_size: how many loss-scale changes `stats.scale_history` keeps.
+    """
+
+    def __init__(
+        self,
+        policy_or_name: Policy | str = "fp32",
+        *,
+        device: torch.device | str | None = None,
+        max_consecutive_skips: int | None = 25,
+        min_loss_scale: float | None = 1.0,
+        history_size: int = 1000,
+    ) -> None:
+        self.policy: Policy = policy(policy_or_name, device=device)
+        if max_consecutive_skips is not None and max_consecutive_skips < 1:
+            raise ValueError(
+                f"max_consecutive_skips must be >= 1 or None, got {max_consecutive_skips}"
+            )
+        if history_size < 1:
+            raise ValueError(f"history_size must be >= 1, got {history_size}")
+        self.max_consecutive_skips = max_consecutive_skips
+        self.min_loss_scale = min_loss_scale
+        self._device: torch.device | None = torch.device(device) if device is not None else None
+        self.stats = PrecisionStats(history_size=history_size)
+        self._scaler: torch.amp.GradScaler | None = None
+        self._sharded = False
+        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._unscaled: set[int] = set()
+        self._pending_norm: torch.Tensor | None = None
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def device(self) -> torch.device:
+        """The device autocast and the scaler run on."""
+        if self._device is None:
+            self._device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return self._device
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler:
+        """The `torch.amp.GradScaler` (disabled: a no-op) this run uses."""
+        if self._scaler is None:
+            self._scaler = self._make_scaler()
+        return self._scaler
+
+    @property
+    def loss_scale(self) -> float | None:
+        """The current loss scale, or None without loss scaling."""
+        if not self.policy.scales_loss:
+            return None
+        return float(self.scaler.get_scale())
+
+    def _make_scaler(self) -> torch.amp.GradScaler:
+        ls = self.policy.loss_scaling
+        kind = self.device.type
+        if ls is None:
+            return torch.amp.GradScaler(kind, enabled=False)
+        kwargs: dict[str, Any] = {
+            "init_scale": ls.init_scale,
+            "growth_factor": ls.growth_factor,
+            "backoff_factor": ls.backoff_factor,
+            "growth_interval": ls.growth_interval,
+        }
+        if self._sharded:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            return ShardedGradScaler(kind, **kwargs)
+        return torch.amp.GradScaler(kind, **kwargs)
+
+    # --------------------------------------------------------------- prepare
+
+    def check_device(self) -> None:
+        """Raise `PrecisionError` if this device cannot compute in the policy's dtype."""
+        compute = self.policy.compute_dtype
+        if compute is None:
+            return
+        caps = device_caps(self.device)
+        if not caps.supported(compute):
+            raise PrecisionError(
+                f"policy {self.policy.name!r} asks for {dtype_name(compute)} compute, which "
+                f"{caps.name} cannot run: {caps.reason(compute)}; mixprec does not swap formats "
+                "silently: choose another policy (e.g. 'auto')"
+            )
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Set parameter storage to the policy's dtype, keeping fp32 islands.
+
+        Parameters of modules matching `Policy.fp32_modules` (norm layers by
+        default) stay fp32 and those modules run in fp32 with their inputs upcast.
+        Islands apply only when parameters are stored in 16 bits; with fp32
+        storage, autocast's own op lists decide. Buffers are left as they are.
+        Returns the same model, changed in place.
+        """
+        first = next(iter(model.parameters()), None)
+        if first is not None and self._device is None:
+            self._device = first.device
+        self.check_device()
+        compute = self.policy.compute_dtype
+        if compute is not None:
+            caps = device_caps(self.device)
+            if not caps.fast(compute):
+                warnings.warn(
+                    f"{dtype_name(compute)} compute is not accelerated on {caps.name}: "
+                    f"{caps.reason(compute)}; the run is correct but may be slower than fp32",
+                    PerformanceWarning,
+                    stacklevel=2,
+                )
+        self._sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
+        self._scaler = None  # rebuilt for this model's device and sharding
+        storage = self.policy.param_dtype
+        islands = storage != torch.float32
+        island_params: set[int] = set()
+        if islands:
+            for name, module in model.named_modules():
+                if matches_fp32_module(self.policy, name, module):
+                    _make_fp32_island(module, self.device.type)
+                    island_params.update(id(p) for p in module.parameters())
+        with torch.no_grad():
+            for p in model.parameters():
+                if not p.is_floating_point():
+                    continue
+                target = torch.float32 if id(p) in island_params else storage
+                if p.dtype != target:
+                    p.data = p.data.to(target)
+        return model
+
+    # -------------------------------------------------------------- optimizer
+
+    def optimizer(
+        self,
+        params: ParamsArg,
+        *,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        **kwargs: Any,
+    ) -> torch.optim.Optimizer:
+        """The AdamW the policy implies (`mixprec.optim.AdamW`), registered with this run.
+
+        16-bit parameters get the policy's master representation; fp32 parameters
+        (fp32 islands, or everything under an fp32-storage policy) need none.
+        Moments use the policy's moment format. Extra keyword arguments go to the
+        optimizer.
+        """
+        from mixprec.optim import AdamW
+
+        groups: list[dict[str, Any]] = []
+        raw = list(params.parameters()) if isinstance(params, nn.Module) else list(params)
+        if raw and isinstance(raw[0], dict):
+            source = cast(list[dict[str, Any]], raw)
+        else:
+            source = [{"params": raw}]
+        for group in source:
+            tensors = list(group["params"])
+            rest = {k: v for k, v in group.items() if k != "params"}
+            half = [p for p in tensors if p.dtype != torch.float32]
+            full = [p for p in tensors if p.dtype == torch.float32]
+            if half:
+                groups.append({"params": half, **rest, "master": self.policy.master})
+            if full:
+                groups.append({"params": full, **rest, "master": "none"})
+        opt = AdamW(
+            groups,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            moments=self.policy.moments,
+            **kwargs,
+        )
+        self.register(opt)
+        return opt
+
+    def register(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Tell this run about an optimizer built elsewhere (needed before clipping
+        under loss scaling, so clipping can unscale its gradients first)."""
+        self._optimizers.add(optimizer)
+        return optimizer
+
+    # --------------------------------------------------------------- forward
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """A context in which eligible ops compute in the policy's compute dtype.
+
+        A no-op context when the policy computes in its storage dtype. Raises
+        `PrecisionError` if the device cannot run the dtype (never a silent swap).
+        """
+        compute = self.policy.compute_dtype
+        if compute is None:
+            return contextlib.nullcontext()
+        self.check_device()
+        return torch.autocast(device_type=self.device.type, dtype=compute)
+
+    # -------------------------------------------------------------- backward
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backpropagate `loss`, scaled when the policy scales the loss."""
+        scaled: torch.Tensor = self.scaler.scale(loss)
+        torch.autograd.backward(scaled, **kwargs)
+
+    def _unscale(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+        if not self.policy.scales_loss:
+            return
+        for opt in optimizers:
+            if id(opt) not in self._unscaled:
+                self.scaler.unscale_(opt)
+                self._unscaled.add(id(opt))
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the gradients of `optimizer` by the loss scale now (idempotent per step)."""
+        self.register(optimizer)
+        self._unscale([optimizer])
+
+    def clip_grad_norm_(
+        self,
+        parameters: torch.Tensor | Iterable[torch.Tensor],
+        max_norm: float,
+        *,
+        norm_type: float = 2.0,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> torch.Tensor:
+        """Clip gradients by their total norm, always on unscaled gradients.
+
+        Under loss scaling the gradients are unscaled first (through the optimizer
+        that owns them: the one passed, or those built by `optimizer`/`register`ed).
+
+        Returns:
+            The true total norm before clipping (inf/NaN if gradients are non-finite;
+            such a step is then skipped by `step`).
+        """
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        if self.policy.scales_loss:
+            owners = [optimizer] if optimizer is not None else list(self._optimizers)
+            if optimizer is not None:
+                self.register(optimizer)
+            wanted = {id(p) for p in params if p.grad is not None}
+            owning = [o for o in owners if wanted & {id(p) for p in _optimizer_params(o)}]
+            covered = {id(p) for o in owning for p in _optimizer_params(o)}
+            if not wanted <= covered:
+                raise ValueError(
+                    "clip_grad_norm_ under loss scaling must unscale the gradients first, but "
+                    "some parameters belong to no optimizer this Precision knows; build the "
+                    "optimizer with prec.optimizer(...), call prec.register(optimizer), or pass "
+                    "optimizer=..."
+                )
+            self._unscale(owning)
+        norm = torch.nn.utils.clip_grad_norm_(
+            params, max_norm, norm_type=norm_type, error_if_nonfinite=False
+        )
+        self._pending_norm = norm.detach()
+        return norm
+
+    # ------------------------------------------------------------------ step
+
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+        closure: Closure | None = None,
+    ) -> StepReport:
+        """Apply the optimizer update unless the gradients are non-finite.
+
+        Under loss scaling this is `GradScaler.step` + `GradScaler.update` (the
+        scale backs off on overflow and grows after `growth_interval` clean
+        steps). Without it, non-finite gradients still skip the step. With a
+        `closure` (LBFGS), the closure is evaluated here, each evaluation's
+        gradients are unscaled and checked, and a step that meets non-finite
+        gradients at any evaluation is rolled back.
+
+        Raises:
+            PrecisionError: when the loss scale falls below `min_loss_scale` or
+                `max_consecutive_skips` steps in a row were skipped.
+        """
+        optimizers = (
+            [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+        )
+        for opt in optimizers:
+            self.register(opt)
+        scale_before = self.loss_scale
+        if scale_before is not None and not self.stats.scale_history:
+            self.stats.record_scale(self.stats.steps, scale_before)
+        try:
+            if closure is not None:
+                applied, norm, nonfinite = self._step_with_closure(optimizers, closure)
+            else:
+                applied, norm, nonfinite = self._step_plain(optimizers)
+        finally:
+            self._unscaled.clear()
+            self._pending_norm = None
+        return self._finish(applied, norm, nonfinite, scale_before)
+
+    def _check_grads(self, optimizers: Sequence[torch.optim.Optimizer]) -> tuple[float, int]:
+        grads = [p.grad for opt in optimizers for p in _floating_params(_optimizer_params(opt))]
+        grads_t = [g for g in grads if g is not None]
+        norm_t = self._pending_norm if self._pending_norm is not None else _total_norm(grads_t)
+        norm = float(norm_t)
+        nonfinite = 0 if math.isfinite(norm) else _count_nonfinite(grads_t)
+        if not math.isfinite(norm) and nonfinite == 0:
+            nonfinite = 1  # the norm itself overflowed: treat as one non-finite value
+        return norm, nonfinite
+
+    def _step_plain(self, optimizers: Sequence[torch.optim.Optimizer]) -> tuple[bool, float, int]:
+        self._unscale(optimizers)
+        norm, nonfinite = self._check_grads(optimizers)
+        ls = self.policy.loss_scaling
+        if ls is not None and ls.dynamic:
+            # GradScaler decides from its own inf check on the same gradients (all-reduced
+            # across ranks by ShardedGradScaler): it skips the step and backs the scale off
+            # exactly as torch AMP does. A skipped step is one whose scale went down.
+            before = float(self.scaler.get_scale())
+            for opt in optimizers:
+                self.scaler.step(opt)
+            self.scaler.update()
+            return float(self.scaler.get_scale()) >= before, norm, nonfinite
+        bad = _any_across_ranks(nonfinite > 0, self.device)
+        if not bad:
+            for opt in optimizers:
+                opt.step()
+        if ls is not None:
+            # Static scale: end GradScaler's iteration without moving the scale.
+            self.scaler.update(new_scale=float(ls.init_scale))
+        return not bad, norm, nonfinite
+
+    def _step_with_closure(
+        self, optimizers: Sequence[torch.optim.Optimizer], closure: Closure
+    ) -> tuple[bool, float, int]:
+        if len(optimizers) != 1:
+            raise ValueError("a closure step takes exactly one optimizer")
+        opt = optimizers[0]
+        with torch.enable_grad():
+            first_loss = closure()
+        self._unscale([opt])
+        norm, nonfinite = self._check_grads([opt])
+        if _any_across_ranks(nonfinite > 0, self.device):
+            self._update_scale(found_inf=True)
+            return False, norm, nonfinite
+        params = _optimizer_params(opt)
+        saved_params = [p.detach().clone() for p in params]
+        saved_state = copy.deepcopy(opt.state_dict())
+        inv_scale = 1.0 / (self.loss_scale or 1.0)
+        calls = 0
+
+        def wrapped() -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:  # gradients of the first evaluation are already unscaled
+                return first_loss
+            with torch.enable_grad():
+                loss = closure()
+            grads = [p.grad for p in params if p.grad is not None]
+            if inv_scale != 1.0:
+                torch._foreach_mul_(grads, inv_scale)
+            if not math.isfinite(float(_total_norm(grads))):
+                raise _NonFiniteInClosureError
+            return loss
+
+        try:
+            if self.policy.scales_loss:
+                self.scaler.step(opt, wrapped)  # positional: GradScaler only refuses kwargs
+            else:
+                opt.step(wrapped)
+        except _NonFiniteInClosureError:
+            with torch.no_grad():
+                for p, saved in zip(params, saved_params, strict=True):
+                    p.copy_(saved)
+            opt.load_state_dict(saved_state)
+            self._update_scale(found_inf=True)
+            return False, norm, max(nonfinite, 1)
+        self._update_scale(found_inf=False)
+        return True, norm, nonfinite
+
+    def _update_scale(self, *, found_inf: bool) -> None:
+        """Scale bookkeeping for closure steps, matching `GradScaler.update`."""
+        ls = self.policy.loss_scaling
+        if ls is None:
+            return
+        if not ls.dynamic:
+            self.scaler.update(new_scale=float(ls.init_scale))
+            return
+        if not found_inf:
+            self.scaler.update()
+            return
+        # A rolled-back step: back off and restart the growth count, as GradScaler does
+        # on overflow, through its public state_dict.
+        state = self.scaler.state_dict()
+        state["scale"] = float(state["scale"]) * ls.backoff_factor
+        state["_growth_tracker"] = 0
+        self.scaler.update(new_scale=float(state["scale"]))
+        self.scaler.load_state_dict(state)
+
+    def _finish(
+        self, applied: bool, norm: float, nonfinite: int, scale_before: float | None
+    ) -> StepReport:
+        stats = self.stats
+        index = stats.steps
+        stats.steps += 1
+        if applied:
+            stats.applied_steps += 1
+            stats.consecutive_skips = 0
+        else:
+            stats.skipped_steps += 1
+            stats.consecutive_skips += 1
+        if nonfinite:
+            stats.last_nonfinite_step = index
+        scale_after = self.loss_scale
+        if scale_after is not None:
+            stats.record_scale(stats.steps, scale_after)
+        report = StepReport(
+            step=index,
+            applied=applied,
+            scale=scale_before,
+            next_scale=scale_after,
+            grad_norm=norm,
+            nonfinite_grads=nonfinite,
+        )
+        self._check_collapse()
+        return report
+
+    def _check_collapse(self) -> None:
+        stats = self.stats
+        history = ", ".join(f"step {s}: {v:g}" for s, v in list(stats.scale_history)[-12:])
+        scale = stats.loss_scale
+        if scale is not None and self.min_loss_scale is not None and scale < self.min_loss_scale:
+            raise PrecisionError(
+                f"the loss scale collapsed to {scale:g} (below {self.min_loss_scale:g}) after "
+                f"{stats.consecutive_skips} consecutive skipped steps; gradients are non-finite "
+                f"even unscaled, so the forward pass or the loss is producing inf/NaN. "
+                f"Recent loss scales: {history}. Find the source with mixprec's doctor "
+                "(nonfinite-source), lower the learning rate, or compute in bf16"
+            )
+        limit = self.max_consecutive_skips
+        if limit is not None and stats.consecutive_skips >= limit:
+            raise PrecisionError(
+                f"{stats.consecutive_skips} consecutive steps had non-finite gradients and were "
+                f"skipped (limit max_consecutive_skips={limit}); training is not progressing. "
+                + (f"Recent loss scales: {history}. " if history else "")
+                + "Find the source with mixprec's doctor (nonfinite-source) or lower the "
+                "learning rate"
+            )
+
+    # ----------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scaler's and the telemetry's state (plain data and tensors)."""
+        return {
+            "policy": self.policy.to_dict(),
+            "scaler": self.scaler.state_dict(),
+            "stats": self.stats.to_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
+        """Restore `state_dict` output. With `strict`, the saved policy must match."""
+        saved = state.get("policy")
+        if strict and saved is not None:
+            mine = self.policy.to_dict()
+            diff = sorted(k for k in mine if k not in ("name", "note") and saved.get(k) != mine[k])
+            if diff:
+                raise ValueError(
+                    f"state was saved under a different policy (fields {diff} differ: saved "
+                    f"{ {k: saved.get(k) for k in diff} }, now { {k: mine[k] for k in diff} }); "
+                    "pass strict=False to resume under the new policy deliberately"
+                )
+        scaler_state = state.get("scaler") or {}
+        if scaler_state and self.policy.scales_loss:
+            self.scaler.load_state_dict(scaler_state)
+        if "stats" in state:
+            self.stats = PrecisionStats.from_dict(state["stats"])
+
+    def describe(self) -> dict[str, Any]:
+        """Requested versus effective precision on this device, as plain data."""
+        compute = self.policy.compute_dtype
+        caps = device_caps(self.device)
+        return {
+            "policy": self.policy.to_dict(),
+            "device": str(self.device),
+            "device_name": caps.name,
+            "compute_supported": True if compute is None else caps.supported(compute),
+            "compute_fast": True if compute is None else caps.fast(compute),
+            "reason": "" if compute is None else caps.reason(compute),
+        }
+
+    def __repr__(self) -> str:
+        return f"Precision({self.policy.name!r}: {self.policy.describe()})"

@@ -1,0 +1,518 @@
+"""Precision policies: every precision decision of a training run, explicit and validated.
+
+A `Policy` says separately how activations are computed (`compute_dtype`),
+how parameters are stored (`param_dtype`), how the optimizer keeps full
+precision (`master`) and its moments (`moments`), how gradients are reduced
+across ranks (`reduce_dtype`), what dtype modules return under FSDP2
+(`output_dtype`), whether the loss is scaled (`loss_scaling`), and which
+modules stay in fp32 (`fp32_modules`). A single "mixed precision on" flag hides
+exactly the decisions that break runs; here each one is visible.
+
+Presets come from `policy(name)`, which also accepts other tools' spellings
+(Lightning's ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"``; Accelerate's
+``"fp16"``/``"bf16"``; Composer's ``"amp_bf16"``...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import math
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from mixprec.device import device_caps
+from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
+from mixprec.errors import PrecisionWarning
+from mixprec.optim.kinds import MasterKind, MomentKind, check_master, check_moments
+
+__all__ = [
+    "ALIASES",
+    "DEFAULT_FP32_MODULES",
+    "PRESET_NAMES",
+    "LossScaling",
+    "Policy",
+    "matches_fp32_module",
+    "policy",
+    "preset_names",
+    "resolve_auto",
+]
+
+#: Class-name patterns of modules kept in fp32 storage by default: every norm layer
+#: (LayerNorm, RMSNorm, GroupNorm, BatchNorm1d/2d/3d, InstanceNorm*, LlamaRMSNorm...).
+DEFAULT_FP32_MODULES: tuple[str, ...] = ("*Norm", "*Norm1d", "*Norm2d", "*Norm3d")
+
+_COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
+_STORAGE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossScaling:
+    """Loss-scaling settings, as understood by `torch.amp.GradScaler`.
+
+    Attributes:
+        init_scale: the initial (or, when not dynamic, the fixed) loss scale.
+        growth_factor: the scale is multiplied by this after `growth_interval`
+            consecutive steps without inf/NaN gradients.
+        backoff_factor: the scale is multiplied by this on a step with inf/NaN
+            gradients (which is skipped).
+        growth_interval: finite steps between growths.
+        dynamic: False for a static scale: overflowing steps are still skipped,
+            but the scale never changes.
+    """
+
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    dynamic: bool = True
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.init_scale) and self.init_scale > 0):
+            raise ValueError(f"init_scale must be finite and > 0, got {self.init_scale!r}")
+        if not self.growth_factor > 1.0:
+            raise ValueError(f"growth_factor must be > 1, got {self.growth_factor!r}")
+        if not 0.0 < self.backoff_factor < 1.0:
+            raise ValueError(f"backoff_factor must be in (0, 1), got {self.backoff_factor!r}")
+        if not (isinstance(self.growth_interval, int) and self.growth_interval >= 1):
+            raise ValueError(f"growth_interval must be an int >= 1, got {self.growth_interval!r}")
+
+    @classmethod
+    def static(cls, scale: float) -> LossScaling:
+        """A fixed loss scale: non-finite steps are skipped, the scale never moves."""
+        return cls(init_scale=float(scale), dynamic=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """Every precision decision of a training run.
+
+    Construct with real `torch.dtype` values; strings from configs go through
+    `Policy.from_dict` (or `mixprec.parse_dtype`). Invalid combinations raise
+    `ValueError` naming the fix; the risky-but-allowed pure 16-bit pattern warns
+    with a `PrecisionWarning`.
+
+    Attributes:
+        name: the preset name, or ``"custom"``.
+        compute_dtype: autocast dtype for eligible ops (bf16 or fp16), or None for
+            no autocast (fp32 is accepted and means None).
+        param_dtype: storage dtype of module parameters.
+        master: how the optimizer keeps full precision for 16-bit params; one of
+            ``none``, ``fp32``, ``exact``, ``remainder8``, ``kahan``, ``stochastic``.
+        moments: optimizer moment storage; one of ``fp32``, ``bf16``, ``int8``.
+        reduce_dtype: dtype of gradient reduction across ranks.
+        output_dtype: dtype of module outputs under FSDP2, or None to leave them.
+        loss_scaling: `LossScaling` settings, or None for no loss scaling.
+        fp32_modules: module types, or fnmatch patterns matched against module
+            class names (any class in the MRO) and qualified names, whose
+            parameters stay fp32 and whose forward runs in fp32.
+        allow_unscaled: permit fp16 compute without loss scaling (for
+            experiments that demonstrate gradient underflow).
+        note: free text, e.g. why `auto` chose this policy. Not compared.
+    """
+
+    name: str = "custom"
+    compute_dtype: torch.dtype | None = None
+    param_dtype: torch.dtype = torch.float32
+    master: MasterKind = "none"
+    moments: MomentKind = "fp32"
+    reduce_dtype: torch.dtype = torch.float32
+    output_dtype: torch.dtype | None = None
+    loss_scaling: LossScaling | None = None
+    fp32_modules: tuple[type[nn.Module] | str, ...] = DEFAULT_FP32_MODULES
+    allow_unscaled: bool = False
+    note: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        _check_dtype_field(
+            "compute_dtype", self.compute_dtype, (torch.float32, *_COMPUTE_DTYPES), True
+        )
+        if self.compute_dtype == torch.float32:
+            object.__setattr__(self, "compute_dtype", None)
+        _check_dtype_field("param_dtype", self.param_dtype, _STORAGE_DTYPES, False)
+        _check_dtype_field("reduce_dtype", self.reduce_dtype, _STORAGE_DTYPES, False)
+        _check_dtype_field("output_dtype", self.output_dtype, _STORAGE_DTYPES, True)
+        check_master(self.master)
+        check_moments(self.moments)
+        if self.loss_scaling is not None and not isinstance(self.loss_scaling, LossScaling):
+            raise TypeError(
+                f"loss_scaling must be a mixprec.LossScaling or None, got {self.loss_scaling!r}"
+            )
+        if not isinstance(self.fp32_modules, tuple):
+            object.__setattr__(self, "fp32_modules", tuple(self.fp32_modules))
+        for entry in self.fp32_modules:
+            if not (
+                isinstance(entry, str) or (isinstance(entry, type) and issubclass(entry, nn.Module))
+            ):
+                raise TypeError(
+                    "fp32_modules entries must be nn.Module subclasses or name patterns, "
+                    f"got {entry!r}"
+                )
+        self._check_combination()
+
+    def _check_combination(self) -> None:
+        where = f"policy {self.name!r}"
+        if (
+            self.compute_dtype == torch.float16
+            and self.loss_scaling is None
+            and not self.allow_unscaled
+        ):
+            raise ValueError(
+                f"{where}: fp16 compute without loss scaling lets small gradients underflow "
+                "to zero; "
+                "fix: set loss_scaling=LossScaling() (dynamic), or allow_unscaled=True to study it"
+            )
+        if self.param_dtype == torch.float32 and self.master != "none":
+            raise ValueError(
+                f"{where}: master={self.master!r} with fp32 params: fp32 params are already the "
+                "master, so a master representation only adds memory; fix: master='none', or "
+                "store params in 16 bits (param_dtype=torch.bfloat16)"
+            )
+        if (
+            self.master in ("exact", "remainder8", "stochastic")
+            and self.param_dtype != torch.bfloat16
+        ):
+            raise ValueError(
+                f"{where}: master={self.master!r} needs bf16 params, got "
+                f"{dtype_name(self.param_dtype)}; fix: param_dtype=torch.bfloat16 or master='fp32'"
+            )
+        if self.param_dtype == torch.float16 and self.loss_scaling is not None:
+            raise ValueError(
+                f"{where}: fp16 parameter storage with loss scaling would unscale fp16 gradients "
+                "in fp16 (torch.amp.GradScaler refuses this); fix: keep fp32 params with fp16 "
+                "compute (preset 'amp_fp16') or store params in bf16"
+            )
+        if is_16bit(self.param_dtype) and self.master == "none":
+            warnings.warn(
+                f"{where}: parameters stored in {dtype_name(self.param_dtype)} with no master: "
+                f"AdamW updates are rounded to {dtype_name(self.param_dtype)} every step and "
+                f"small ones are lost, and moments are stored in {self.moments}; use master="
+                "'exact' (bitwise fp32 at 2 extra bytes/param) unless you have measured that "
+                "this is acceptable",
+                PrecisionWarning,
+                stacklevel=4,
+            )
+
+    # ------------------------------------------------------------------ facts
+
+    @property
+    def scales_loss(self) -> bool:
+        """Whether the loss is scaled before backward."""
+        return self.loss_scaling is not None
+
+    @property
+    def autocast_enabled(self) -> bool:
+        """Whether forward passes run under `torch.autocast`."""
+        return self.compute_dtype is not None
+
+    @property
+    def effective_compute_dtype(self) -> torch.dtype:
+        """The dtype eligible ops compute in: the autocast dtype or the storage dtype."""
+        return self.compute_dtype if self.compute_dtype is not None else self.param_dtype
+
+    # ------------------------------------------------------------ conversion
+
+    def replace(self, **changes: Any) -> Policy:
+        """A copy with some fields changed (validated again); name becomes ``custom``
+        unless given."""
+        changes.setdefault("name", "custom")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field (dtypes by canonical name)."""
+        return {
+            "name": self.name,
+            "compute_dtype": dtype_name(self.compute_dtype),
+            "param_dtype": dtype_name(self.param_dtype),
+            "master": self.master,
+            "moments": self.moments,
+            "reduce_dtype": dtype_name(self.reduce_dtype),
+            "output_dtype": dtype_name(self.output_dtype),
+            "loss_scaling": None if self.loss_scaling is None else self.loss_scaling.to_dict(),
+            "fp32_modules": [e if isinstance(e, str) else e.__name__ for e in self.fp32_modules],
+            "allow_unscaled": self.allow_unscaled,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Policy:
+        """Build a policy from plain data (a YAML/JSON mapping); the config edge.
+
+        A ``preset`` key starts from that preset (see `policy`) and the other keys
+        override its fields. Dtypes are strings (``"bf16"``), ``loss_scaling`` is
+        null, ``"dynamic"``, a number (a static scale) or a mapping of
+        `LossScaling` fields; ``fp32_modules`` is a list of name patterns. Nothing
+        is imported or executed.
+
+        Raises:
+            ValueError: on unknown keys or values, naming the valid ones.
+        """
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a policy must be a mapping, got {type(data).__name__}: {data!r}")
+        valid = {f.name for f in dataclasses.fields(cls)} | {"preset"}
+        unknown = sorted(set(data) - valid)
+        if unknown:
+            raise ValueError(f"unknown policy keys {unknown}; valid keys: {sorted(valid)}")
+        values = dict(data)
+        base: Policy | None = None
+        if "preset" in values:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", PrecisionWarning)
+                base = policy(str(values.pop("preset")))
+        kwargs: dict[str, Any] = {}
+        for key in ("compute_dtype", "output_dtype"):
+            if key in values:
+                raw = values[key]
+                kwargs[key] = (
+                    None if raw is None or str(raw).lower() == "none" else parse_dtype(str(raw))
+                )
+        for key in ("param_dtype", "reduce_dtype"):
+            if key in values:
+                kwargs[key] = parse_dtype(str(values[key]))
+        for key in ("name", "note"):
+            if key in values:
+                kwargs[key] = str(values[key])
+        if "master" in values:
+            kwargs["master"] = check_master(str(values["master"]))
+        if "moments" in values:
+            kwargs["moments"] = check_moments(str(values["moments"]))
+        if "allow_unscaled" in values:
+            kwargs["allow_unscaled"] = _parse_bool("allow_unscaled", values["allow_unscaled"])
+        if "loss_scaling" in values:
+            kwargs["loss_scaling"] = _parse_loss_scaling(values["loss_scaling"])
+        if "fp32_modules" in values:
+            raw_modules = values["fp32_modules"]
+            if not isinstance(raw_modules, list | tuple) or not all(
+                isinstance(m, str) for m in raw_modules
+            ):
+                raise ValueError(
+                    f"fp32_modules must be a list of name patterns, got {raw_modules!r}"
+                )
+            kwargs["fp32_modules"] = tuple(raw_modules)
+        if base is not None:
+            kwargs.setdefault("name", base.name if len(kwargs) == 0 else "custom")
+            return dataclasses.replace(base, **kwargs)
+        return cls(**kwargs)
+
+    def describe(self) -> str:
+        """A one-line summary such as ``compute bf16, params bf16, master exact, ...``."""
+        scaling = "none"
+        if self.loss_scaling is not None:
+            scaling = (
+                "dynamic"
+                if self.loss_scaling.dynamic
+                else f"static {self.loss_scaling.init_scale:g}"
+            )
+        return (
+            f"compute {dtype_name(self.compute_dtype)}, params {dtype_name(self.param_dtype)}, "
+            f"master {self.master}, moments {self.moments}, "
+            f"reduce {dtype_name(self.reduce_dtype)}, "
+            f"loss scaling {scaling}"
+        )
+
+
+def _check_dtype_field(
+    name: str, value: object, allowed: tuple[torch.dtype, ...], optional: bool
+) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, str):
+        raise TypeError(
+            f"{name}={value!r} is a string; Policy takes torch.dtype values "
+            f"(use mixprec.parse_dtype({value!r}) or Policy.from_dict for configs)"
+        )
+    if value not in allowed:
+        choices = [dtype_name(d) for d in allowed] + (["None"] if optional else [])
+        raise ValueError(f"{name}={value!r} is not supported; valid: {', '.join(choices)}")
+
+
+def _parse_bool(key: str, raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    raise ValueError(f"{key} must be true or false, got {raw!r}")
+
+
+def _parse_loss_scaling(raw: object) -> LossScaling | None:
+    if raw is None or raw is False or (isinstance(raw, str) and raw.lower() in ("none", "off")):
+        return None
+    if raw is True or (isinstance(raw, str) and raw.lower() == "dynamic"):
+        return LossScaling()
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return LossScaling.static(float(raw))
+    if isinstance(raw, Mapping):
+        valid = {f.name for f in dataclasses.fields(LossScaling)}
+        unknown = sorted(set(raw) - valid)
+        if unknown:
+            raise ValueError(f"unknown loss_scaling keys {unknown}; valid keys: {sorted(valid)}")
+        return LossScaling(**dict(raw))
+    raise ValueError(
+        f"loss_scaling must be null, 'dynamic', a number (static scale) or a mapping, got {raw!r}"
+    )
+
+
+def matches_fp32_module(policy: Policy, qualified_name: str, module: nn.Module) -> bool:
+    """Whether `module` (at `qualified_name` in its model) is one of the policy's fp32 islands."""
+    for entry in policy.fp32_modules:
+        if isinstance(entry, type):
+            if isinstance(module, entry):
+                return True
+            continue
+        if qualified_name and fnmatch.fnmatchcase(qualified_name, entry):
+            return True
+        if any(fnmatch.fnmatchcase(cls.__name__, entry) for cls in type(module).__mro__):
+            return True
+    return False
+
+
+# ----------------------------------------------------------------- presets
+
+_BF16 = torch.bfloat16
+
+
+def _presets() -> dict[str, Callable[[], Policy]]:
+    return {
+        "fp32": lambda: Policy(name="fp32"),
+        "amp_bf16": lambda: Policy(name="amp_bf16", compute_dtype=_BF16),
+        "amp_fp16": lambda: Policy(
+            name="amp_fp16", compute_dtype=torch.float16, loss_scaling=LossScaling()
+        ),
+        "fp16_unscaled": lambda: Policy(
+            name="fp16_unscaled", compute_dtype=torch.float16, allow_unscaled=True
+        ),
+        "bf16_master": lambda: Policy(
+            name="bf16_master", compute_dtype=_BF16, param_dtype=_BF16, master="exact"
+        ),
+        "bf16_lean": lambda: Policy(
+            name="bf16_lean",
+            compute_dtype=_BF16,
+            param_dtype=_BF16,
+            master="remainder8",
+            moments="int8",
+        ),
+        "bf16_kahan": lambda: Policy(
+            name="bf16_kahan",
+            compute_dtype=_BF16,
+            param_dtype=_BF16,
+            master="kahan",
+            moments="bf16",
+        ),
+        "bf16_sr": lambda: Policy(
+            name="bf16_sr",
+            compute_dtype=_BF16,
+            param_dtype=_BF16,
+            master="stochastic",
+            moments="bf16",
+        ),
+        "bf16_pure": lambda: Policy(
+            name="bf16_pure",
+            compute_dtype=_BF16,
+            param_dtype=_BF16,
+            master="none",
+            moments="bf16",
+        ),
+    }
+
+
+#: The preset names, in table order (``auto`` resolves to one of them per device).
+PRESET_NAMES: tuple[str, ...] = (
+    "fp32",
+    "amp_bf16",
+    "amp_fp16",
+    "fp16_unscaled",
+    "bf16_master",
+    "bf16_lean",
+    "bf16_kahan",
+    "bf16_sr",
+    "bf16_pure",
+)
+
+#: Other tools' spellings and the preset each means. Lookup ignores case and treats
+#: "-" and "_" alike.
+ALIASES: dict[str, str] = {
+    # PyTorch Lightning / Fabric
+    "32": "fp32",
+    "32-true": "fp32",
+    "16": "amp_fp16",
+    "16-mixed": "amp_fp16",
+    "bf16": "amp_bf16",
+    "bf16-mixed": "amp_bf16",
+    "bf16-true": "bf16_pure",
+    # Hugging Face Accelerate / Trainer
+    "no": "fp32",
+    "fp16": "amp_fp16",
+    # MosaicML Composer and common spellings
+    "float32": "fp32",
+    "full": "fp32",
+    "amp": "amp_fp16",
+    "fp16-mixed": "amp_fp16",
+    "mixed_fp16": "amp_fp16",
+    "mixed_bf16": "amp_bf16",
+    "pure_bf16": "bf16_pure",
+    "bf16_master_weights": "bf16_master",
+    "stochastic_rounding": "bf16_sr",
+}
+
+
+def preset_names(include_auto: bool = True) -> tuple[str, ...]:
+    """The valid preset names (and ``auto``)."""
+    return (*PRESET_NAMES, "auto") if include_auto else PRESET_NAMES
+
+
+def _normalize(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
+def policy(name: str | Policy, *, device: torch.device | str | None = None) -> Policy:
+    """The preset called `name` (or an alias of it); ``"auto"`` picks one for `device`.
+
+    Args:
+        name: a preset name (`PRESET_NAMES`), ``"auto"``, another tool's spelling
+            (`ALIASES`), or a `Policy`, returned unchanged.
+        device: the device ``"auto"`` decides for (default: CUDA if available, else CPU).
+
+    Raises:
+        ValueError: for an unknown name, listing the valid names and aliases.
+    """
+    if isinstance(name, Policy):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"policy name must be a string or a Policy, got {name!r}")
+    key = _normalize(name)
+    if key == "auto":
+        return resolve_auto(device)
+    key = {_normalize(a): t for a, t in ALIASES.items()}.get(key, key)
+    factories = _presets()
+    if key not in factories:
+        raise ValueError(
+            f"unknown precision policy {name!r}; valid presets: {', '.join(preset_names())}; "
+            f"aliases: {', '.join(sorted(ALIASES))}"
+        )
+    return factories[key]()
+
+
+def resolve_auto(device: torch.device | str | None = None) -> Policy:
+    """The policy ``"auto"`` means on `device`, with the reason in `Policy.note`.
+
+    bf16 autocast (fp32 storage) where bf16 matmuls are fast (Ampere+ GPUs, CPUs
+    with AVX512-BF16 or AMX); fp16 autocast with dynamic loss scaling on GPUs with
+    fast fp16 but no fast bf16; fp32 otherwise. Storage stays fp32: moving it to 16
+    bits is a memory decision `auto` does not make for you.
+    """
+    caps = device_caps(device)
+    if caps.bf16_fast and caps.bf16_supported:
+        chosen, why = "amp_bf16", caps.bf16_reason
+    elif caps.device_type != "cpu" and caps.fp16_fast:
+        chosen, why = "amp_fp16", f"{caps.fp16_reason}; {caps.bf16_reason}"
+    else:
+        chosen, why = "fp32", f"{caps.bf16_reason}; {caps.fp16_reason}"
+    base = policy(chosen)
+    return dataclasses.replace(base, note=f"auto chose {chosen} on {caps.name}: {why}")

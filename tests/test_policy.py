@@ -1,0 +1,267 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import mixprec
+from mixprec.device import DeviceCaps
+from mixprec.errors import PrecisionWarning
+from mixprec.policy import (
+    ALIASES,
+    PRESET_NAMES,
+    LossScaling,
+    Policy,
+    matches_fp32_module,
+    policy,
+    resolve_auto,
+)
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+# The preset table of ARCHITECTURE.md, as data: compute, params, master, moments, scaled.
+EXPECTED = {
+    "fp32": (None, FP32, "none", "fp32", False),
+    "amp_bf16": (BF16, FP32, "none", "fp32", False),
+    "amp_fp16": (FP16, FP32, "none", "fp32", True),
+    "fp16_unscaled": (FP16, FP32, "none", "fp32", False),
+    "bf16_master": (BF16, BF16, "exact", "fp32", False),
+    "bf16_lean": (BF16, BF16, "remainder8", "int8", False),
+    "bf16_kahan": (BF16, BF16, "kahan", "bf16", False),
+    "bf16_sr": (BF16, BF16, "stochastic", "bf16", False),
+    "bf16_pure": (BF16, BF16, "none", "bf16", False),
+}
+
+
+def get(name: str) -> Policy:
+    """The preset; the pure-bf16 one must warn and no other may."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p = policy(name)
+    warned = [w for w in caught if issubclass(w.category, PrecisionWarning)]
+    assert bool(warned) == (p.name == "bf16_pure"), (name, [str(w.message) for w in warned])
+    return p
+
+
+def test_preset_table() -> None:
+    assert set(EXPECTED) == set(PRESET_NAMES)
+    for name, (compute, params, master, moments, scaled) in EXPECTED.items():
+        p = get(name)
+        assert p.name == name
+        assert (p.compute_dtype, p.param_dtype, p.master, p.moments, p.scales_loss) == (
+            compute,
+            params,
+            master,
+            moments,
+            scaled,
+        )
+        assert p.reduce_dtype == FP32, "gradient reduction defaults to fp32"
+
+
+@pytest.mark.parametrize(("alias", "target"), sorted(ALIASES.items()))
+def test_every_alias_maps_to_its_preset(alias: str, target: str) -> None:
+    assert get(alias) == get(target)
+    assert get(alias.upper()) == get(target)
+
+
+@pytest.mark.parametrize(
+    ("alias", "target"),
+    [
+        ("bf16-mixed", "amp_bf16"),
+        ("16-mixed", "amp_fp16"),
+        ("bf16-true", "bf16_pure"),
+        ("amp_bf16", "amp_bf16"),
+        ("amp_fp16", "amp_fp16"),
+        ("fp16", "amp_fp16"),
+        ("bf16", "amp_bf16"),
+        ("32", "fp32"),
+    ],
+)
+def test_issue_spellings(alias: str, target: str) -> None:
+    assert get(alias).name == target
+
+
+def test_unknown_policy_lists_valid_names() -> None:
+    with pytest.raises(ValueError, match=r"unknown precision policy 'bf17'.*bf16_master.*auto"):
+        policy("bf17")
+
+
+def test_pure_bf16_warns() -> None:
+    with pytest.warns(PrecisionWarning, match=r"bf16 with no master.*master='exact'"):
+        policy("bf16_pure")
+
+
+def test_policy_is_frozen_and_keyword_only() -> None:
+    p = policy("amp_bf16")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.compute_dtype = FP16  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Policy("x")  # type: ignore[misc]
+
+
+# Each invalid combination and a fragment of the fix its message must name.
+INVALID = [
+    (dict(compute_dtype=FP16), ValueError, "loss_scaling=LossScaling"),
+    (dict(master="fp32"), ValueError, "fp32 params are already the master"),
+    (dict(master="exact"), ValueError, "param_dtype=torch.bfloat16"),
+    (dict(param_dtype=FP16, master="exact"), ValueError, "needs bf16 params"),
+    (dict(param_dtype=FP16, master="remainder8"), ValueError, "needs bf16 params"),
+    (dict(param_dtype=FP16, master="stochastic"), ValueError, "needs bf16 params"),
+    (
+        dict(param_dtype=FP16, master="fp32", compute_dtype=FP16, loss_scaling=LossScaling()),
+        ValueError,
+        "amp_fp16",
+    ),
+    (dict(master="bogus"), ValueError, "valid: none, fp32, exact"),
+    (dict(moments="fp8"), ValueError, "valid: fp32, bf16, int8"),
+    (dict(compute_dtype=torch.float8_e4m3fn), ValueError, "valid: fp32, bf16, fp16, None"),
+    (dict(param_dtype=torch.int8), ValueError, "valid: fp32, bf16, fp16"),
+    (dict(compute_dtype="bf16"), TypeError, "parse_dtype"),
+    (dict(loss_scaling=2.0), TypeError, "LossScaling"),
+    (dict(fp32_modules=(3,)), TypeError, "name patterns"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "fix"), INVALID)
+def test_invalid_combinations_name_the_fix(
+    kwargs: dict[str, object], exc: type[Exception], fix: str
+) -> None:
+    with pytest.raises(exc, match=fix.replace("(", r"\(").replace(".", r"\.")):
+        Policy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_fp16_unscaled_needs_explicit_allowance() -> None:
+    p = Policy(compute_dtype=FP16, allow_unscaled=True)
+    assert not p.scales_loss
+
+
+def test_fp32_compute_means_no_autocast() -> None:
+    assert Policy(compute_dtype=FP32).compute_dtype is None
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(init_scale=0.0),
+        dict(init_scale=float("inf")),
+        dict(growth_factor=1.0),
+        dict(backoff_factor=1.0),
+        dict(growth_interval=0),
+    ],
+)
+def test_loss_scaling_validation(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        LossScaling(**kwargs)  # type: ignore[arg-type]
+
+
+def test_dict_round_trip_for_every_preset() -> None:
+    for name in PRESET_NAMES:
+        p = get(name)
+        d = json.loads(json.dumps(p.to_dict()))
+        if name == "bf16_pure":
+            with pytest.warns(PrecisionWarning):
+                back = Policy.from_dict(d)
+        else:
+            back = Policy.from_dict(d)
+        assert back == p
+
+
+def test_from_dict_preset_with_overrides() -> None:
+    p = Policy.from_dict({"preset": "bf16_master", "moments": "int8", "loss_scaling": 1024})
+    assert (p.master, p.moments, p.param_dtype) == ("exact", "int8", BF16)
+    assert p.loss_scaling == LossScaling.static(1024.0)
+    assert not p.loss_scaling.dynamic
+    assert Policy.from_dict({"preset": "bf16-mixed"}).name == "amp_bf16"
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        ({"compute": "bf16"}, "unknown policy keys \\['compute'\\]"),
+        ({"param_dtype": "bf17"}, "unknown dtype 'bf17'"),
+        ({"loss_scaling": {"scale": 2}}, "unknown loss_scaling keys"),
+        ({"loss_scaling": "sometimes"}, "loss_scaling must be"),
+        ({"fp32_modules": "LayerNorm"}, "fp32_modules must be a list"),
+        ({"allow_unscaled": "yes"}, "true or false"),
+        ({"preset": "nope"}, "unknown precision policy"),
+    ],
+)
+def test_from_dict_errors(data: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        Policy.from_dict(data)
+
+
+class MyRMSNorm(nn.Module):
+    pass
+
+
+class SubLayerNorm(nn.LayerNorm):
+    pass
+
+
+def test_fp32_module_matching() -> None:
+    p = policy("bf16_master")
+    assert matches_fp32_module(p, "blocks.0.ln_1", nn.LayerNorm(4))
+    assert matches_fp32_module(p, "x", nn.BatchNorm2d(4))
+    assert matches_fp32_module(p, "x", nn.GroupNorm(2, 4))
+    assert matches_fp32_module(p, "x", MyRMSNorm())
+    assert matches_fp32_module(p, "x", SubLayerNorm(4))
+    assert not matches_fp32_module(p, "x", nn.Linear(2, 2))
+    by_name = p.replace(fp32_modules=("lm_head",))
+    assert matches_fp32_module(by_name, "lm_head", nn.Linear(2, 2))
+    assert not matches_fp32_module(by_name, "x", nn.LayerNorm(2))
+    by_type = p.replace(fp32_modules=(nn.Embedding,))
+    assert matches_fp32_module(by_type, "wte", nn.Embedding(3, 2))
+
+
+def test_replace_revalidates() -> None:
+    with pytest.raises(ValueError, match="needs bf16 params"):
+        policy("bf16_master").replace(param_dtype=FP16)
+    assert policy("bf16_master").replace(moments="int8").name == "custom"
+
+
+def _caps(**kw: object) -> DeviceCaps:
+    base: dict[str, object] = dict(
+        device_type="cuda",
+        name="test gpu",
+        bf16_supported=True,
+        fp16_supported=True,
+        bf16_fast=False,
+        fp16_fast=False,
+        bf16_reason="bf16 why",
+        fp16_reason="fp16 why",
+    )
+    base.update(kw)
+    return DeviceCaps(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("caps", "expected"),
+    [
+        (_caps(bf16_fast=True, fp16_fast=True), "amp_bf16"),
+        (_caps(fp16_fast=True), "amp_fp16"),
+        (_caps(), "fp32"),
+        (_caps(device_type="cpu", fp16_fast=True), "fp32"),
+        (_caps(device_type="cpu", bf16_fast=True), "amp_bf16"),
+    ],
+)
+def test_auto_decides_by_device_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, caps: DeviceCaps, expected: str
+) -> None:
+    # `mixprec.policy` is the function; patch the module through sys.modules.
+    monkeypatch.setattr(sys.modules["mixprec.policy"], "device_caps", lambda device=None: caps)
+    p = resolve_auto()
+    assert p.name == expected
+    assert "test gpu" in p.note and "why" in p.note
+    assert policy("auto") == p
+
+
+def test_auto_on_this_machine_is_explained() -> None:
+    p = mixprec.policy("auto", device="cpu")
+    assert p.name in ("amp_bf16", "fp32")
+    assert p.note.startswith(f"auto chose {p.name}")

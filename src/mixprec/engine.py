@@ -35,7 +35,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 from torch import nn
@@ -45,7 +45,7 @@ from mixprec.dtypes import dtype_name
 from mixprec.errors import PerformanceWarning, PrecisionError
 from mixprec.policy import Policy, matches_fp32_module, policy
 
-__all__ = ["Precision", "PrecisionStats", "StepReport"]
+__all__ = ["Precision", "PrecisionStats", "StepObserver", "StepReport"]
 
 Closure = Callable[[], Any]
 ParamsArg = nn.Module | Iterable[torch.Tensor] | Iterable[dict[str, Any]]
@@ -125,6 +125,25 @@ class PrecisionStats:
         values = dict(data)
         history = [(int(s), float(v)) for s, v in values.pop("scale_history", [])]
         return cls(**values, scale_history=deque(history))
+
+
+@runtime_checkable
+class StepObserver(Protocol):
+    """Something that watches steps (the doctor's runtime probes implement this).
+
+    `before_step` runs once gradients are unscaled and checked, before the update;
+    `after_step` runs after the update (or the skip), before collapse checks.
+    """
+
+    def before_step(
+        self, prec: Precision, optimizers: Sequence[torch.optim.Optimizer], step: int
+    ) -> None:
+        """Gradients are final (unscaled); parameters hold their pre-update values."""
+
+    def after_step(
+        self, prec: Precision, optimizers: Sequence[torch.optim.Optimizer], report: StepReport
+    ) -> None:
+        """The update was applied or skipped, as `report` says."""
 
 
 class _NonFiniteInClosureError(Exception):
@@ -237,6 +256,8 @@ class Precision:
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._unscaled: set[int] = set()
         self._pending_norm: torch.Tensor | None = None
+        self._backward_pending = False
+        self.observers: list[StepObserver] = []
 
     # ------------------------------------------------------------ properties
 
@@ -409,6 +430,24 @@ class Precision:
         """Backpropagate `loss`, scaled when the policy scales the loss."""
         scaled: torch.Tensor = self.scaler.scale(loss)
         torch.autograd.backward(scaled, **kwargs)
+        self._backward_pending = True
+
+    @property
+    def gradients_are_scaled(self) -> bool:
+        """True between `backward` and the unscale of a loss-scaled step: gradients
+        then hold scale x their true value (clipping them now would be a bug)."""
+        return self.policy.scales_loss and self._backward_pending and not self._unscaled
+
+    def add_observer(self, observer: StepObserver) -> StepObserver:
+        """Call `observer` around every step (see `StepObserver`); returns it."""
+        if not isinstance(observer, StepObserver):
+            raise TypeError(f"{observer!r} has no before_step/after_step methods")
+        self.observers.append(observer)
+        return observer
+
+    def remove_observer(self, observer: StepObserver) -> None:
+        """Stop calling `observer`."""
+        self.observers.remove(observer)
 
     def _unscale(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         if not self.policy.scales_loss:
@@ -498,7 +537,16 @@ class Precision:
         finally:
             self._unscaled.clear()
             self._pending_norm = None
-        return self._finish(applied, norm, nonfinite, scale_before)
+            self._backward_pending = False
+        report = self._finish(applied, norm, nonfinite, scale_before)
+        for observer in self.observers:
+            observer.after_step(self, optimizers, report)
+        self._check_collapse()
+        return report
+
+    def _notify_before(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        for observer in self.observers:
+            observer.before_step(self, optimizers, self.stats.steps)
 
     def _check_grads(self, optimizers: Sequence[torch.optim.Optimizer]) -> tuple[float, int]:
         grads = [p.grad for opt in optimizers for p in _floating_params(_optimizer_params(opt))]
@@ -513,6 +561,7 @@ class Precision:
     def _step_plain(self, optimizers: Sequence[torch.optim.Optimizer]) -> tuple[bool, float, int]:
         self._unscale(optimizers)
         norm, nonfinite = self._check_grads(optimizers)
+        self._notify_before(optimizers)
         ls = self.policy.loss_scaling
         if ls is not None and ls.dynamic:
             # GradScaler decides from its own inf check on the same gradients (all-reduced
@@ -542,6 +591,7 @@ class Precision:
             first_loss = closure()
         self._unscale([opt])
         norm, nonfinite = self._check_grads([opt])
+        self._notify_before([opt])
         if _any_across_ranks(nonfinite > 0, self.device):
             self._update_scale(found_inf=True)
             return False, norm, nonfinite
@@ -624,7 +674,6 @@ class Precision:
             grad_norm=norm,
             nonfinite_grads=nonfinite,
         )
-        self._check_collapse()
         return report
 
     def _check_collapse(self) -> None:

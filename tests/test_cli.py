@@ -16,6 +16,34 @@ from mixprec.policy import PRESET_NAMES
 PINNED: dict[str, set[str]] = {
     "formats": {"--json"},
     "policies": {"--json"},
+    "budget": {
+        "--params",
+        "--config",
+        "--policy",
+        "--world-size",
+        "--sharding",
+        "--seq-len",
+        "--micro-batch",
+        "--activations",
+        "--json",
+    },
+    "compare": {
+        "--workload",
+        "--size",
+        "--baseline",
+        "--policies",
+        "--steps",
+        "--seeds",
+        "--lr",
+        "--min-lr",
+        "--batch-size",
+        "--config",
+        "--out",
+        "--device",
+        "--quiet",
+        "--json",
+    },
+    "report": {"--json"},
 }
 
 

@@ -12,7 +12,7 @@ import json
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 __all__ = ["build_parser", "main"]
 
@@ -146,6 +146,114 @@ def _cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------- budget
+
+_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def _parse_count(text: str) -> int:
+    """``7e9``, ``7B``, ``350M``, ``1_000`` -> an integer count."""
+    raw = text.strip().lower().replace("_", "").replace(",", "")
+    scale = 1.0
+    if raw and raw[-1] in _SUFFIX:
+        scale, raw = _SUFFIX[raw[-1]], raw[:-1]
+    try:
+        value = float(raw) * scale
+    except ValueError:
+        raise UsageError(f"mixprec budget: {text!r} is not a count (e.g. 7e9, 7B, 350M)") from None
+    if not value >= 1 or value != value:
+        raise UsageError(f"mixprec budget: the count must be >= 1, got {text!r}")
+    return round(value)
+
+
+def _load_config(path: str) -> dict[str, Any]:
+    import pathlib
+
+    import yaml
+
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no such config file: {path}")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))  # JSON is YAML too
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML/JSON: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
+    return data
+
+
+def _cmd_budget(args: argparse.Namespace) -> int:
+    from mixprec.errors import PrecisionWarning
+    from mixprec.memory import TransformerShape, estimate
+    from mixprec.policy import PRESET_NAMES
+
+    if (args.params is None) == (args.config is None):
+        raise UsageError("mixprec budget: give exactly one of --params N or --config FILE")
+    if args.world_size < 1:
+        raise UsageError(f"mixprec budget: --world-size must be >= 1, got {args.world_size}")
+    names = (
+        list(PRESET_NAMES) if args.policy == "all" else [n.strip() for n in args.policy.split(",")]
+    )
+    source: Any
+    if args.config is not None:
+        source = TransformerShape.from_config(
+            _load_config(args.config), seq_len=args.seq_len, micro_batch=args.micro_batch
+        )
+    else:
+        source = _parse_count(args.params)
+    activations = _parse_count(args.activations) if args.activations else None
+    sharding: Literal["none", "fsdp", "ddp"] = args.sharding if args.world_size > 1 else "none"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrecisionWarning)
+        results = [
+            estimate(
+                source,
+                n,
+                world_size=args.world_size,
+                sharding=sharding,
+                activation_values=activations,
+            )
+            for n in names
+        ]
+    if args.json:
+        payload = [r.to_dict() for r in results]
+        _emit_json(payload if len(payload) > 1 else payload[0])
+        return 0
+    print(_budget_table(results, args.world_size))
+    return 0
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def _budget_table(results: Sequence[Any], world_size: int) -> str:
+    from mixprec.memory import COMPONENTS
+
+    first = results[0]
+    head = f"{first.params:,} parameters"
+    if world_size > 1:
+        head += f", {world_size} ranks ({first.sharding})"
+    lines = [f"Memory by component (GiB), {head}", ""]
+    headers = ["component", *[r.policy for r in results]]
+    rows = []
+    for comp in COMPONENTS:
+        rows.append([comp, *[_gib(getattr(r.bytes, comp)) for r in results]])
+    rows.append(["total", *[_gib(r.bytes.total) for r in results]])
+    rows.append(["bytes/param", *[f"{r.state_bytes_per_param:.2f}" for r in results]])
+    if world_size > 1:
+        rows.append(["per rank", *[_gib(r.per_rank.total) for r in results]])
+        for key in ("all_gather", "reduce_scatter", "all_reduce"):
+            if any(r.comm_bytes_per_step.get(key) for r in results):
+                rows.append([f"{key}/step", *[_gib(r.comm_bytes_per_step[key]) for r in results]])
+    lines.append(_table(headers, rows))
+    notes = sorted({n for r in results for n in r.notes})
+    lines += ["", *[f"note: {n}" for n in notes]] if notes else []
+    lines.append("bytes/param: training state (params, grads, master, moments) per parameter")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------- parser
 
 
@@ -166,6 +274,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("policies", help="the precision presets and their fields")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=_cmd_policies)
+
+    p = sub.add_parser("budget", help="memory and communication by component for a policy")
+    p.add_argument("--params", default=None, help="parameter count (7e9, 7B, 350M)")
+    p.add_argument("--config", default=None, help="a transformers-style config (JSON or YAML)")
+    p.add_argument("--policy", default="all", help="a preset, comma-separated presets, or all")
+    p.add_argument("--world-size", type=int, default=1, help="number of ranks")
+    p.add_argument(
+        "--sharding", choices=["fsdp", "ddp"], default="fsdp", help="with --world-size > 1"
+    )
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (with --config)")
+    p.add_argument(
+        "--micro-batch", type=int, default=None, help="sequences per rank (with --config)"
+    )
+    p.add_argument("--activations", default=None, help="activation values saved for backward")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_cmd_budget)
+
+    from mixprec.experiment.cli import add_parsers as add_experiment
+
+    add_experiment(sub)
     return parser
 
 

@@ -33,7 +33,7 @@ import math
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -45,7 +45,7 @@ from mixprec.dtypes import dtype_name
 from mixprec.errors import PerformanceWarning, PrecisionError
 from mixprec.policy import Policy, matches_fp32_module, policy
 
-__all__ = ["Precision", "PrecisionStats", "StepObserver", "StepReport"]
+__all__ = ["Precision", "PrecisionStats", "StepObserver", "StepReport", "temporary_fp32_islands"]
 
 Closure = Callable[[], Any]
 ParamsArg = nn.Module | Iterable[torch.Tensor] | Iterable[dict[str, Any]]
@@ -215,6 +215,34 @@ def _make_fp32_island(module: nn.Module, device_type: str) -> None:
 
     module.forward = forward
     module._mixprec_fp32_island = True  # type: ignore[assignment]
+
+
+def _remove_fp32_island(module: nn.Module) -> None:
+    if getattr(module, "_mixprec_fp32_island", False):
+        del module.forward  # the instance attribute; the class's forward shows again
+        del module._mixprec_fp32_island
+
+
+@contextlib.contextmanager
+def temporary_fp32_islands(model: nn.Module, policy: Policy, device_type: str) -> Iterator[None]:
+    """Make the policy's fp32 islands in `model` for the duration of the context.
+
+    Used by predictions that run a model as `Precision.prepare` would leave it,
+    without changing it. Islands that already existed are kept.
+    """
+    added: list[nn.Module] = []
+    if policy.param_dtype != torch.float32:
+        for name, module in model.named_modules():
+            if matches_fp32_module(policy, name, module) and not getattr(
+                module, "_mixprec_fp32_island", False
+            ):
+                _make_fp32_island(module, device_type)
+                added.append(module)
+    try:
+        yield
+    finally:
+        for module in added:
+            _remove_fp32_island(module)
 
 
 class Precision:

@@ -1,0 +1,26 @@
+"""Precision experiments: the same workload under several policies, gates, a decision, a report."""
+
+from mixprec.experiment.contract import DEFAULT_CANDIDATES, Contract, Gates
+from mixprec.experiment.decision import Decision, PolicySummary, decide, summarize
+from mixprec.experiment.records import RunRecord, read_records
+from mixprec.experiment.report import Report, render, terminal_table
+from mixprec.experiment.runner import RunSettings, run_experiment, run_one, settings_for
+
+__all__ = [
+    "DEFAULT_CANDIDATES",
+    "Contract",
+    "Decision",
+    "Gates",
+    "PolicySummary",
+    "Report",
+    "RunRecord",
+    "RunSettings",
+    "decide",
+    "read_records",
+    "render",
+    "run_experiment",
+    "run_one",
+    "settings_for",
+    "summarize",
+    "terminal_table",
+]

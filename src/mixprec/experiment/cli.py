@@ -1,0 +1,205 @@
+"""`mixprec compare` and `mixprec report`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parsers"]
+
+
+def add_parsers(sub: Any) -> None:
+    """Register the ``compare`` and ``report`` subcommands."""
+    p = sub.add_parser(
+        "compare",
+        help="the precision experiment: train policies on a workload, gate, decide, report",
+        description="Train a baseline and candidate policies on the same data and initial "
+        "weights, judge candidates with quality gates, recommend one, write a report.",
+    )
+    p.add_argument(
+        "--workload", default=None, help="shakespeare (default), digits, or module:function"
+    )
+    p.add_argument(
+        "--size", default=None, help="the workload's size preset (e.g. tiny, small, default)"
+    )
+    p.add_argument("--baseline", default=None, help="the reference policy (default fp32)")
+    p.add_argument("--policies", default=None, help="comma-separated candidate policies")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 2)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    p.add_argument(
+        "--min-lr", type=float, default=None, help="final learning rate of the cosine decay"
+    )
+    p.add_argument("--batch-size", type=int, default=None, help="examples per step")
+    p.add_argument("--config", type=Path, default=None, help="a YAML contract; flags override it")
+    p.add_argument("--out", type=Path, default=Path("runs/compare"), help="output folder")
+    p.add_argument("--device", default="cpu", help="device to train on (default cpu)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print results.json to stdout")
+    p.set_defaults(handler=_cmd_compare)
+
+    r = sub.add_parser("report", help="re-render a compare report from its stored run records")
+    r.add_argument("dir", type=Path, help="the output folder of mixprec compare")
+    r.add_argument("--json", action="store_true", help="print results.json to stdout")
+    r.set_defaults(handler=_cmd_report)
+
+
+def _load_yaml_contract(path: Path) -> dict[str, Any]:
+    import yaml
+
+    if not path.is_file():
+        raise FileNotFoundError(f"no such contract file: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a contract must be a YAML mapping, got {type(data).__name__}")
+    data = data.get("compare", data)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: 'compare' must be a mapping")
+    return data
+
+
+def _contract_from_args(args: argparse.Namespace) -> Any:
+    from mixprec.experiment.contract import Contract
+
+    data: dict[str, Any] = _load_yaml_contract(args.config) if args.config else {}
+    if args.workload is None and "workload" in data and ":" in str(data["workload"]):
+        raise ValueError(
+            f"contract file names workload {data['workload']!r}: files may only name built-in "
+            "workloads (a module:function would run code); pass --workload on the command line"
+        )
+    for flag, key in (
+        ("workload", "workload"),
+        ("size", "size"),
+        ("baseline", "baseline"),
+        ("steps", "steps"),
+        ("seeds", "seeds"),
+        ("lr", "lr"),
+        ("min_lr", "min_lr"),
+        ("batch_size", "batch_size"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            data[key] = value
+    if args.policies is not None:
+        names = [n.strip() for n in args.policies.split(",") if n.strip()]
+        baseline = data.get("baseline", "fp32")
+        data["candidates"] = [n for n in names if n != baseline]
+        if not data["candidates"]:
+            raise ValueError(
+                f"--policies {args.policies!r} names no candidate besides the baseline"
+            )
+    return Contract.from_dict(data)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from mixprec.experiment.decision import decide
+    from mixprec.experiment.report import render, terminal_table
+    from mixprec.experiment.runner import run_experiment, settings_for
+
+    contract = _contract_from_args(args)
+    allow_import = args.workload is not None and ":" in args.workload
+    out: Path = args.out
+    stream = None if args.quiet else sys.stderr
+    started = time.perf_counter()
+
+    def on_record(record: Any, reused: bool) -> None:
+        if stream is None:
+            return
+        what = "reused" if reused else f"{record.wall_time_s:.0f}s"
+        status = "" if record.ok else f"  FAILED: {record.error}"
+        print(
+            f"  {record.policy:<14} seed {record.seed}  held-out loss {record.heldout_loss:.4f}  "
+            f"{record.metric_name} {record.metric:.4f}  skipped {record.skipped_steps}  "
+            f"({what}){status}",
+            file=stream,
+        )
+
+    if stream is not None:
+        print(
+            f"mixprec compare: {contract.workload} ({contract.size}), "
+            f"baseline {contract.baseline}, "
+            f"candidates {', '.join(contract.candidates)}, {contract.seeds} seed(s) -> {out}",
+            file=stream,
+        )
+    workload, records = run_experiment(
+        contract,
+        out,
+        device=args.device,
+        allow_import=allow_import,
+        stream=stream,
+        on_record=on_record,
+    )
+    decision = decide(records, contract, higher_is_better=workload.higher_is_better)
+    settings = settings_for(contract, workload)
+    report = render(
+        out,
+        contract,
+        records,
+        decision,
+        workload_description=workload.description,
+        metric_name=workload.metric_name,
+        higher_is_better=workload.higher_is_better,
+        settings=_settings_dict(settings),
+    )
+    if args.json:
+        sys.stdout.write(report.results_json.read_text(encoding="utf-8"))
+    else:
+        print(terminal_table(decision, workload.metric_name))
+        print()
+        print(
+            f"recommended: {decision.recommended or 'none'}  "
+            f"({time.perf_counter() - started:.0f}s)  report: {report.html}"
+        )
+    return 0 if decision.success else 1
+
+
+def _settings_dict(settings: Any) -> dict[str, Any]:
+    import dataclasses
+
+    d = dataclasses.asdict(settings)
+    d["betas"] = list(d["betas"])
+    return d
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from mixprec.experiment.contract import Contract
+    from mixprec.experiment.decision import decide
+    from mixprec.experiment.records import read_records
+    from mixprec.experiment.report import render, terminal_table
+
+    results_path = args.dir / "results.json"
+    if not results_path.is_file():
+        raise FileNotFoundError(f"{args.dir} has no results.json (is it a mixprec compare folder?)")
+    try:
+        stored = json.loads(results_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{results_path} is not valid JSON: {exc}") from exc
+    contract = Contract.from_dict(stored["contract"])
+    records = read_records(args.dir)
+    if not records:
+        raise ValueError(f"{args.dir / 'runs'} holds no run records")
+    higher = bool(stored.get("higher_is_better", True))
+    decision = decide(records, contract, higher_is_better=higher)
+    report = render(
+        args.dir,
+        contract,
+        records,
+        decision,
+        workload_description=str(stored.get("workload_description", "")),
+        metric_name=str(stored.get("metric_name", "metric")),
+        higher_is_better=higher,
+        settings=stored.get("settings"),
+    )
+    if args.json:
+        sys.stdout.write(report.results_json.read_text(encoding="utf-8"))
+    else:
+        print(terminal_table(decision, str(stored.get("metric_name", "metric"))))
+        print(f"\nreport: {report.html}")
+    return 0 if decision.success else 1

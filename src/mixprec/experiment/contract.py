@@ -1,0 +1,190 @@
+"""The experiment contract: what is compared, for how long, and the gates that decide.
+
+A contract is plain data (from command-line flags or a YAML file) so that a
+decision can be re-judged from stored records without re-running anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mixprec.policy import policy as get_policy
+
+__all__ = ["DEFAULT_CANDIDATES", "Contract", "Gates"]
+
+#: The candidates `mixprec compare` tries against the fp32 baseline by default.
+DEFAULT_CANDIDATES: tuple[str, ...] = (
+    "amp_bf16",
+    "bf16_master",
+    "bf16_lean",
+    "bf16_pure",
+    "amp_fp16",
+    "fp16_unscaled",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gates:
+    """Quality gates a candidate must pass to be eligible.
+
+    Attributes:
+        max_rel_loss_gap: largest accepted relative held-out loss gap to the
+            baseline, ``(candidate - baseline) / baseline``, averaged over seeds.
+        noise_multiplier: a gap counts as a regression only if it is also larger
+            than this many times the seed noise (the half-range of held-out loss
+            between seeds, relative, of baseline or candidate, whichever is larger),
+            so that noise is not called a regression.
+        metric_threshold: the held-out metric every seed must reach (at least this
+            when higher is better, at most this when lower is better); None: no gate.
+        max_nonfinite_steps: most steps with a non-finite loss allowed per run.
+        max_skipped_fraction: largest fraction of skipped optimizer steps per run
+            (loss-scale search included).
+    """
+
+    max_rel_loss_gap: float = 0.005
+    noise_multiplier: float = 2.0
+    metric_threshold: float | None = None
+    max_nonfinite_steps: int = 0
+    max_skipped_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not self.max_rel_loss_gap >= 0:
+            raise ValueError(f"max_rel_loss_gap must be >= 0, got {self.max_rel_loss_gap!r}")
+        if not self.noise_multiplier >= 0:
+            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier!r}")
+        if not (isinstance(self.max_nonfinite_steps, int) and self.max_nonfinite_steps >= 0):
+            raise ValueError(
+                f"max_nonfinite_steps must be an int >= 0, got {self.max_nonfinite_steps!r}"
+            )
+        if not 0 <= self.max_skipped_fraction <= 1:
+            raise ValueError(
+                f"max_skipped_fraction must be in [0, 1], got {self.max_skipped_fraction!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Contract:
+    """One precision experiment.
+
+    Attributes:
+        workload: a built-in workload name (or ``module:function`` from the
+            command line; never from a file).
+        size: the workload's size preset.
+        baseline: the reference policy (a preset name or alias).
+        candidates: policies judged against the baseline.
+        seeds: how many seeds (0..seeds-1); each seed fixes initial weights and
+            data order, the same for every policy.
+        steps, batch_size, lr, min_lr, warmup_steps, weight_decay, grad_clip_norm:
+            training settings; None takes the workload's default.
+        eval_every: steps between held-out evaluations for the curves (the final
+            evaluation always runs).
+        probe_every: steps between the doctor's runtime probe samples.
+        gates: the quality gates.
+    """
+
+    workload: str = "shakespeare"
+    size: str = "default"
+    baseline: str = "fp32"
+    candidates: tuple[str, ...] = DEFAULT_CANDIDATES
+    seeds: int = 2
+    steps: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    min_lr: float | None = None
+    warmup_steps: int | None = None
+    weight_decay: float | None = None
+    grad_clip_norm: float | None = None
+    eval_every: int = 100
+    probe_every: int = 25
+    gates: Gates = field(default_factory=Gates)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.candidates, str) or not isinstance(self.candidates, tuple):
+            object.__setattr__(self, "candidates", tuple(_split(self.candidates)))
+        names = [self.baseline, *self.candidates]
+        for name in names:
+            get_policy_quiet(name)  # raises ValueError naming valid presets
+        if len(set(self.candidates)) != len(self.candidates):
+            raise ValueError(f"candidates repeat a policy: {list(self.candidates)}")
+        if self.baseline in self.candidates:
+            raise ValueError(f"the baseline {self.baseline!r} is also listed as a candidate")
+        if not (isinstance(self.seeds, int) and self.seeds >= 1):
+            raise ValueError(f"seeds must be an int >= 1, got {self.seeds!r}")
+        for name in ("steps", "batch_size", "warmup_steps"):
+            v = getattr(self, name)
+            if v is not None and not (
+                isinstance(v, int) and v >= (0 if name == "warmup_steps" else 1)
+            ):
+                raise ValueError(f"{name} must be a positive int or None, got {v!r}")
+        for name in ("eval_every", "probe_every"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        """Baseline first, then the candidates."""
+        return (self.baseline, *self.candidates)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (for results.json and re-judging)."""
+        out = dataclasses.asdict(self)
+        out["candidates"] = list(self.candidates)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Contract:
+        """Build from plain data (a YAML mapping); unknown keys raise, naming the valid ones."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a contract must be a mapping, got {type(data).__name__}")
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - valid)
+        if unknown:
+            raise ValueError(f"unknown contract keys {unknown}; valid keys: {sorted(valid)}")
+        values = dict(data)
+        if "gates" in values:
+            raw = values["gates"]
+            if not isinstance(raw, Mapping):
+                raise ValueError(f"gates must be a mapping, got {raw!r}")
+            gate_keys = {f.name for f in dataclasses.fields(Gates)}
+            bad = sorted(set(raw) - gate_keys)
+            if bad:
+                raise ValueError(f"unknown gate keys {bad}; valid keys: {sorted(gate_keys)}")
+            values["gates"] = Gates(**dict(raw))
+        if "candidates" in values:
+            values["candidates"] = tuple(_split(values["candidates"]))
+        return cls(**values)
+
+    def run_fingerprint(self, policy_name: str, seed: int) -> str:
+        """A hash of everything that determines one run's result (for resuming)."""
+        settings = self.to_dict()
+        for key in ("baseline", "candidates", "seeds", "gates"):
+            settings.pop(key)
+        pol = get_policy_quiet(policy_name).to_dict()
+        pol.pop("note", None)
+        blob = json.dumps({"settings": settings, "policy": pol, "seed": seed}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _split(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, list | tuple):
+        return [str(v).strip() for v in value]
+    raise ValueError(f"expected a list of policy names or a comma-separated string, got {value!r}")
+
+
+def get_policy_quiet(name: str) -> Any:
+    """`mixprec.policy(name)` without the pure-bf16 warning (the report shows it)."""
+    import warnings
+
+    from mixprec.errors import PrecisionWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrecisionWarning)
+        return get_policy(name)

@@ -1,0 +1,591 @@
+"""Reports of a precision experiment: results.json, report.md, report.html, a terminal table.
+
+Everything is rendered from the run records and the contract, so `mixprec report
+DIR` re-renders a report without training. Plots use matplotlib's Agg backend
+(no display needed); report.html embeds them, report.md links the PNG files.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import io
+import math
+import platform
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mixprec.experiment.contract import Contract
+from mixprec.experiment.decision import Decision, PolicySummary
+from mixprec.experiment.records import RunRecord, write_json_atomic
+
+__all__ = ["Report", "render", "results_dict", "terminal_table"]
+
+_MiB = 2.0**20
+_COMPONENT_COLORS = {
+    "params": "#4C72B0",
+    "fp32_islands": "#8172B3",
+    "grads": "#55A868",
+    "master": "#C44E52",
+    "moments": "#DD8452",
+    "activations": "#937860",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    """Paths of a rendered report."""
+
+    results_json: Path
+    markdown: Path
+    html: Path
+    plots: tuple[Path, ...]
+
+
+def results_dict(
+    contract: Contract,
+    records: Sequence[RunRecord],
+    decision: Decision,
+    *,
+    workload_description: str = "",
+    metric_name: str = "",
+    higher_is_better: bool = True,
+) -> dict[str, Any]:
+    """The results.json document (contract: workload, baseline, runs, decision)."""
+    return {
+        "workload": contract.workload,
+        "workload_description": workload_description,
+        "metric_name": metric_name,
+        "higher_is_better": higher_is_better,
+        "baseline": contract.baseline,
+        "contract": contract.to_dict(),
+        "runs": [
+            {**r.to_dict(), "doctor": r.doctor_rules, "doctor_findings": list(r.doctor)}
+            for r in records
+        ],
+        "decision": decision.to_dict(),
+        "environment": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        },
+    }
+
+
+# ------------------------------------------------------------------ tables
+
+
+def _fmt(v: float, spec: str) -> str:
+    return "-" if v is None or not math.isfinite(v) else format(v, spec)
+
+
+def _verdict(name: str, decision: Decision) -> str:
+    if name == decision.baseline:
+        return (
+            "baseline" if decision.baseline_ok else f"baseline FAILED: {decision.baseline_reason}"
+        )
+    if name == decision.recommended:
+        return "RECOMMENDED"
+    if name in decision.eligible:
+        return "eligible"
+    return f"rejected: {decision.rejected.get(name, '?')}"
+
+
+def _rows(decision: Decision) -> list[list[str]]:
+    rows = []
+    for s in decision.summaries:
+        spread = f" +-{s.noise:.1%}" if len(s.heldout_losses) > 1 else ""
+        rows.append(
+            [
+                s.policy,
+                _fmt(s.heldout_loss, ".4f") + spread,
+                "-" if s.policy == decision.baseline else _fmt(s.rel_gap * 100, "+.2f") + "%",
+                _fmt(s.metric, ".4f"),
+                f"{s.skipped_fraction:.1%}",
+                _fmt(s.total_bytes / _MiB, ".2f"),
+                _fmt(s.steps_per_s, ".1f"),
+                _fmt(s.frozen_fraction * 100, ".1f") + "%",
+                ", ".join(s.doctor_rules) or "-",
+                _verdict(s.policy, decision),
+            ]
+        )
+    return rows
+
+
+_HEADERS = [
+    "policy",
+    "held-out loss",
+    "gap",
+    "metric",
+    "skipped",
+    "memory MiB",
+    "steps/s",
+    "frozen",
+    "doctor",
+    "verdict",
+]
+
+
+def terminal_table(decision: Decision, metric_name: str = "metric") -> str:
+    """A compact plain-text decision table."""
+    headers = [h if h != "metric" else metric_name for h in _HEADERS]
+    rows = [[*r[:8], r[9]] for r in _rows(decision)]
+    headers = headers[:8] + headers[9:]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    widths[-1] = min(widths[-1], 70)
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in rows:
+        cells = [c.ljust(w) for c, w in zip(r, widths, strict=True)]
+        cells[-1] = r[-1]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def esc(c: str) -> str:
+        return c.replace("|", "\\|")
+
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------- plots
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError("report plots need matplotlib: pip install 'mixprec[report]'") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _policy_colors(policies: Sequence[str]) -> dict[str, Any]:
+    plt = _pyplot()
+    cmap = plt.get_cmap("tab10")
+    return {p: cmap(i % 10) for i, p in enumerate(policies)}
+
+
+def _ema(values: Sequence[float], alpha: float = 0.1) -> list[float]:
+    out, acc = [], math.nan
+    for v in values:
+        if not math.isfinite(v):
+            out.append(math.nan)
+            continue
+        acc = v if not math.isfinite(acc) else alpha * v + (1 - alpha) * acc
+        out.append(acc)
+    return out
+
+
+def _by_policy(records: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
+    out: dict[str, list[RunRecord]] = {}
+    for r in records:
+        out.setdefault(r.policy, []).append(r)
+    return out
+
+
+def _plot_loss(records: Sequence[RunRecord], colors: Mapping[str, Any], plt: Any) -> Any:
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for policy, runs in _by_policy(records).items():
+        curves = [_ema([p[1] for p in r.loss_curve]) for r in runs if r.loss_curve]
+        if not curves:
+            continue
+        steps = [p[0] for p in runs[0].loss_curve]
+        n = min(len(c) for c in curves)
+        lo = [min(c[i] for c in curves) for i in range(n)]
+        hi = [max(c[i] for c in curves) for i in range(n)]
+        mid = [sum(c[i] for c in curves) / len(curves) for i in range(n)]
+        ax.plot(steps[:n], mid, color=colors[policy], label=policy, lw=1.4)
+        if len(curves) > 1:
+            ax.fill_between(steps[:n], lo, hi, color=colors[policy], alpha=0.18, lw=0)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (EMA 0.1)")
+    ax.set_title("Training loss per policy (band: min-max over seeds)")
+    finite = [
+        p[1] for r in records for p in r.loss_curve[len(r.loss_curve) // 5 :] if math.isfinite(p[1])
+    ]
+    if finite:
+        top = sorted(finite)[int(0.98 * (len(finite) - 1))]
+        ax.set_ylim(min(finite) * 0.98, top * 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def _plot_heldout(decision: Decision, colors: Mapping[str, Any], metric_name: str, plt: Any) -> Any:
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    names = [s.policy for s in decision.summaries]
+    for ax, key, label in ((axes[0], "loss", "held-out loss"), (axes[1], "metric", metric_name)):
+        for i, s in enumerate(decision.summaries):
+            values = list(s.heldout_losses) if key == "loss" else [s.metric]
+            mean = s.heldout_loss if key == "loss" else s.metric
+            if not math.isfinite(mean):
+                continue
+            ax.bar(i, mean, color=colors[s.policy], alpha=0.75)
+            ax.scatter([i] * len(values), values, color="black", s=10, zorder=3)
+        base = decision.summaries[0]
+        ref = base.heldout_loss if key == "loss" else base.metric
+        if math.isfinite(ref):
+            ax.axhline(ref, color="black", lw=0.8, ls="--")
+        finite = [
+            v
+            for s in decision.summaries
+            for v in (list(s.heldout_losses) if key == "loss" else [s.metric])
+            if math.isfinite(v)
+        ]
+        if finite:
+            lo, hi = min(finite), max(finite)
+            pad = (hi - lo) * 0.3 or abs(hi) * 0.01 or 0.01
+            ax.set_ylim(lo - pad, hi + pad)
+        ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+        ax.set_title(f"{label} (dots: seeds; dashed: baseline)", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _plot_scale(records: Sequence[RunRecord], colors: Mapping[str, Any], plt: Any) -> Any | None:
+    scaled = [r for r in records if r.loss_scale_trace]
+    if not scaled:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for r in scaled:
+        xs = [p[0] for p in r.loss_scale_trace] + [r.steps]
+        ys = [p[1] for p in r.loss_scale_trace]
+        ys.append(ys[-1])
+        ax.step(
+            xs, ys, where="post", color=colors[r.policy], label=f"{r.policy} seed {r.seed}", lw=1.2
+        )
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss scale")
+    ax.set_title("Loss scale (drops: overflow, step skipped; rises: growth after clean steps)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _plot_memory(records: Sequence[RunRecord], decision: Decision, plt: Any) -> Any:
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    names = [s.policy for s in decision.summaries]
+    first = {r.policy: r for r in records if r.bytes}
+    bottoms = [0.0] * len(names)
+    for comp, color in _COMPONENT_COLORS.items():
+        vals = [first[n].bytes.get(comp, 0) / _MiB if n in first else 0.0 for n in names]
+        if not any(vals):
+            continue
+        ax.bar(range(len(names)), vals, bottom=bottoms, color=color, label=comp)
+        bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
+    predicted = [
+        first[n].predicted_bytes.get("total", math.nan) / _MiB if n in first else math.nan
+        for n in names
+    ]
+    ax.scatter(
+        range(len(names)),
+        predicted,
+        marker="_",
+        s=400,
+        color="black",
+        label="predicted total",
+        zorder=3,
+    )
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("MiB")
+    ax.set_title("Measured training memory by component (one step)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _plot_throughput(decision: Decision, colors: Mapping[str, Any], plt: Any) -> Any:
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    names = [s.policy for s in decision.summaries]
+    vals = [s.steps_per_s for s in decision.summaries]
+    ax.bar(range(len(names)), vals, color=[colors[n] for n in names])
+    for i, v in enumerate(vals):
+        if math.isfinite(v):
+            ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("steps / s")
+    ax.set_title("Training throughput on this machine")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _save(fig: Any, path: Path, plt: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    data = buf.getvalue()
+    path.write_bytes(data)
+    return data
+
+
+# ------------------------------------------------------------------- render
+
+
+def _findings(records: Sequence[RunRecord]) -> dict[str, list[Mapping[str, Any]]]:
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        seen = {(f.get("rule"), f.get("where")) for f in out.get(r.policy, [])}
+        for f in r.doctor:
+            key = (f.get("rule"), f.get("where"))
+            if key not in seen:
+                out.setdefault(r.policy, []).append(f)
+                seen.add(key)
+    return out
+
+
+def _observations(records: Sequence[RunRecord], decision: Decision) -> list[str]:
+    """Plain statements read off the data; nothing here is asserted without it."""
+    notes: list[str] = []
+    base = decision.summaries[0] if decision.summaries else None
+    for s in decision.summaries[1:]:
+        if base is None or not math.isfinite(s.rel_gap):
+            continue
+        within = abs(s.rel_gap) <= max(decision_noise(s), 1e-12) * 2
+        notes.append(
+            f"`{s.policy}`: held-out loss {s.rel_gap:+.2%} vs `{base.policy}` "
+            + ("(within seed noise)" if within else f"(seed noise {decision_noise(s):.2%})")
+            + f"; {s.frozen_fraction:.1%} of parameter elements never changed"
+        )
+    for r in records:
+        eff = r.effective
+        if eff and not eff.get("compute_fast", True) and r.seed == 0:
+            notes.append(f"`{r.policy}`: {eff.get('reason', 'compute dtype not accelerated here')}")
+    for r in records:
+        if r.frozen_fraction.get("norm", 0) > 0.5 and r.seed == 0:
+            notes.append(
+                f"`{r.policy}`: {r.frozen_fraction['norm']:.1%} of norm-layer parameters "
+                "never left "
+                "their initial value"
+            )
+    return notes
+
+
+def decision_noise(s: PolicySummary) -> float:
+    """The seed noise of a summary (relative half-range)."""
+    return s.noise
+
+
+def render(
+    out_dir: Path,
+    contract: Contract,
+    records: Sequence[RunRecord],
+    decision: Decision,
+    *,
+    workload_description: str = "",
+    metric_name: str = "metric",
+    higher_is_better: bool = True,
+    settings: Mapping[str, Any] | None = None,
+) -> Report:
+    """Write results.json, report.md, report.html and the plots into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots_dir = out_dir / "plots"
+    plots_dir.mkdir(exist_ok=True)
+    results = results_dict(
+        contract,
+        records,
+        decision,
+        workload_description=workload_description,
+        metric_name=metric_name,
+        higher_is_better=higher_is_better,
+    )
+    if settings is not None:
+        results["settings"] = dict(settings)
+    results_path = out_dir / "results.json"
+    write_json_atomic(results_path, results)
+
+    plt = _pyplot()
+    colors = _policy_colors([s.policy for s in decision.summaries])
+    figures: list[tuple[str, str, Any]] = [
+        ("loss", "Training loss", _plot_loss(records, colors, plt)),
+        ("heldout", "Held-out loss and metric", _plot_heldout(decision, colors, metric_name, plt)),
+    ]
+    scale_fig = _plot_scale(records, colors, plt)
+    if scale_fig is not None:
+        figures.append(("loss_scale", "Loss scale", scale_fig))
+    figures.append(("memory", "Memory by component", _plot_memory(records, decision, plt)))
+    figures.append(("throughput", "Throughput", _plot_throughput(decision, colors, plt)))
+    images: list[tuple[str, str, Path, bytes]] = []
+    for key, title, fig in figures:
+        path = plots_dir / f"{key}.png"
+        images.append((key, title, path, _save(fig, path, plt)))
+
+    headers = [h if h != "metric" else metric_name for h in _HEADERS]
+    rows = _rows(decision)
+    findings = _findings(records)
+    observations = _observations(records, decision)
+    title = f"mixprec compare: {contract.workload}"
+    verdict = (
+        f"Recommended: **{decision.recommended}**"
+        if decision.recommended
+        else "No candidate passed the gates."
+        if decision.baseline_ok
+        else f"The baseline failed its own gates: {decision.baseline_reason}"
+    )
+    gates = contract.gates
+    gate_text = (
+        f"held-out loss gap <= {gates.max_rel_loss_gap:.2%} unless within "
+        f"{gates.noise_multiplier:g} x "
+        f"seed noise; non-finite-loss steps <= {gates.max_nonfinite_steps}; skipped steps <= "
+        f"{gates.max_skipped_fraction:.0%}"
+        + (
+            f"; {metric_name} threshold {gates.metric_threshold:g}"
+            if gates.metric_threshold is not None
+            else ""
+        )
+    )
+    setting_text = ", ".join(f"{k} {v}" for k, v in (settings or {}).items())
+
+    md = [f"# {title}", "", workload_description, "", verdict, ""]
+    md += [f"Settings: {setting_text}; seeds {contract.seeds}.", "", f"Gates: {gate_text}.", ""]
+    md += ["## Decision", "", _md_table(headers, rows), ""]
+    md += [
+        "Memory is measured on one training step (parameters, gradients, master, moments, "
+        "tensors saved for backward). *frozen*: share of parameter elements still at their "
+        "initial value at the end.",
+        "",
+    ]
+    if observations:
+        md += ["## What the data show", ""] + [f"- {o}" for o in observations] + [""]
+    md += ["## Plots", ""]
+    md += [f"![{t}](plots/{p.name})" for _, t, p, _ in images] + [""]
+    md += ["## Doctor", ""]
+    if not findings:
+        md += ["No findings.", ""]
+    for policy, fs in findings.items():
+        md += [f"### {policy}", ""]
+        for f in fs:
+            md += [
+                f"- **{f.get('rule')}** ({f.get('severity')}, {f.get('where', '')}): "
+                f"{f.get('message', '')} Fix: {f.get('fix', '')}"
+            ]
+        md.append("")
+    md_path = out_dir / "report.md"
+    md_path.write_text("\n".join(md), encoding="utf-8")
+
+    html_path = out_dir / "report.html"
+    html_path.write_text(
+        _html(
+            title,
+            workload_description,
+            verdict,
+            setting_text,
+            contract,
+            gate_text,
+            headers,
+            rows,
+            decision,
+            observations,
+            images,
+            findings,
+        ),
+        encoding="utf-8",
+    )
+    return Report(
+        results_json=results_path,
+        markdown=md_path,
+        html=html_path,
+        plots=tuple(p for _, _, p, _ in images),
+    )
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:1100px;
+color:#222;padding:0 1em}
+h1{font-size:1.5em;margin-bottom:.2em}
+h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.85em;width:100%}
+th,td{border:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}
+th{background:#f4f4f4}tr.rec td{background:#e8f6e8;font-weight:600}tr.rej td{color:#777}
+tr.base td{background:#f4f7fc}.verdict{font-size:1.15em;margin:.6em 0;padding:.5em .8em;
+background:#eef6ee;border-left:4px solid #3a3}.fail{background:#fbeeee;border-left-color:#c33}
+.muted{color:#666;font-size:.9em}img{max-width:100%;border:1px solid #eee;margin:.4em 0}
+.sev-error{color:#b00;font-weight:600}.sev-warning{color:#a60}.sev-info{color:#357}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:.8em}
+"""
+
+
+def _html(
+    title: str,
+    description: str,
+    verdict: str,
+    setting_text: str,
+    contract: Contract,
+    gate_text: str,
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    decision: Decision,
+    observations: Sequence[str],
+    images: Sequence[tuple[str, str, Path, bytes]],
+    findings: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> str:
+    e = html.escape
+    verdict_html = e(verdict).replace("**", "")
+    cls = "verdict" if decision.recommended else "verdict fail"
+    out = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{e(title)}</h1><p class='muted'>{e(description)}</p>",
+        f"<div class='{cls}'>{verdict_html}</div>",
+        f"<p class='muted'>Settings: {e(setting_text)}; seeds {contract.seeds}.<br>"
+        f"Gates: {e(gate_text)}.</p>",
+        "<h2>Decision</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>",
+    ]
+    for s, r in zip(decision.summaries, rows, strict=True):
+        klass = (
+            "base"
+            if s.policy == decision.baseline
+            else "rec"
+            if s.policy == decision.recommended
+            else "rej"
+            if s.policy in decision.rejected
+            else ""
+        )
+        out.append(f"<tr class='{klass}'>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>")
+    out.append(
+        "</table><p class='muted'>gap: mean over seeds of the relative held-out loss "
+        "difference to the baseline on the same seed; +- is the seed spread (half-range). "
+        "Memory: measured on one training step. frozen: parameter elements still at their "
+        "initial value at the end.</p>"
+    )
+    if observations:
+        out.append("<h2>What the data show</h2><ul>")
+        out += [f"<li>{e(o).replace('`', '')}</li>" for o in observations]
+        out.append("</ul>")
+    out.append("<h2>Plots</h2>")
+    for _, t, _, data in images:
+        b64 = base64.b64encode(data).decode("ascii")
+        out.append(f"<figure><img alt='{e(t)}' src='data:image/png;base64,{b64}'></figure>")
+    out.append("<h2>Doctor</h2>")
+    if not findings:
+        out.append("<p>No findings.</p>")
+    for policy, fs in findings.items():
+        out.append(f"<h3>{e(policy)}</h3><ul>")
+        for f in fs:
+            sev = str(f.get("severity", "info"))
+            out.append(
+                f"<li><span class='sev-{e(sev)}'>{e(str(f.get('rule')))}</span> ({e(sev)}, "
+                f"{e(str(f.get('where', '')))}): {e(str(f.get('message', '')))}"
+                f"<br><i>Fix:</i> {e(str(f.get('fix', '')))}</li>"
+            )
+        out.append("</ul>")
+    out.append("</body></html>")
+    return "\n".join(out)

@@ -1,0 +1,335 @@
+"""The runner: train every policy of a contract on the same data and initial weights.
+
+For each seed, every policy starts from bitwise the same fp32 initial weights
+(`Workload.make_model(seed)`) and sees the same batches in the same order
+(`Workload.train_batch(step=, seed=)`), so differences between runs are the
+policy's alone. Each run writes its record as soon as it finishes; a rerun into
+the same folder skips runs whose record exists with the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+
+from mixprec.engine import Precision
+from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
+from mixprec.experiment.contract import Contract, get_policy_quiet
+from mixprec.experiment.records import RunRecord, read_records, record_path, write_json_atomic
+from mixprec.memory import MemoryBreakdown, estimate, measure
+from mixprec.policy import DEFAULT_FP32_MODULES, Policy, matches_fp32_module
+from mixprec.workloads import Workload, load_workload
+
+__all__ = ["RunSettings", "lr_at", "run_experiment", "run_one", "settings_for"]
+
+_MAX_CURVE_POINTS = 400
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """Resolved training settings of one run (contract values or workload defaults)."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    min_lr: float
+    warmup_steps: int
+    weight_decay: float
+    grad_clip_norm: float | None
+    eval_every: int
+    probe_every: int
+    betas: tuple[float, float] = (0.9, 0.99)
+
+
+def settings_for(contract: Contract, workload: Workload) -> RunSettings:
+    """The contract's settings, falling back to the workload's defaults."""
+    d = workload.defaults
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    steps = pick(contract.steps, d.steps)
+    return RunSettings(
+        steps=steps,
+        batch_size=pick(contract.batch_size, d.batch_size),
+        lr=pick(contract.lr, d.lr),
+        min_lr=pick(contract.min_lr, d.min_lr),
+        warmup_steps=min(pick(contract.warmup_steps, d.warmup_steps), steps),
+        weight_decay=pick(contract.weight_decay, d.weight_decay),
+        grad_clip_norm=pick(contract.grad_clip_norm, d.grad_clip_norm),
+        eval_every=contract.eval_every,
+        probe_every=contract.probe_every,
+    )
+
+
+def lr_at(step: int, s: RunSettings) -> float:
+    """Linear warmup to `lr`, then cosine decay to `min_lr` at the last step (nanoGPT)."""
+    if s.warmup_steps and step < s.warmup_steps:
+        return s.lr * (step + 1) / s.warmup_steps
+    span = max(s.steps - s.warmup_steps, 1)
+    progress = min(max((step - s.warmup_steps) / span, 0.0), 1.0)
+    return s.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (s.lr - s.min_lr)
+
+
+def _downsample(points: list[list[float]], limit: int = _MAX_CURVE_POINTS) -> list[list[float]]:
+    if len(points) <= limit:
+        return points
+    stride = math.ceil(len(points) / limit)
+    kept = points[::stride]
+    if kept[-1] is not points[-1]:
+        kept.append(points[-1])
+    return kept
+
+
+def _norm_param_names(model: nn.Module) -> set[str]:
+    """Names of norm-layer parameters (by the default fp32-island patterns)."""
+    probe = Policy(fp32_modules=DEFAULT_FP32_MODULES)
+    names: set[str] = set()
+    for mod_name, module in model.named_modules():
+        if matches_fp32_module(probe, mod_name, module):
+            for p_name, _ in module.named_parameters():
+                names.add(f"{mod_name}.{p_name}" if mod_name else p_name)
+    return names
+
+
+def _frozen_fraction(model: nn.Module, initial: dict[str, torch.Tensor]) -> dict[str, float]:
+    norm_names = _norm_param_names(model)
+    counts = {"all": [0, 0], "norm": [0, 0]}
+    for name, p in model.named_parameters():
+        same = int((p.detach() == initial[name]).sum())
+        for key in ("all", "norm") if name in norm_names else ("all",):
+            counts[key][0] += same
+            counts[key][1] += p.numel()
+    return {k: (same / total if total else math.nan) for k, (same, total) in counts.items()}
+
+
+def _doctor_for(
+    prec: Precision, model: nn.Module, optimizer: torch.optim.Optimizer, every: int
+) -> tuple[list[dict[str, Any]], Any]:
+    """Static findings and an attached runtime probe, when the doctor is available."""
+    try:
+        from mixprec import doctor
+    except ImportError:  # the doctor is optional for the runner
+        return [], None
+    static = [
+        f.to_dict()
+        for f in doctor.check(
+            policy=prec.policy, model=model, optimizer=optimizer, device=prec.device
+        )
+    ]
+    probe = doctor.Probe(every=every)
+    probe.attach(prec, model)
+    return static, probe
+
+
+def run_one(
+    workload: Workload,
+    policy_name: str,
+    seed: int,
+    settings: RunSettings,
+    *,
+    fingerprint: str = "",
+    device: str = "cpu",
+    progress: Callable[[int, float], None] | None = None,
+) -> RunRecord:
+    """Train `workload` under one policy with one seed and return its record."""
+    start = time.perf_counter()
+    pol = get_policy_quiet(policy_name)
+    base: dict[str, Any] = {
+        "workload": workload.name,
+        "size": str(workload.config.get("size", "")),
+        "policy": pol.name if policy_name == pol.name else policy_name,
+        "policy_fields": pol.to_dict(),
+        "seed": seed,
+        "steps": settings.steps,
+        "fingerprint": fingerprint,
+        "metric_name": workload.metric_name,
+    }
+    prec = Precision(pol, device=device)
+    model = workload.make_model(seed).to(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PerformanceWarning)
+        warnings.simplefilter("ignore", PrecisionWarning)
+        prec.prepare(model)
+        optimizer = prec.optimizer(
+            model, lr=lr_at(0, settings), betas=settings.betas, weight_decay=settings.weight_decay
+        )
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    static, probe = _doctor_for(prec, model, optimizer, settings.probe_every)
+
+    losses: list[list[float]] = []
+    evals: list[list[float]] = []
+    nonfinite = 0
+    measured: dict[str, int] = {}
+    predicted: dict[str, int] = {}
+    error = ""
+    train_time = 0.0
+    timed_steps = 0
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with prec.autocast():
+            out = model(x)
+        loss = workload.loss(out, y)
+        prec.backward(loss)
+        if settings.grad_clip_norm is not None:
+            prec.clip_grad_norm_(model.parameters(), settings.grad_clip_norm)
+        prec.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def measured_step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, MemoryBreakdown]:
+        out: list[torch.Tensor] = []
+        mem = measure(model, optimizer, lambda: out.append(train_step(x, y)), policy=pol)
+        return out[0], mem
+
+    try:
+        for step in range(settings.steps):
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, settings)
+            x, y = workload.train_batch(
+                step=step, seed=seed, batch_size=settings.batch_size, device=device
+            )
+            t0 = time.perf_counter()
+            if step == 0:
+                loss_t, mem = measured_step(x, y)
+                measured = mem.bytes.to_dict()
+                predicted = estimate(
+                    model,
+                    pol,
+                    inputs=x,
+                    loss_fn=workload.loss,
+                    targets=y,
+                    device_type=torch.device(device).type,
+                ).bytes.to_dict()
+            else:
+                loss_t = train_step(x, y)
+                train_time += time.perf_counter() - t0
+                timed_steps += 1
+            loss_v = float(loss_t)
+            if not math.isfinite(loss_v):
+                nonfinite += 1
+            losses.append([step, loss_v])
+            if progress is not None:
+                progress(step, loss_v)
+            if (step + 1) % settings.eval_every == 0 and step + 1 < settings.steps:
+                evals.append([step + 1, workload.evaluate(model, autocast=prec.autocast).loss])
+    except PrecisionError as exc:
+        error = str(exc).splitlines()[0]
+    finally:
+        if probe is not None:
+            probe.detach()
+    final = workload.evaluate(model, autocast=prec.autocast)
+    evals.append([len(losses), final.loss])
+    tail = [v for _, v in losses[-max(1, len(losses) // 10) :] if math.isfinite(v)]
+    findings = static + ([f.to_dict() for f in probe.findings()] if probe is not None else [])
+    probes = probe.summary() if probe is not None and hasattr(probe, "summary") else {}
+    return RunRecord(
+        **base,
+        status="failed" if error else "ok",
+        error=error,
+        final_train_loss=sum(tail) / len(tail) if tail else math.nan,
+        heldout_loss=final.loss,
+        metric=final.metric,
+        nonfinite_steps=nonfinite,
+        skipped_steps=prec.stats.skipped_steps,
+        loss_curve=_downsample(losses),
+        eval_curve=evals,
+        loss_scale_trace=[list(item) for item in prec.stats.scale_history],
+        bytes=measured,
+        predicted_bytes=predicted,
+        throughput={
+            "steps_per_s": timed_steps / train_time if train_time else math.nan,
+            "examples_per_s": timed_steps * settings.batch_size / train_time
+            if train_time
+            else math.nan,
+        },
+        wall_time_s=time.perf_counter() - start,
+        frozen_fraction=_frozen_fraction(model, initial),
+        probes=dict(probes),
+        doctor=findings,
+        effective=prec.describe(),
+    )
+
+
+@contextlib.contextmanager
+def _bar(total: int, desc: str, stream: TextIO | None) -> Iterator[Callable[[int, float], None]]:
+    if stream is None:
+        yield lambda step, loss: None
+        return
+    from tqdm import tqdm
+
+    with tqdm(
+        total=total, desc=desc, file=stream, leave=False, mininterval=0.5, dynamic_ncols=True
+    ) as bar:
+
+        def update(step: int, loss: float) -> None:
+            bar.update(1)
+            if step % 10 == 0:
+                bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+
+        yield update
+
+
+def run_experiment(
+    contract: Contract,
+    out_dir: Path,
+    *,
+    device: str = "cpu",
+    allow_import: bool = False,
+    stream: TextIO | None = sys.stderr,
+    on_record: Callable[[RunRecord, bool], None] | None = None,
+) -> tuple[Workload, list[RunRecord]]:
+    """Run (or resume) every run of `contract`, writing records under `out_dir/runs`.
+
+    Args:
+        contract: what to run.
+        out_dir: the output folder (created).
+        device: the device to train on.
+        allow_import: the workload may be a ``module:function`` spec (command line only).
+        stream: where progress bars go (None: silent).
+        on_record: called with each record and whether it was reused from disk.
+
+    Returns:
+        The workload and the records, baseline first, in contract order per seed.
+    """
+    workload = load_workload(contract.workload, allow_import=allow_import, size=contract.size)
+    settings = settings_for(contract, workload)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    existing = {}
+    with contextlib.suppress(ValueError):
+        existing = {(r.policy, r.seed): r for r in read_records(out_dir)}
+    records: list[RunRecord] = []
+    for seed in range(contract.seeds):
+        for name in contract.policies:
+            fingerprint = contract.run_fingerprint(name, seed)
+            old = existing.get((name, seed))
+            if old is not None and old.fingerprint == fingerprint and old.ok:
+                records.append(old)
+                if on_record is not None:
+                    on_record(old, True)
+                continue
+            with _bar(settings.steps, f"{name} seed {seed}", stream) as update:
+                record = run_one(
+                    workload,
+                    name,
+                    seed,
+                    settings,
+                    fingerprint=fingerprint,
+                    device=device,
+                    progress=update,
+                )
+            write_json_atomic(record_path(out_dir, name, seed), record.to_dict())
+            records.append(record)
+            if on_record is not None:
+                on_record(record, False)
+    return workload, records

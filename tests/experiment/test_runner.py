@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from mixprec.cli import main
+from mixprec.experiment import Contract, decide, read_records, render, run_experiment
+from mixprec.policy import PRESET_NAMES
+
+RUN_KEYS = {
+    "policy",
+    "seed",
+    "final_train_loss",
+    "heldout_loss",
+    "metric",
+    "nonfinite_steps",
+    "skipped_steps",
+    "bytes",
+    "doctor",
+    "policy_fields",
+    "loss_scale_trace",
+    "throughput",
+    "wall_time_s",
+    "frozen_fraction",
+}
+
+
+@pytest.fixture(scope="module")
+def every_preset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Contract, list]:  # type: ignore[type-arg]
+    out = tmp_path_factory.mktemp("cmp")
+    contract = Contract(
+        workload="digits",
+        size="tiny",
+        baseline="fp32",
+        candidates=tuple(p for p in PRESET_NAMES if p != "fp32"),
+        seeds=1,
+        steps=12,
+        eval_every=6,
+        probe_every=4,
+    )
+    _workload, records = run_experiment(contract, out, stream=None)
+    return out, contract, records
+
+
+def test_runner_trains_every_preset_with_full_records(
+    every_preset: tuple[Path, Contract, list],
+) -> None:  # type: ignore[type-arg]
+    _out, contract, records = every_preset
+    assert [r.policy for r in records] == list(contract.policies)
+    for r in records:
+        assert r.ok, (r.policy, r.error)
+        assert math.isfinite(r.heldout_loss) and 0.0 <= r.metric <= 1.0
+        d = r.to_dict()
+        assert set(d) >= RUN_KEYS
+        for key in (
+            "compute_dtype",
+            "param_dtype",
+            "master",
+            "moments",
+            "reduce_dtype",
+            "loss_scaling",
+        ):
+            assert key in d["policy_fields"]
+        for comp in ("params", "grads", "master", "moments", "activations", "total"):
+            assert comp in r.bytes
+        # Predicted and measured agree exactly for the state, closely for activations.
+        for comp in ("params", "fp32_islands", "grads", "master", "moments"):
+            assert r.bytes[comp] == r.predicted_bytes[comp], (r.policy, comp)
+        assert r.predicted_bytes["activations"] == pytest.approx(r.bytes["activations"], rel=0.15)
+        assert len(r.eval_curve) == 2
+    by = {r.policy: r for r in records}
+    assert by["amp_fp16"].loss_scale_trace and not by["fp32"].loss_scale_trace
+    assert by["bf16_master"].bytes["master"] > 0 and by["fp32"].bytes["master"] == 0
+    # bf16 storage halves the non-island parameter bytes.
+    bf16 = by["bf16_pure"].bytes
+    assert bf16["params"] * 2 + bf16["fp32_islands"] == by["fp32"].bytes["params"]
+    assert "optimizer-state-16bit" in by["bf16_pure"].doctor_rules
+
+
+def test_resume_skips_finished_runs(
+    every_preset: tuple[Path, Contract, list], tmp_path: Path
+) -> None:  # type: ignore[type-arg]
+    out, contract, records = every_preset
+    reused: list[bool] = []
+    _, again = run_experiment(
+        contract, out, stream=None, on_record=lambda r, was: reused.append(was)
+    )
+    assert all(reused) and len(reused) == len(records)
+    assert [r.to_dict() for r in again] == [r.to_dict() for r in records]
+    # A changed setting changes the fingerprint: that run is redone.
+    reused.clear()
+    run_experiment(
+        Contract(
+            workload="digits",
+            size="tiny",
+            baseline="fp32",
+            candidates=("amp_bf16",),
+            seeds=1,
+            steps=13,
+        ),
+        out,
+        stream=None,
+        on_record=lambda r, was: reused.append(was),
+    )
+    assert reused == [False, False]
+
+
+def test_report_renders_without_display(
+    every_preset: tuple[Path, Contract, list], tmp_path: Path
+) -> None:  # type: ignore[type-arg]
+    _out, contract, records = every_preset
+    decision = decide(records, contract, higher_is_better=True)
+    report = render(tmp_path, contract, records, decision, metric_name="macro_f1")
+    html = report.html.read_text()
+    assert html.count("data:image/png;base64,") == len(report.plots) >= 4
+    assert "Decision" in html and "fp16_unscaled" in html
+    md = report.markdown.read_text()
+    assert "| policy |" in md and "plots/loss.png" in md
+    results = json.loads(report.results_json.read_text())
+    assert {"workload", "baseline", "runs", "decision"} <= set(results)
+    assert set(results["decision"]) >= {"eligible", "rejected", "recommended"}
+    assert all(isinstance(run["doctor"], list) for run in results["runs"])
+
+
+def test_cli_compare_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "c"
+    code = main(
+        [
+            "compare",
+            "--workload",
+            "digits",
+            "--size",
+            "tiny",
+            "--policies",
+            "fp32,amp_bf16",
+            "--steps",
+            "8",
+            "--seeds",
+            "1",
+            "--out",
+            str(out),
+            "--quiet",
+            "--json",
+        ]
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert code in (0, 1)
+    assert data["baseline"] == "fp32" and [r["policy"] for r in data["runs"]] == [
+        "fp32",
+        "amp_bf16",
+    ]
+    assert main(["report", str(out), "--json"]) == code
+    assert json.loads(capsys.readouterr().out)["decision"] == data["decision"]
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert main(["compare", "--policies", "nope", "--out", str(out), "--quiet"]) == 2
+
+
+def test_contract_file_cannot_import_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("workload: os:system\nsteps: 3\n")
+    assert main(["compare", "--config", str(cfg), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert "module:function would run code" in capsys.readouterr().err
+    cfg.write_text("workload: [unclosed\n")
+    assert main(["compare", "--config", str(cfg), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+
+
+def test_read_records_names_a_corrupt_file(tmp_path: Path) -> None:
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "x.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"x\.json is not valid JSON"):
+        read_records(tmp_path)

@@ -17,20 +17,30 @@ def test_cpu_caps_are_consistent() -> None:
     assert device_caps(torch.device("cpu")) is caps, "cached per device"
 
 
-def test_cpu_fast_flags_follow_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(device_mod, "_mkldnn_supports", lambda kind: kind == "bf16")
-    monkeypatch.setattr(device_mod, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+def test_cpu_fast_flags_come_from_cpuinfo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_mod, "_mkldnn_supports", lambda kind: True)
+    monkeypatch.setattr(device_mod, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     caps = device_mod._cpu_caps()
     assert caps.bf16_fast and not caps.fp16_fast
     assert "avx512_bf16" in caps.bf16_reason
     assert "many times slower" in caps.fp16_reason
 
 
-def test_cpu_flags_fallback_without_onednn_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(device_mod, "_mkldnn_supports", lambda kind: None)
-    monkeypatch.setattr(device_mod, "_cpu_flags", lambda: frozenset({"avx2"}))
+def test_avx512_without_bf16_is_not_fast_even_if_onednn_says_supported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(device_mod, "_mkldnn_supports", lambda kind: True)
+    monkeypatch.setattr(device_mod, "_cpu_flags", lambda: frozenset({"avx512f", "avx512bw"}))
     caps = device_mod._cpu_caps()
     assert not caps.bf16_fast and not caps.fp16_fast
+    assert "emulated" in caps.bf16_reason
+
+
+def test_onednn_probe_when_flags_are_unreadable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_mod, "_mkldnn_supports", lambda kind: kind == "bf16")
+    monkeypatch.setattr(device_mod, "_cpu_flags", lambda: frozenset())
+    caps = device_mod._cpu_caps()
+    assert caps.bf16_fast and not caps.fp16_fast
 
 
 @pytest.mark.parametrize(

@@ -142,18 +142,59 @@ class MemoryBreakdown:
 # ------------------------------------------------------------ optimizer state
 
 
+#: `mixprec.optim.AdamW` defaults for int8 moments: elements per quantization block,
+#: and the smallest tensor quantized (smaller ones, and tensors whose size is not a
+#: multiple of the block, keep fp32 moments). A test pins these to the optimizer's.
+INT8_BLOCK_SIZE = 256
+INT8_MIN_NUMEL = 4096
+
+_MASTER_BYTES_PER_ELEMENT = {
+    "none": 0,
+    "fp32": 4,  # an fp32 copy
+    "exact": 2,  # int16 remainder: bf16 + remainder = the fp32 bits
+    "remainder8": 1,  # int8 remainder: a 24-bit master
+    "kahan": 2,  # bf16 compensation
+    "stochastic": 0,  # rounding noise, no state
+}
+
+
 def state_nbytes(
-    numel: int, *, param_dtype: torch.dtype, master: str, moments: str
+    numel: int,
+    *,
+    param_dtype: torch.dtype,
+    master: str,
+    moments: str,
+    block_size: int = INT8_BLOCK_SIZE,
+    min_int8_numel: int = INT8_MIN_NUMEL,
+    quantizable: bool | None = None,
 ) -> dict[str, int]:
     """Bytes `mixprec.optim.AdamW` keeps for one parameter tensor, by category.
 
-    The formula is the storage format's documented layout (see docs/optim.md),
-    independent of the optimizer code, so `estimate` and `measure` are two
-    separate witnesses.
+    The formula is the storage formats' documented layout (docs/optim.md), written
+    independently of the optimizer code, so `estimate` and `measure` are two
+    separate witnesses. Step counters and RNG state are not counted.
+    `quantizable` overrides the int8 eligibility rule (for aggregate counts, which
+    stand for many large tensors).
     """
-    from mixprec.optim import layout
-
-    return layout.state_nbytes(numel, param_dtype=param_dtype, master=master, moments=moments)
+    if master not in _MASTER_BYTES_PER_ELEMENT:
+        raise ValueError(f"unknown master {master!r}; valid: {', '.join(_MASTER_BYTES_PER_ELEMENT)}")
+    master_bytes = numel * _MASTER_BYTES_PER_ELEMENT[master]
+    if moments == "fp32":
+        moment_bytes = 8 * numel
+    elif moments == "bf16":
+        moment_bytes = 4 * numel
+    elif moments == "int8":
+        if quantizable is None:
+            quantizable = numel >= min_int8_numel and numel % block_size == 0
+        if quantizable:
+            # int8 exp_avg + uint8 sqrt-coded exp_avg_sq, one fp32 scale per block each.
+            moment_bytes = 2 * numel + 2 * 4 * _ceil_div(numel, block_size)
+        else:
+            moment_bytes = 8 * numel
+    else:
+        raise ValueError(f"unknown moments {moments!r}; valid: fp32, bf16, int8")
+    del param_dtype  # the layout does not depend on it beyond the master choice
+    return {"master": master_bytes, "moments": moment_bytes}
 
 
 def optimizer_state_nbytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
@@ -417,17 +458,21 @@ def _ceil_div(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class _Tensor:
-    """What the estimate knows about one parameter."""
+    """What the estimate knows about one parameter (or an aggregate of many)."""
 
     numel: int
     rows: int  # size of dim 0: FSDP2 shards along it
     island: bool
+    aggregate: bool = False  # a count standing for many large tensors
 
 
 def _state_for(t: _Tensor, pol: Policy, numel: int) -> Components:
     dtype = torch.float32 if t.island else pol.param_dtype
     master = "none" if dtype == torch.float32 else pol.master
-    st = state_nbytes(numel, param_dtype=dtype, master=master, moments=pol.moments)
+    st = state_nbytes(
+        numel, param_dtype=dtype, master=master, moments=pol.moments,
+        quantizable=True if t.aggregate else None,
+    )
     size = numel * _nbytes(dtype)
     return Components(
         params=0 if t.island else size,
@@ -492,7 +537,7 @@ def estimate(
     elif isinstance(model, TransformerShape):
         matrices, norms = model.param_counts()
         tensors = [
-            _Tensor(matrices, matrices, False),
+            _Tensor(matrices, matrices, False, aggregate=True),
             _Tensor(norms, norms, pol.param_dtype != torch.float32),
         ]
         compute_values, fp32_values = model.activation_values()
@@ -505,7 +550,7 @@ def estimate(
         n = int(model)
         if n < 0 or n != model:
             raise ValueError(f"a parameter count must be a non-negative integer, got {model!r}")
-        tensors = [_Tensor(n, n, False)]
+        tensors = [_Tensor(n, n, False, aggregate=True)]
         notes.append("a bare parameter count: no fp32 islands, every tensor large")
     if activation_values is not None:
         act_rank = round(activation_values) * compute_bytes

@@ -1,0 +1,65 @@
+"""The doctor: finds precision problems before and during a run, with evidence and a fix.
+
+Before a run, on live objects or on config files::
+
+    findings = mixprec.doctor.check(policy="bf16_pure", model=model, optimizer=opt)
+    findings = mixprec.doctor.check_file("recipe.yaml")   # mixprec or NeMo AutoModel YAML
+
+During a run, with runtime probes::
+
+    probe = mixprec.doctor.Probe(model=model)
+    with probe.watching(prec):
+        ...  # the training loop
+    probe.findings()
+
+Every `Finding` has a stable rule id (`RULES`), a severity, where, a message,
+JSON-ready evidence and a fix. See docs/doctor.md.
+"""
+
+from mixprec.doctor.config import check_file, detect_format, load_config
+from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
+from mixprec.doctor.findings import (
+    RULES,
+    RUNTIME_RULES,
+    SEVERITIES,
+    STATIC_RULES,
+    Finding,
+    RuleInfo,
+    Severity,
+    has_errors,
+    sort_findings,
+)
+from mixprec.doctor.live import check, facts_from_objects, optimizer_facts
+from mixprec.doctor.measure import GradientStats, UpdateStats, gradient_stats, update_stats
+from mixprec.doctor.probes import DEFAULT_EVERY, Probe, ProbeSample
+from mixprec.doctor.rules import SHORT_RUN_STEPS, run_static_rules
+
+__all__ = [
+    "DEFAULT_EVERY",
+    "RULES",
+    "RUNTIME_RULES",
+    "SEVERITIES",
+    "SHORT_RUN_STEPS",
+    "STATIC_RULES",
+    "Finding",
+    "GradientStats",
+    "GroupFacts",
+    "OptimizerFacts",
+    "Probe",
+    "ProbeSample",
+    "RuleInfo",
+    "Severity",
+    "TrainingFacts",
+    "UpdateStats",
+    "check",
+    "check_file",
+    "detect_format",
+    "facts_from_objects",
+    "gradient_stats",
+    "has_errors",
+    "load_config",
+    "optimizer_facts",
+    "run_static_rules",
+    "sort_findings",
+    "update_stats",
+]

@@ -1,0 +1,144 @@
+"""The precision facts of a training setup, whatever front end they came from.
+
+The config front ends (mixprec YAML, NeMo AutoModel YAML) and the live-object
+front end all reduce what they read to one `TrainingFacts` record; the static
+rules (`mixprec.doctor.rules`) are pure functions of it. A fact the front end
+could not learn is None, and rules that need it stay silent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from mixprec.device import DeviceCaps
+
+__all__ = [
+    "FULL_PRECISION_MASTERS",
+    "Dialect",
+    "GroupFacts",
+    "OptimizerFacts",
+    "TrainingFacts",
+    "resolve_mixprec_master",
+]
+
+#: How the facts were described; rules word their fixes in the user's own terms.
+Dialect = Literal["mixprec", "nemo", "live"]
+
+#: Master representations that keep updates at (about) fp32 precision.
+FULL_PRECISION_MASTERS: frozenset[str] = frozenset(
+    {"fp32", "exact", "remainder8", "kahan", "stochastic"}
+)
+
+
+def resolve_mixprec_master(requested: str, dtype: torch.dtype) -> str:
+    """The master `mixprec.optim.AdamW` uses for a `dtype` parameter (``auto`` resolved:
+    ``exact`` for bf16, ``fp32`` for fp16, ``none`` for fp32)."""
+    if requested != "auto":
+        return requested
+    try:
+        from mixprec.optim.formats import auto_master
+    except ImportError:  # mixprec.optim not available: its documented rule
+        return {torch.bfloat16: "exact", torch.float16: "fp32"}.get(dtype, "none")
+    return str(auto_master(dtype))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupFacts:
+    """What an optimizer keeps for one group of parameters.
+
+    Attributes:
+        param_dtype: storage dtype of the group's (trainable) parameters.
+        master: how full precision is kept for them: ``none``, ``fp32``,
+            ``exact``, ``remainder8``, ``kahan``, ``stochastic``, or ``fp16`` (a
+            16-bit master with a scale factor, as Transformer Engine offers).
+        moments: storage of the moments: ``fp32``, ``bf16``, ``fp16``, ``fp8``,
+            ``int8``, ``int4``, or ``none`` (a stateless optimizer).
+        numel: number of parameter elements, or None when unknown (configs).
+        label: a short name for the group (``"group 0"``).
+    """
+
+    param_dtype: torch.dtype
+    master: str
+    moments: str
+    numel: int | None = None
+    label: str = "all parameters"
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerFacts:
+    """The optimizer of a setup.
+
+    Attributes:
+        name: its class or ``_target_`` (``"torch.optim.AdamW"``).
+        adam_like: keeps Adam-style moments (Adam, AdamW, FusedAdam, ...).
+        groups: what it keeps per parameter group.
+        note: how master/moments were determined, when not obvious.
+    """
+
+    name: str
+    adam_like: bool
+    groups: tuple[GroupFacts, ...]
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingFacts:
+    """Every precision fact of one training setup the static rules look at.
+
+    Attributes:
+        source: the file path, or ``"live objects"``.
+        dialect: how the setup was described (fixes use its spelling).
+        param_dtype: storage dtype of the trainable parameters, None if unknown.
+        param_dtype_note: how `param_dtype` was decided when it was not stated
+            (e.g. NeMo's ``torch_dtype: auto`` taken as bf16).
+        compute_dtype: the dtype matmuls effectively run in (autocast/FSDP2
+            compute dtype, else the storage dtype), None if unknown.
+        loss_scaling: whether the loss is scaled; None if unknown.
+        unscaled_acknowledged: fp16 without scaling was explicitly allowed.
+        optimizer: the optimizer, None if unknown.
+        reduce_dtype: dtype of cross-rank gradient reduction, None if unknown.
+        reduce_note: how `reduce_dtype` was decided when it was not stated.
+        norms_fp32: whether norm layers keep fp32 storage/compute; None if unknown
+            or not applicable.
+        norm_detail: names of norm modules/parameters found in 16 bits.
+        loss_fp32: whether the loss is computed from fp32 logits; None if unknown.
+        fp8_enabled: fp8 compute or storage is in use.
+        fp8_scaling: the fp8 scaling recipe, None when there is none.
+        fp8_detail: how fp8 is used (for the evidence).
+        peft: only adapters train (LoRA/PEFT).
+        steps: planned optimizer steps, None if unknown.
+        device: capabilities of the device the run targets, None if unknown.
+        where: fact name to its location (``"run.yaml:12 optimizer._target_"``).
+    """
+
+    source: str
+    dialect: Dialect
+    param_dtype: torch.dtype | None = None
+    param_dtype_note: str = ""
+    compute_dtype: torch.dtype | None = None
+    loss_scaling: bool | None = None
+    unscaled_acknowledged: bool = False
+    optimizer: OptimizerFacts | None = None
+    reduce_dtype: torch.dtype | None = None
+    reduce_note: str = ""
+    norms_fp32: bool | None = None
+    norm_detail: tuple[str, ...] = ()
+    loss_fp32: bool | None = None
+    fp8_enabled: bool = False
+    fp8_scaling: str | None = None
+    fp8_detail: str = ""
+    peft: bool = False
+    steps: int | None = None
+    device: DeviceCaps | None = None
+    where: Mapping[str, str] = field(default_factory=dict)
+
+    def locate(self, *facts: str) -> str:
+        """The location of the first of `facts` that has one, else the source."""
+        for fact in facts:
+            if fact in self.where:
+                return self.where[fact]
+        return self.source

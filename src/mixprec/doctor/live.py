@@ -1,0 +1,366 @@
+"""The doctor on live objects: a policy, a model, an optimizer, a scaler, a device.
+
+`check` reads what the objects really hold (parameter dtypes, each optimizer
+group's master and moment format, whether the scaler is enabled) into
+`TrainingFacts` and runs the static rules on them. Any subset of the objects
+may be given; rules whose facts are missing stay silent.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import warnings
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from mixprec.doctor.config import DeviceArg, resolve_device
+from mixprec.doctor.facts import (
+    GroupFacts,
+    OptimizerFacts,
+    TrainingFacts,
+    resolve_mixprec_master,
+)
+from mixprec.doctor.findings import Finding, sort_findings
+from mixprec.doctor.rules import run_static_rules
+from mixprec.dtypes import dtype_name, is_16bit, is_fp8
+from mixprec.errors import PrecisionWarning
+from mixprec.policy import DEFAULT_FP32_MODULES, Policy, policy
+
+__all__ = [
+    "PEFT_MAX_TRAINABLE_FRACTION",
+    "TORCH_ADAM_CLASSES",
+    "check",
+    "facts_from_objects",
+    "optimizer_facts",
+]
+
+#: A model whose trainable share of parameter elements is at most this, with the rest
+#: frozen, is taken as adapter (PEFT/LoRA) training.
+PEFT_MAX_TRAINABLE_FRACTION = 0.1
+
+#: torch.optim classes that keep Adam moments in the parameters' dtype.
+TORCH_ADAM_CLASSES: frozenset[str] = frozenset(
+    {"Adam", "AdamW", "NAdam", "RAdam", "Adamax", "SparseAdam"}
+)
+
+
+def _dominant_dtype(params: Iterable[torch.Tensor]) -> torch.dtype | None:
+    counts: Counter[torch.dtype] = Counter()
+    for p in params:
+        if p.is_floating_point():
+            counts[p.dtype] += p.numel()
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _format(dtype: torch.dtype | Any) -> str:
+    if isinstance(dtype, torch.dtype):
+        return "fp8" if dtype == torch.uint8 or is_fp8(dtype) else dtype_name(dtype)
+    return str(dtype)
+
+
+def _class_name(obj: object) -> str:
+    mod, cls = type(obj).__module__, type(obj).__name__
+    if mod.startswith("torch.optim."):
+        return f"torch.optim.{cls}"
+    if mod.startswith("mixprec.optim"):
+        return f"mixprec.optim.{cls}"
+    return f"{mod}.{cls}"
+
+
+def _split_by_dtype(
+    label: str, params: list[torch.Tensor], master_of: Any, moments_of: Any
+) -> list[GroupFacts]:
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in params:
+        if p.is_floating_point() and p.requires_grad:
+            by_dtype.setdefault(p.dtype, []).append(p)
+    out = []
+    for dt, ps in by_dtype.items():
+        name = label if len(by_dtype) == 1 else f"{label} ({dtype_name(dt)})"
+        out.append(
+            GroupFacts(
+                param_dtype=dt,
+                master=master_of(dt),
+                moments=moments_of(dt, ps),
+                numel=sum(p.numel() for p in ps),
+                label=name,
+            )
+        )
+    return out
+
+
+def optimizer_facts(optimizer: torch.optim.Optimizer) -> OptimizerFacts:
+    """What `optimizer` keeps per parameter group (master, moment format).
+
+    Recognizes `mixprec.optim` optimizers (each group's ``master``/``moments``),
+    torch.optim's Adam family (no master, moments in the parameters' dtype),
+    Transformer Engine's FusedAdam, torch-optimi (Kahan summation) and torchao's
+    AdamW variants by their module and attributes, without importing them.
+    """
+    mod, cls = type(optimizer).__module__, type(optimizer).__name__
+    name = _class_name(optimizer)
+    groups: list[GroupFacts] = []
+    adam_like = True
+    note = ""
+    for i, group in enumerate(optimizer.param_groups):
+        params = list(group["params"])
+        label = f"group {i}"
+        if mod.startswith("mixprec.optim"):
+            master = str(group.get("master", "none"))
+            moments = str(group.get("moments", "fp32"))
+            groups += _split_by_dtype(
+                label,
+                params,
+                lambda dt, m=master: resolve_mixprec_master(m, dt),
+                lambda dt, ps, m=moments: m,
+            )
+        elif mod.startswith("transformer_engine") and cls == "FusedAdam":
+            on = bool(getattr(optimizer, "master_weights", False))
+            mdt = getattr(optimizer, "master_weight_dtype", torch.float32)
+            rem = bool(getattr(optimizer, "store_param_remainders", False))
+            formats = [
+                _format(getattr(optimizer, a, torch.float32))
+                for a in ("exp_avg_dtype", "exp_avg_sq_dtype")
+            ]
+            moments = next((f for f in formats if f != "fp32"), "fp32")
+
+            def te_master(dt: torch.dtype, on: bool = on, mdt: Any = mdt, rem: bool = rem) -> str:
+                if not on:
+                    return "none"
+                if mdt != torch.float32:
+                    return _format(mdt)
+                return "exact" if rem and dt == torch.bfloat16 else "fp32"
+
+            groups += _split_by_dtype(label, params, te_master, lambda dt, ps, m=moments: m)
+        elif mod.startswith("optimi"):
+            kahan = group.get("kahan_sum")
+            groups += _split_by_dtype(
+                label,
+                params,
+                # optimi applies Kahan summation to 16-bit parameters only
+                lambda dt, k=kahan: "kahan" if is_16bit(dt) and k is not False else "none",
+                lambda dt, ps: dtype_name(dt),
+            )
+        elif mod.startswith("torchao.optim"):
+            sr = bool(group.get("bf16_stochastic_round", False))
+            groups += _split_by_dtype(
+                label,
+                params,
+                lambda dt, s=sr: "stochastic" if s else "none",
+                lambda dt, ps: (
+                    "int8" if "8bit" in cls else "int4" if "4bit" in cls else dtype_name(dt)
+                ),
+            )
+        elif mod.startswith("torch.optim") and cls in TORCH_ADAM_CLASSES:
+            note = "torch.optim keeps its moments in the parameters' dtype and has no master"
+
+            def state_moments(dt: torch.dtype, ps: list[torch.Tensor]) -> str:
+                for p in ps:
+                    exp_avg = optimizer.state.get(p, {}).get("exp_avg")
+                    if isinstance(exp_avg, torch.Tensor):
+                        return dtype_name(exp_avg.dtype)
+                return dtype_name(dt)
+
+            groups += _split_by_dtype(label, params, lambda dt: "none", state_moments)
+        else:
+            adam_like = False
+            groups += _split_by_dtype(label, params, lambda dt: "none", lambda dt, ps: "none")
+    return OptimizerFacts(name=name, adam_like=adam_like, groups=tuple(groups), note=note)
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return any(
+        fnmatch.fnmatchcase(c.__name__, pat)
+        for c in type(module).__mro__
+        for pat in DEFAULT_FP32_MODULES
+    )
+
+
+def facts_from_objects(
+    *,
+    policy: Policy | str | None = None,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    device: DeviceArg = None,
+    steps: int | None = None,
+    peft: bool | None = None,
+) -> TrainingFacts:
+    """The `TrainingFacts` of live objects (see `check` for the arguments)."""
+    pol: Policy | None = None
+    if policy is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PrecisionWarning)
+            pol = _resolve_policy(policy, device)
+    caps = resolve_device(device)
+    where: dict[str, str] = {}
+
+    trainable: list[torch.Tensor] = []
+    total = 0
+    if model is not None:
+        for p in model.parameters():
+            total += p.numel()
+            if p.requires_grad:
+                trainable.append(p)
+    elif optimizer is not None:
+        trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    param_dtype = _dominant_dtype(trainable) or (pol.param_dtype if pol else None)
+    if trainable:
+        where["param_dtype"] = "model parameters" if model is not None else "optimizer parameters"
+
+    if peft is None:
+        n_train = sum(p.numel() for p in trainable)
+        peft = (
+            model is not None
+            and 0 < n_train < total
+            and n_train <= PEFT_MAX_TRAINABLE_FRACTION * total
+        )
+
+    compute: torch.dtype | None = pol.effective_compute_dtype if pol else param_dtype
+    if pol is not None:
+        where["compute_dtype"] = f"policy {pol.name!r}"
+    elif param_dtype is not None:
+        where["compute_dtype"] = "model parameters (no policy given: no autocast assumed)"
+
+    loss_scaling: bool | None = None
+    if scaler is not None:
+        loss_scaling = bool(scaler.is_enabled()) or bool(pol and pol.scales_loss)
+        where["loss_scaling"] = f"scaler ({type(scaler).__name__}, enabled={scaler.is_enabled()})"
+    elif pol is not None:
+        loss_scaling = pol.scales_loss
+        where["loss_scaling"] = f"policy {pol.name!r}"
+
+    opt_facts: OptimizerFacts | None = None
+    if optimizer is not None:
+        opt_facts = optimizer_facts(optimizer)
+        where["optimizer"] = where["master"] = f"optimizer {opt_facts.name}"
+    elif pol is not None:
+        half = [p for p in trainable if p.dtype != torch.float32]
+        groups = [
+            GroupFacts(
+                param_dtype=pol.param_dtype
+                if not trainable
+                else (_dominant_dtype(half) or pol.param_dtype),
+                master=pol.master,
+                moments=pol.moments,
+                numel=sum(p.numel() for p in half) if trainable else None,
+                label="16-bit parameters" if trainable else "all parameters",
+            )
+        ]
+        if trainable and not half:
+            groups = [
+                GroupFacts(
+                    param_dtype=torch.float32,
+                    master="none",
+                    moments=pol.moments,
+                    numel=sum(p.numel() for p in trainable),
+                )
+            ]
+        opt_facts = OptimizerFacts(
+            name="mixprec.optim.AdamW",
+            adam_like=True,
+            groups=tuple(groups),
+            note=f"as Precision({pol.name!r}).optimizer(model) would build it",
+        )
+        where["optimizer"] = where["master"] = f"policy {pol.name!r} (optimizer it implies)"
+
+    norms_fp32: bool | None = None
+    norm_detail: list[str] = []
+    fp8_params: list[str] = []
+    if model is not None:
+        seen_norm = False
+        for mname, module in model.named_modules():
+            own = [p for p in module.parameters(recurse=False) if p.is_floating_point()]
+            if _is_norm(module) and own:
+                seen_norm = True
+                if any(is_16bit(p.dtype) for p in own):
+                    norm_detail.append(f"{mname or '<model>'} ({type(module).__name__})")
+            fp8_params += [
+                f"{mname}.{n}" for n, p in module.named_parameters(recurse=False) if is_fp8(p.dtype)
+            ]
+        if seen_norm:
+            norms_fp32 = not norm_detail
+        if norm_detail:
+            where["norms"] = norm_detail[0]
+        if fp8_params:
+            where["fp8"] = fp8_params[0]
+
+    if pol is not None:
+        where["reduce_dtype"] = f"policy {pol.name!r}"
+    if caps is not None:
+        where["device"] = f"device {caps.name}"
+    return TrainingFacts(
+        source="live objects",
+        dialect="live",
+        param_dtype=param_dtype,
+        compute_dtype=compute,
+        loss_scaling=loss_scaling,
+        unscaled_acknowledged=bool(pol and pol.allow_unscaled),
+        optimizer=opt_facts,
+        reduce_dtype=pol.reduce_dtype if pol else None,
+        norms_fp32=norms_fp32,
+        norm_detail=tuple(norm_detail),
+        fp8_enabled=bool(fp8_params),
+        fp8_scaling=None,
+        fp8_detail=f"{len(fp8_params)} parameters stored in fp8 with no scale"
+        if fp8_params
+        else "",
+        peft=bool(peft),
+        steps=steps,
+        device=caps,
+        where=where,
+    )
+
+
+def _resolve_policy(value: Policy | str, device: DeviceArg) -> Policy:
+    if isinstance(value, Policy):
+        return value
+    if isinstance(device, torch.device | str):
+        return policy(value, device=device)
+    return policy(value)
+
+
+def check(
+    *,
+    policy: Policy | str | None = None,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    device: DeviceArg = None,
+    steps: int | None = None,
+    peft: bool | None = None,
+) -> list[Finding]:
+    """Check live training objects before a run; any subset may be given.
+
+    Args:
+        policy: the `Policy` (or preset name) the run uses: compute dtype, loss
+            scaling, reduce dtype; without an `optimizer`, also the master and
+            moments of the `mixprec.optim.AdamW` it implies.
+        model: the model as it will train (after `Precision.prepare`): parameter
+            storage dtypes, norm layers, trainable share.
+        optimizer: the optimizer: its master and moment format per group.
+        scaler: a `torch.amp.GradScaler`; enabled means the loss is scaled.
+        device: the device the run targets (judges ``format-not-accelerated``).
+        steps: planned optimizer steps (a short run softens
+            ``optimizer-state-16bit``).
+        peft: only adapters train; by default inferred from the model (at most
+            `PEFT_MAX_TRAINABLE_FRACTION` of the elements trainable, the rest frozen).
+
+    Returns:
+        The findings, errors first. Example: ``torch.optim.AdamW`` over a bf16
+        model gives ``optimizer-state-16bit``.
+    """
+    facts = facts_from_objects(
+        policy=policy,
+        model=model,
+        optimizer=optimizer,
+        scaler=scaler,
+        device=device,
+        steps=steps,
+        peft=peft,
+    )
+    return sort_findings(run_static_rules(facts))

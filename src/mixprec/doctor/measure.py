@@ -1,0 +1,275 @@
+"""Pure measurements behind the runtime probes: gradient range, lost updates, scale trend.
+
+These take tensors or plain numbers and return frozen records, so they are tested
+against closed-form fractions on constructed tensors. Thresholds come from
+`mixprec.dtypes.format_info`, never from literals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from mixprec.dtypes import DtypeLike, format_info
+
+__all__ = [
+    "GradientStats",
+    "ScaleEntry",
+    "ScaleVerdict",
+    "UpdateStats",
+    "gradient_stats",
+    "judge_loss_scale",
+    "update_stats",
+]
+
+_FP32_MAX = float(torch.finfo(torch.float32).max)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradientStats:
+    """Where gradient elements fall against a 16-bit format's range (fp16 by default).
+
+    Attributes:
+        reference: the format the elements are judged against (``"fp16"``).
+        elements: how many elements were looked at.
+        zeros: elements exactly zero.
+        underflow: non-zero elements below the format's smallest subnormal (lost or
+            badly rounded if cast to it).
+        flush: non-zero elements below its smallest normal (flushed to zero where
+            subnormals are flushed); includes `underflow`.
+        overflow: finite elements above its max (inf if cast).
+        nonfinite: inf or NaN elements.
+    """
+
+    reference: str
+    elements: int
+    zeros: int
+    underflow: int
+    flush: int
+    overflow: int
+    nonfinite: int
+
+    def _frac(self, count: int) -> float:
+        return count / self.elements if self.elements else 0.0
+
+    @property
+    def zero_fraction(self) -> float:
+        """Share of elements exactly zero."""
+        return self._frac(self.zeros)
+
+    @property
+    def underflow_fraction(self) -> float:
+        """Share of elements non-zero but below the smallest subnormal."""
+        return self._frac(self.underflow)
+
+    @property
+    def flush_fraction(self) -> float:
+        """Share of elements non-zero but below the smallest normal."""
+        return self._frac(self.flush)
+
+    @property
+    def overflow_fraction(self) -> float:
+        """Share of finite elements above the format's max."""
+        return self._frac(self.overflow)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, with the fractions."""
+        return {
+            **asdict(self),
+            "zero_fraction": self.zero_fraction,
+            "underflow_fraction": self.underflow_fraction,
+            "flush_fraction": self.flush_fraction,
+            "overflow_fraction": self.overflow_fraction,
+        }
+
+
+def gradient_stats(
+    grads: Iterable[torch.Tensor], *, reference: DtypeLike = torch.float16
+) -> GradientStats:
+    """Count zero, underflowing, subnormal-range, overflowing and non-finite elements.
+
+    Elements are compared in fp32 (exact for fp16/bf16/fp32 gradients) against the
+    limits of `reference`; all counts are taken on device and read back once.
+    """
+    info = format_info(reference)
+    counts: torch.Tensor | None = None
+    elements = 0
+    for g in grads:
+        a = g.detach()
+        if a.dtype != torch.float32:
+            a = a.float()
+        a = a.abs()
+        elements += a.numel()
+        # count_nonzero of a comparison avoids summing bools as int64 and isinf/isnan
+        # kernels (each about 2-3x slower on CPU); `a` is |g|, so inf is a == inf and
+        # NaN is what fails a <= fp32 max without being inf.
+        row = torch.stack(
+            [
+                a.numel() - torch.count_nonzero(a),
+                torch.count_nonzero(a < info.smallest_subnormal),
+                torch.count_nonzero(a < info.smallest_normal),
+                torch.count_nonzero(a > info.max),
+                torch.count_nonzero(a == math.inf),
+                a.numel() - torch.count_nonzero(a <= _FP32_MAX),
+            ]
+        )
+        counts = row if counts is None else counts + row
+    if counts is None:
+        return GradientStats(
+            reference=info.name,
+            elements=0,
+            zeros=0,
+            underflow=0,
+            flush=0,
+            overflow=0,
+            nonfinite=0,
+        )
+    zeros, below_sub, below_normal, above_max, inf, nonfinite = (int(v) for v in counts.tolist())
+    return GradientStats(
+        reference=info.name,
+        elements=elements,
+        zeros=zeros,
+        underflow=below_sub - zeros,
+        flush=below_normal - zeros,
+        overflow=above_max - inf,
+        nonfinite=nonfinite,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdateStats:
+    """Updates that were meant to change a stored value and did not.
+
+    Attributes:
+        intended: elements whose update was meant to be non-zero.
+        vanished: of those, elements whose stored value did not change.
+    """
+
+    intended: int
+    vanished: int
+
+    @property
+    def fraction(self) -> float:
+        """``vanished / intended`` (0 when nothing was intended)."""
+        return self.vanished / self.intended if self.intended else 0.0
+
+    def __add__(self, other: UpdateStats) -> UpdateStats:
+        return UpdateStats(
+            intended=self.intended + other.intended, vanished=self.vanished + other.vanished
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, with the fraction."""
+        return {"intended": self.intended, "vanished": self.vanished, "fraction": self.fraction}
+
+
+def update_stats(before: torch.Tensor, after: torch.Tensor, intended: torch.Tensor) -> UpdateStats:
+    """Compare stored values before and after an update.
+
+    Args:
+        before: the stored values before the step.
+        after: the stored values after it.
+        intended: a boolean mask of elements whose update was meant to be non-zero.
+    """
+    unchanged = after == before
+    return UpdateStats(intended=int(intended.sum()), vanished=int((intended & unchanged).sum()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleEntry:
+    """One step of a loss-scaled run.
+
+    Attributes:
+        step: the step index.
+        scale: the loss scale the step's gradients carried.
+        next_scale: the scale for the next step.
+        applied: whether the update was applied (False: skipped).
+    """
+
+    step: int
+    scale: float
+    next_scale: float
+    applied: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleVerdict:
+    """Why a loss-scale history looks collapsed.
+
+    Attributes:
+        init_scale: the first scale seen.
+        current_scale: the scale now.
+        octaves_below_init: ``log2(init_scale / current_scale)``.
+        skipped_in_window: skipped steps among the last `window_steps`.
+        window_steps: steps looked at.
+        drops_since_growth: scale decreases since the last growth.
+        reason: ``"far-below-initial"`` or ``"keeps-falling"``.
+    """
+
+    init_scale: float
+    current_scale: float
+    octaves_below_init: float
+    skipped_in_window: int
+    window_steps: int
+    drops_since_growth: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def judge_loss_scale(
+    history: Sequence[ScaleEntry],
+    *,
+    init_scale: float | None = None,
+    window: int = 50,
+    collapse_octaves: int = 12,
+    falling_run: int = 8,
+    min_skips: int = 3,
+) -> ScaleVerdict | None:
+    """A verdict when the loss scale has collapsed, else None.
+
+    Collapsed means either the scale sits at least `collapse_octaves` binary orders
+    below its initial value with at least `min_skips` skipped steps in the last
+    `window` steps, or it fell at least `falling_run` times since it last grew
+    with at least half of the recent steps skipped. The usual calibration of the
+    first steps (a few back-offs, then steady) meets neither.
+
+    Args:
+        history: the steps, oldest first (only the last `window` are looked at).
+        init_scale: the run's initial scale (default: the first entry's scale).
+    """
+    if not history:
+        return None
+    init = init_scale if init_scale is not None else history[0].scale
+    current = history[-1].next_scale
+    recent = list(history[-window:])
+    skipped = sum(1 for e in recent if not e.applied)
+    drops = 0
+    for entry in reversed(recent):
+        if entry.next_scale > entry.scale:
+            break
+        if entry.next_scale < entry.scale:
+            drops += 1
+    octaves = math.log2(init / current) if current > 0 else math.inf
+    reason = ""
+    if octaves >= collapse_octaves and skipped >= min_skips:
+        reason = "far-below-initial"
+    elif drops >= falling_run and 2 * skipped >= len(recent):
+        reason = "keeps-falling"
+    if not reason:
+        return None
+    return ScaleVerdict(
+        init_scale=init,
+        current_scale=current,
+        octaves_below_init=octaves,
+        skipped_in_window=skipped,
+        window_steps=len(recent),
+        drops_since_growth=drops,
+        reason=reason,
+    )

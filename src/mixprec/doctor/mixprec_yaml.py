@@ -1,0 +1,281 @@
+"""mixprec's own YAML config, read into `TrainingFacts`.
+
+Schema (every section optional except ``precision``; unknown keys are ignored
+except inside ``precision``, which `mixprec.Policy.from_dict` validates)::
+
+    precision:              # a Policy: preset + field overrides (Policy.from_dict)
+      preset: bf16_master
+    optimizer:
+      name: mixprec.optim.AdamW   # or torch.optim.AdamW, torch.optim.Adam, sgd
+      master: exact               # overrides precision.master
+      moments: fp32               # overrides precision.moments
+    distributed:
+      reduce_dtype: fp32          # overrides precision.reduce_dtype
+    training:
+      steps: 20000                # planned optimizer steps
+      peft: false                 # only adapters train
+    fp8:
+      enabled: false
+      scaling: tensorwise         # tensorwise | rowwise | rowwise_with_gw_hp | blockwise |
+                                  # delayed | current | none
+    device: cuda                  # a device name, or {type, name, bf16_fast, fp16_fast,
+                                  # bf16_supported, fp16_supported} for a target machine
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mixprec.device import DeviceCaps, device_caps
+from mixprec.doctor.config import ConfigDoc
+from mixprec.doctor.facts import (
+    GroupFacts,
+    OptimizerFacts,
+    TrainingFacts,
+    resolve_mixprec_master,
+)
+from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
+from mixprec.errors import PrecisionWarning
+from mixprec.optim.kinds import check_master, check_moments
+from mixprec.policy import Policy, policy
+
+__all__ = [
+    "FP8_SCALINGS",
+    "NORM_CLASS_NAMES",
+    "OPTIMIZER_NAMES",
+    "facts_from_mixprec",
+    "policy_from_config",
+]
+
+#: fp8 scaling recipes a mixprec config may name (``none``: no scaling).
+FP8_SCALINGS: tuple[str, ...] = (
+    "tensorwise",
+    "rowwise",
+    "rowwise_with_gw_hp",
+    "blockwise",
+    "delayed",
+    "current",
+    "none",
+)
+
+#: Optimizer names a mixprec config may use, and what each keeps.
+OPTIMIZER_NAMES: dict[str, str] = {
+    "mixprec.optim.adamw": "mixprec",
+    "mixprec": "mixprec",
+    "adamw": "mixprec",
+    "torch.optim.adamw": "torch-adam",
+    "torch.optim.adam": "torch-adam",
+    "sgd": "sgd",
+    "torch.optim.sgd": "sgd",
+}
+
+#: Class names of common norm layers, matched against ``fp32_modules`` patterns.
+NORM_CLASS_NAMES: tuple[str, ...] = (
+    "LayerNorm",
+    "RMSNorm",
+    "GroupNorm",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "LlamaRMSNorm",
+)
+
+
+def policy_from_config(
+    raw: Mapping[str, Any], *, where: str = "precision"
+) -> tuple[Policy, str, bool]:
+    """The `Policy` of a ``precision:`` mapping, the master it asks for, and whether it
+    allows fp16 without scaling.
+
+    The mapping goes through `Policy.from_dict` (strings become dtypes there). Its
+    ``master`` and ``allow_unscaled`` are read apart so that combinations the doctor
+    reports as findings (a master over fp32 params, fp16 without scaling) do not abort
+    the check as Policy's own validation would.
+
+    Raises:
+        ValueError: for unknown keys or values, prefixed with `where`.
+    """
+    data = dict(raw)
+    master_raw = data.pop("master", None)
+    allow_raw = data.pop("allow_unscaled", False)
+    if not isinstance(allow_raw, bool):
+        raise ValueError(f"{where}: allow_unscaled must be true or false, got {allow_raw!r}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PrecisionWarning)
+            preset_master = policy(str(data["preset"])).master if "preset" in data else "none"
+            pol = Policy.from_dict({**data, "master": "none", "allow_unscaled": True})
+        master = check_master(str(master_raw)) if master_raw is not None else preset_master
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    return pol, master, allow_raw
+
+
+def _device(doc: ConfigDoc) -> DeviceCaps | None:
+    raw = doc.get("device")
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        kind = torch.device(raw).type
+        if kind == "cpu" or (kind == "cuda" and torch.cuda.is_available()):
+            return device_caps(raw)
+        return None  # not on this machine: describe it as a mapping to judge it
+    if isinstance(raw, Mapping):
+        flags: dict[str, bool] = {}
+        for key in ("bf16_supported", "fp16_supported", "bf16_fast", "fp16_fast"):
+            value = raw.get(key, True)
+            if not isinstance(value, bool):
+                raise ValueError(f"{doc.loc('device.' + key)}: must be true or false")
+            flags[key] = value
+        kind = str(raw.get("type", "cuda"))
+        name = str(raw.get("name", kind))
+        declared = f"declared in {doc.source}"
+        return DeviceCaps(
+            device_type=kind,
+            name=name,
+            bf16_reason=f"bf16 {'fast' if flags['bf16_fast'] else 'not fast'} on {name} "
+            f"({declared})",
+            fp16_reason=f"fp16 {'fast' if flags['fp16_fast'] else 'not fast'} on {name} "
+            f"({declared})",
+            **flags,
+        )
+    raise ValueError(f"{doc.loc('device')}: device must be a name or a mapping, got {raw!r}")
+
+
+def _optimizer(doc: ConfigDoc, pol: Policy, master: str) -> OptimizerFacts:
+    section = doc.mapping("optimizer") or {}
+    raw_name = str(section.get("name", "mixprec.optim.AdamW"))
+    kind = OPTIMIZER_NAMES.get(raw_name.strip().lower())
+    if kind is None:
+        raise ValueError(
+            f"{doc.loc('optimizer.name')}: unknown optimizer {raw_name!r}; valid: "
+            f"{', '.join(sorted(OPTIMIZER_NAMES))}"
+        )
+    storage = pol.param_dtype
+    if kind == "mixprec":
+        try:
+            if "master" in section:
+                raw_master = str(section["master"])
+                master = resolve_mixprec_master(
+                    raw_master if raw_master == "auto" else check_master(raw_master), storage
+                )
+            moments = (
+                check_moments(str(section["moments"])) if "moments" in section else pol.moments
+            )
+        except ValueError as exc:
+            raise ValueError(f"{doc.loc('optimizer')}: {exc}") from exc
+        group = GroupFacts(param_dtype=storage, master=master, moments=moments)
+        return OptimizerFacts(name="mixprec.optim.AdamW", adam_like=True, groups=(group,))
+    if kind == "torch-adam":
+        group = GroupFacts(param_dtype=storage, master="none", moments=dtype_name(storage))
+        return OptimizerFacts(
+            name=raw_name,
+            adam_like=True,
+            groups=(group,),
+            note="torch.optim keeps its moments in the parameters' dtype and has no master",
+        )
+    group = GroupFacts(param_dtype=storage, master="none", moments="none")
+    return OptimizerFacts(name=raw_name, adam_like=False, groups=(group,))
+
+
+def _norms_covered(pol: Policy) -> tuple[bool, tuple[str, ...]]:
+    patterns = [e for e in pol.fp32_modules if isinstance(e, str)]
+    types = [e for e in pol.fp32_modules if isinstance(e, type)]
+    uncovered = tuple(
+        n
+        for n in NORM_CLASS_NAMES
+        if not any(fnmatch.fnmatchcase(n, p) for p in patterns)
+        and not any(t.__name__ == n for t in types)
+    )
+    return not uncovered, uncovered
+
+
+def facts_from_mixprec(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> TrainingFacts:
+    """Read a mixprec YAML config into `TrainingFacts`.
+
+    Raises:
+        ValueError: for a missing/invalid ``precision`` mapping or invalid values.
+    """
+    raw = doc.mapping("precision")
+    if raw is None:
+        raise ValueError(f"{doc.source}: a mixprec config needs a top-level 'precision:' mapping")
+    pol, master, allow_unscaled = policy_from_config(raw, where=doc.loc("precision"))
+
+    def prec_loc(key: str) -> str:
+        return doc.loc(f"precision.{key}", "precision.preset", "precision")
+
+    where: dict[str, str] = {
+        "param_dtype": prec_loc("param_dtype"),
+        "compute_dtype": prec_loc("compute_dtype"),
+        "loss_scaling": prec_loc("loss_scaling"),
+        "master": doc.loc("optimizer.master", "precision.master", "precision.preset", "precision"),
+        "optimizer": doc.loc("optimizer.name", "optimizer", "precision.preset", "precision"),
+        "reduce_dtype": doc.loc(
+            "distributed.reduce_dtype", "precision.reduce_dtype", "precision.preset", "precision"
+        ),
+        "norms": prec_loc("fp32_modules"),
+        "fp8": doc.loc("fp8.scaling", "fp8.enabled", "fp8"),
+        "device": doc.loc("device"),
+    }
+    optimizer = _optimizer(doc, pol, master)
+
+    reduce_dtype = pol.reduce_dtype
+    dist = doc.mapping("distributed") or {}
+    if "reduce_dtype" in dist:
+        try:
+            reduce_dtype = parse_dtype(str(dist["reduce_dtype"]))
+        except ValueError as exc:
+            raise ValueError(f"{doc.loc('distributed.reduce_dtype')}: {exc}") from exc
+
+    training = doc.mapping("training") or {}
+    steps = training.get("steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
+        raise ValueError(f"{doc.loc('training.steps')}: steps must be an integer >= 0")
+    peft = training.get("peft", False)
+    if not isinstance(peft, bool):
+        raise ValueError(f"{doc.loc('training.peft')}: peft must be true or false")
+
+    fp8 = doc.mapping("fp8") or {}
+    fp8_enabled = fp8.get("enabled", bool(fp8))
+    if not isinstance(fp8_enabled, bool):
+        raise ValueError(f"{doc.loc('fp8.enabled')}: enabled must be true or false")
+    scaling_raw = fp8.get("scaling")
+    scaling: str | None = None
+    if scaling_raw is not None:
+        scaling = str(scaling_raw).lower()
+        if scaling not in FP8_SCALINGS:
+            raise ValueError(
+                f"{doc.loc('fp8.scaling')}: unknown fp8 scaling {scaling_raw!r}; valid: "
+                f"{', '.join(FP8_SCALINGS)}"
+            )
+        if scaling == "none":
+            scaling = None
+
+    norms_fp32: bool | None = None
+    norm_detail: tuple[str, ...] = ()
+    if is_16bit(pol.param_dtype):
+        norms_fp32, norm_detail = _norms_covered(pol)
+
+    return TrainingFacts(
+        source=doc.source,
+        dialect="mixprec",
+        param_dtype=pol.param_dtype,
+        compute_dtype=pol.effective_compute_dtype,
+        loss_scaling=pol.scales_loss,
+        unscaled_acknowledged=allow_unscaled,
+        optimizer=optimizer,
+        reduce_dtype=reduce_dtype,
+        norms_fp32=norms_fp32,
+        norm_detail=norm_detail,
+        fp8_enabled=fp8_enabled,
+        fp8_scaling=scaling,
+        fp8_detail="fp8.enabled with no fp8.scaling" if fp8_enabled and scaling is None else "",
+        peft=peft,
+        steps=steps,
+        device=device if device is not None else _device(doc),
+        where=where,
+    )

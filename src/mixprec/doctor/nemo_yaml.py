@@ -1,0 +1,408 @@
+"""NeMo AutoModel recipes (YAML), read into `TrainingFacts`.
+
+What is read (everything else is ignored):
+
+* ``model.torch_dtype`` (or ``model.dtype``): the resident parameter dtype. Unset
+  or ``auto`` loads the checkpoint's dtype, commonly bf16, and is taken as bf16.
+* ``optimizer._target_`` (or ``optimizer.name`` + ``kwargs``): torch.optim Adam
+  family, Transformer Engine ``FusedAdam`` (``master_weights``,
+  ``master_weight_dtype``, ``store_param_remainders``, ``exp_avg_dtype``,
+  ``exp_avg_sq_dtype``), ``flashoptim.FlashAdamW`` (``master_weight_bits``),
+  torchao and torch-optimi AdamW variants, ``mixprec.optim.AdamW``.
+* ``distributed``/``distributed_config``: ``strategy`` (fsdp2, megatron_fsdp,
+  ddp), ``mp_policy`` (an FSDP2 ``MixedPrecisionPolicy`` spelled as a
+  ``_target_`` mapping: ``param_dtype``, ``reduce_dtype``, ``output_dtype``),
+  ``grad_reduce_in_fp32`` (Megatron FSDP), ``autocast_dtype``; top-level
+  ``autocast: {enabled, dtype}``.
+* ``peft`` (adapters only), ``step_scheduler.max_steps`` (run length),
+  ``loss_fn.fp32_upcast``, ``fp8`` (torchao recipe) and ``model.backend.te_fp8``.
+
+``_target_`` strings are compared against the allowlists below; nothing is
+imported.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mixprec.device import DeviceCaps
+from mixprec.doctor.config import ConfigDoc
+from mixprec.doctor.facts import (
+    GroupFacts,
+    OptimizerFacts,
+    TrainingFacts,
+    resolve_mixprec_master,
+)
+from mixprec.dtypes import dtype_name, is_16bit, is_fp8, parse_dtype
+
+__all__ = [
+    "FLASHOPTIM_TARGETS",
+    "MIXPREC_TARGETS",
+    "MP_POLICY_TARGETS",
+    "OPTIMI_TARGETS",
+    "TE_FUSED_ADAM_TARGETS",
+    "TORCHAO_TARGETS",
+    "TORCH_ADAM_TARGETS",
+    "TORCH_OTHER_TARGETS",
+    "facts_from_nemo",
+]
+
+#: torch.optim Adam family: no master, moments in the parameters' dtype.
+TORCH_ADAM_TARGETS: frozenset[str] = frozenset(
+    {
+        "torch.optim.Adam",
+        "torch.optim.AdamW",
+        "torch.optim.adam.Adam",
+        "torch.optim.adamw.AdamW",
+        "torch.optim.NAdam",
+        "torch.optim.RAdam",
+        "torch.optim.Adamax",
+    }
+)
+#: Other torch.optim optimizers (no Adam moments).
+TORCH_OTHER_TARGETS: frozenset[str] = frozenset(
+    {"torch.optim.SGD", "torch.optim.sgd.SGD", "torch.optim.Adagrad", "torch.optim.RMSprop"}
+)
+#: Transformer Engine's fused Adam.
+TE_FUSED_ADAM_TARGETS: frozenset[str] = frozenset(
+    {
+        "transformer_engine.pytorch.optimizers.FusedAdam",
+        "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam",
+    }
+)
+#: flashoptim's AdamW (``master_weight_bits`` 24 or 32, quantized moments).
+FLASHOPTIM_TARGETS: frozenset[str] = frozenset({"flashoptim.FlashAdamW", "flashoptim.FlashAdam"})
+#: torchao's low-bit AdamW variants, with the moment format of each.
+TORCHAO_TARGETS: dict[str, str] = {
+    "torchao.optim.AdamW8bit": "int8",
+    "torchao.optim.AdamW4bit": "int4",
+    "torchao.optim.AdamWFp8": "fp8",
+    "torchao.optim.AdamW": "param",
+}
+#: torch-optimi optimizers (Kahan summation for 16-bit params by default).
+OPTIMI_TARGETS: frozenset[str] = frozenset({"optimi.AdamW", "optimi.Adam", "optimi.StableAdamW"})
+#: mixprec's own AdamW.
+MIXPREC_TARGETS: frozenset[str] = frozenset({"mixprec.optim.AdamW"})
+#: FSDP2 MixedPrecisionPolicy spellings.
+MP_POLICY_TARGETS: frozenset[str] = frozenset(
+    {
+        "torch.distributed.fsdp.MixedPrecisionPolicy",
+        "torch.distributed._composable.fsdp.MixedPrecisionPolicy",
+        "torch.distributed.fsdp._fully_shard.MixedPrecisionPolicy",
+        "torch.distributed.fsdp._fully_shard._fsdp_api.MixedPrecisionPolicy",
+    }
+)
+
+_AUTO_NOTE = (
+    "model.torch_dtype {how}: NeMo AutoModel / Hugging Face load the checkpoint's dtype, "
+    "commonly bf16; treated as bf16"
+)
+_PRECISION_RANK = {"fp32": 3, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0}
+
+
+def _dtype(doc: ConfigDoc, path: str, value: Any) -> torch.dtype | None:
+    """A dtype from a config value; None for null. ValueError names the key."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
+        return None
+    try:
+        return parse_dtype(str(value))
+    except ValueError as exc:
+        raise ValueError(f"{doc.loc(path)}: {exc}") from exc
+
+
+def _state_format(doc: ConfigDoc, path: str, value: Any) -> str:
+    """A TE optimizer-state dtype as a format name (torch.uint8 means fp8)."""
+    if isinstance(value, str) and value.strip().lower().removeprefix("torch.") == "uint8":
+        return "fp8"
+    dt = _dtype(doc, path, value)
+    return "fp32" if dt is None else dtype_name(dt)
+
+
+def _bool(doc: ConfigDoc, path: str, value: Any, default: bool) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"{doc.loc(path)}: must be true or false, got {value!r}")
+
+
+def _param_dtype(doc: ConfigDoc) -> tuple[torch.dtype, str]:
+    key = "model.torch_dtype" if doc.has("model.torch_dtype") else "model.dtype"
+    raw = doc.get(key)
+    if raw is None:
+        return torch.bfloat16, _AUTO_NOTE.format(how="unset")
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return torch.bfloat16, _AUTO_NOTE.format(how="auto")
+    dt = _dtype(doc, key, raw)
+    return (dt, "") if dt is not None else (torch.bfloat16, _AUTO_NOTE.format(how="null"))
+
+
+def _mixprec_default(name: str) -> str | None:
+    """The default of mixprec.optim.AdamW's `name` argument, if that class exists."""
+    try:
+        from mixprec.optim import AdamW
+
+        default = inspect.signature(AdamW).parameters[name].default
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return default if isinstance(default, str) else None
+
+
+def _optimizer(doc: ConfigDoc, storage: torch.dtype) -> OptimizerFacts | None:
+    section = doc.mapping("optimizer")
+    if section is None:
+        return None
+    target = section.get("_target_", section.get("name"))
+    if not isinstance(target, str):
+        return None
+    target = target.strip()
+    nested = isinstance(section.get("kwargs"), Mapping)
+    kw: Mapping[str, Any] = section["kwargs"] if nested else section
+    prefix = "optimizer.kwargs." if nested else "optimizer."
+    param = dtype_name(storage)
+
+    def group(master: str, moments: str) -> tuple[GroupFacts, ...]:
+        return (GroupFacts(param_dtype=storage, master=master, moments=moments),)
+
+    if target in TORCH_ADAM_TARGETS:
+        return OptimizerFacts(
+            name=target,
+            adam_like=True,
+            groups=group("none", param),
+            note="torch.optim keeps its moments in the parameters' dtype and has no master",
+        )
+    if target in TORCH_OTHER_TARGETS:
+        return OptimizerFacts(name=target, adam_like=False, groups=group("none", "none"))
+    if target in TE_FUSED_ADAM_TARGETS:
+        master_on = _bool(doc, prefix + "master_weights", kw.get("master_weights"), False)
+        master = "none"
+        if master_on:
+            mdt = _dtype(doc, prefix + "master_weight_dtype", kw.get("master_weight_dtype"))
+            remainders = _bool(
+                doc, prefix + "store_param_remainders", kw.get("store_param_remainders"), False
+            )
+            if mdt is not None and mdt != torch.float32:
+                master = dtype_name(mdt)
+            elif remainders and storage == torch.bfloat16:
+                master = "exact"  # bf16 param + 16-bit remainder reconstructs fp32 bitwise
+            else:
+                master = "fp32"
+        formats = [
+            _state_format(doc, prefix + key, kw.get(key))
+            for key in ("exp_avg_dtype", "exp_avg_sq_dtype")
+        ]
+        moments = min(formats, key=lambda f: _PRECISION_RANK.get(f, 3))
+        return OptimizerFacts(
+            name=target,
+            adam_like=True,
+            groups=group(master, moments),
+            note=f"master_weights={master_on}, exp_avg/exp_avg_sq in {'/'.join(formats)}",
+        )
+    if target in FLASHOPTIM_TARGETS:
+        bits = kw.get("master_weight_bits", 24)
+        master = {24: "remainder8", 32: "exact"}.get(bits, "none") if bits is not None else "none"
+        quantize = _bool(doc, prefix + "quantize", kw.get("quantize"), True)
+        return OptimizerFacts(
+            name=target,
+            adam_like=True,
+            groups=group(master, "int8" if quantize else param),
+            note=f"master_weight_bits={bits}",
+        )
+    if target in TORCHAO_TARGETS:
+        sr = _bool(doc, prefix + "bf16_stochastic_round", kw.get("bf16_stochastic_round"), False)
+        moments = TORCHAO_TARGETS[target]
+        return OptimizerFacts(
+            name=target,
+            adam_like=True,
+            groups=group("stochastic" if sr else "none", param if moments == "param" else moments),
+        )
+    if target in OPTIMI_TARGETS:
+        kahan = kw.get("kahan_sum")
+        on = is_16bit(storage) if kahan is None else _bool(doc, prefix + "kahan_sum", kahan, True)
+        return OptimizerFacts(
+            name=target,
+            adam_like=True,
+            groups=group("kahan" if on else "none", param),
+            note="kahan_sum defaults to on for 16-bit parameters" if kahan is None else "",
+        )
+    if target in MIXPREC_TARGETS:
+        master = kw.get("master", _mixprec_default("master"))
+        moments = kw.get("moments", _mixprec_default("moments"))
+        if master is None or moments is None:
+            return OptimizerFacts(
+                name=target,
+                adam_like=True,
+                groups=(),
+                note="master/moments not stated and mixprec.optim.AdamW's defaults unknown",
+            )
+        resolved = resolve_mixprec_master(str(master), storage)
+        return OptimizerFacts(name=target, adam_like=True, groups=group(resolved, str(moments)))
+    return None  # not on an allowlist: not judged
+
+
+def _mp_policy(doc: ConfigDoc) -> tuple[str, Mapping[str, Any]] | None:
+    for path in ("distributed.mp_policy", "distributed_config.mp_policy"):
+        mp = doc.mapping(path)
+        if mp is not None:
+            target = mp.get("_target_")
+            if target is not None and str(target) not in MP_POLICY_TARGETS:
+                return None
+            return path, mp
+    return None
+
+
+def _strategy(doc: ConfigDoc) -> str:
+    raw = doc.get("distributed.strategy")
+    target = str(doc.get("distributed._target_") or doc.get("distributed_config._target_") or "")
+    name = str(raw).lower() if raw is not None else target.lower()
+    if "megatron" in name or name == "mfsdp":
+        return "megatron_fsdp"
+    if "ddp" in name:
+        return "ddp"
+    return "fsdp2"
+
+
+def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> TrainingFacts:
+    """Read a NeMo AutoModel recipe into `TrainingFacts`.
+
+    Raises:
+        ValueError: for values that are not valid (an unknown dtype spelling...).
+    """
+    storage, storage_note = _param_dtype(doc)
+    strategy = _strategy(doc)
+    mp = _mp_policy(doc)
+    mp_path = mp[0] if mp else "distributed.mp_policy"
+    mp_values: Mapping[str, Any] = mp[1] if mp else {}
+
+    autocast: torch.dtype | None = None
+    autocast_path = ""
+    if _bool(doc, "autocast.enabled", doc.get("autocast.enabled"), doc.has("autocast.dtype")):
+        autocast, autocast_path = (
+            _dtype(doc, "autocast.dtype", doc.get("autocast.dtype")),
+            "autocast.dtype",
+        )
+    for path in ("distributed.autocast_dtype", "distributed_config.autocast_dtype"):
+        if autocast is None and doc.get(path) is not None:
+            autocast, autocast_path = _dtype(doc, path, doc.get(path)), path
+
+    mp_param = _dtype(doc, f"{mp_path}.param_dtype", mp_values.get("param_dtype"))
+    reduce_note = ""
+    if strategy == "fsdp2":
+        if mp is None and doc.has("distributed.mp_policy"):
+            compute: torch.dtype | None = None  # an mp_policy we cannot read
+            reduce_dtype: torch.dtype | None = None
+        elif mp is None:
+            compute, reduce_dtype = torch.bfloat16, torch.float32  # FSDP2Config's default
+        else:
+            compute = mp_param or storage
+            reduce_dtype = _dtype(doc, f"{mp_path}.reduce_dtype", mp_values.get("reduce_dtype"))
+            if reduce_dtype is None:
+                reduce_dtype = compute
+                reduce_note = (
+                    f"{mp_path}.reduce_dtype unset: FSDP2 then reduces in the compute dtype"
+                )
+    elif strategy == "megatron_fsdp":
+        compute = storage
+        in_fp32 = _bool(
+            doc,
+            "distributed.grad_reduce_in_fp32",
+            doc.get("distributed.grad_reduce_in_fp32"),
+            False,
+        )
+        reduce_dtype = torch.float32 if in_fp32 else storage
+        if not in_fp32:
+            reduce_note = (
+                "grad_reduce_in_fp32 is false (the default): Megatron FSDP reduces in the "
+                "parameters' dtype"
+            )
+    else:
+        compute, reduce_dtype = storage, storage
+        reduce_note = "DDP all-reduces gradients in the parameters' dtype"
+    if autocast is not None:
+        compute = autocast
+
+    output = _dtype(doc, f"{mp_path}.output_dtype", mp_values.get("output_dtype")) or compute
+    upcast = doc.get("loss_fn.fp32_upcast")
+    loss_fp32: bool | None = None
+    if upcast is not None:
+        loss_fp32 = _bool(doc, "loss_fn.fp32_upcast", upcast, True) or not is_16bit(output)
+
+    fp8_enabled, fp8_scaling, fp8_detail = False, None, ""
+    fp8 = doc.mapping("fp8")
+    if fp8 is not None and _bool(doc, "fp8.enabled", fp8.get("enabled"), False):
+        recipe = fp8.get("recipe_name")
+        fp8_enabled, fp8_scaling = True, str(recipe) if recipe else "tensorwise (NeMo default)"
+    te_fp8 = doc.mapping("model.backend.te_fp8")
+    if te_fp8 is not None:
+        fp8_enabled = True
+        fp8_scaling = str(te_fp8.get("recipe") or "Transformer Engine default recipe")
+    if is_fp8(storage):
+        fp8_enabled, fp8_scaling = True, None
+        fp8_detail = (
+            f"model.torch_dtype {dtype_name(storage)}: parameters stored in fp8 with no scale"
+        )
+    elif compute is not None and is_fp8(compute):
+        fp8_enabled, fp8_scaling = True, None
+        fp8_detail = f"compute cast to {dtype_name(compute)} with no scale"
+
+    peft = doc.get("peft")
+    steps = doc.get("step_scheduler.max_steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)):
+        raise ValueError(
+            f"{doc.loc('step_scheduler.max_steps')}: must be an integer, got {steps!r}"
+        )
+
+    compute_where = doc.loc(
+        autocast_path or f"{mp_path}.param_dtype",
+        mp_path,
+        "distributed",
+        "model.torch_dtype",
+        "model",
+    )
+    where = {
+        "param_dtype": doc.loc("model.torch_dtype", "model.dtype", "model"),
+        "compute_dtype": compute_where,
+        "loss_scaling": compute_where,
+        "optimizer": doc.loc("optimizer._target_", "optimizer.name", "optimizer"),
+        "master": doc.loc(
+            "optimizer.master_weights",
+            "optimizer.kwargs.master_weights",
+            "optimizer.master",
+            "optimizer._target_",
+            "optimizer.name",
+        ),
+        "reduce_dtype": doc.loc(
+            f"{mp_path}.reduce_dtype",
+            "distributed.grad_reduce_in_fp32",
+            mp_path,
+            "distributed.strategy",
+            "distributed",
+        ),
+        "loss": doc.loc("loss_fn.fp32_upcast", "loss_fn"),
+        "fp8": doc.loc("fp8.recipe_name", "fp8", "model.torch_dtype"),
+    }
+    return TrainingFacts(
+        source=doc.source,
+        dialect="nemo",
+        param_dtype=storage,
+        param_dtype_note=storage_note,
+        compute_dtype=compute,
+        loss_scaling=False,  # NeMo AutoModel recipes declare no loss scaler
+        optimizer=_optimizer(doc, storage),
+        reduce_dtype=reduce_dtype,
+        reduce_note=reduce_note,
+        loss_fp32=loss_fp32,
+        fp8_enabled=fp8_enabled,
+        fp8_scaling=fp8_scaling,
+        fp8_detail=fp8_detail,
+        peft=isinstance(peft, Mapping) and bool(peft),
+        steps=steps,
+        device=device,
+        where=where,
+    )

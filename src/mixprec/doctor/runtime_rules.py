@@ -1,0 +1,289 @@
+"""The runtime rules: pure functions from probe measurements to findings.
+
+`Probe` measures; these functions judge and word the findings, so they mirror
+`mixprec.doctor.rules` (the static rules) and can be tested on plain values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mixprec.doctor.findings import Finding, Severity
+from mixprec.doctor.hooks import ClipCall, NonfiniteHit
+from mixprec.doctor.measure import GradientStats, ScaleVerdict, UpdateStats
+from mixprec.dtypes import dtype_name, format_info
+
+__all__ = [
+    "clip_before_unscale",
+    "gradient_underflow",
+    "loss_scale_collapse",
+    "nonfinite_not_in_forward",
+    "nonfinite_source",
+    "vanishing_updates",
+]
+
+
+def gradient_underflow(
+    stats: GradientStats,
+    *,
+    step: int,
+    compute: torch.dtype,
+    scales: bool,
+    loss_scale: float | None,
+    fp16_in_use: bool,
+    zero_threshold: float,
+    underflow_threshold: float,
+) -> Finding | None:
+    """Gradients lost below fp16's range (fp16 compute: exact zeros), or that would be.
+
+    Args:
+        stats: the sampled gradients against fp16's range.
+        step: the step they belong to.
+        compute: the run's effective compute dtype.
+        scales: whether the loss is scaled.
+        loss_scale: the step's loss scale.
+        fp16_in_use: fp16 parameters or reduction (a non-fp16-compute run then
+            really loses these values: warning instead of info).
+        zero_threshold: share of exact zeros that is reported in fp16-compute runs.
+        underflow_threshold: share below the smallest subnormal reported otherwise.
+    """
+    if stats.elements == 0:
+        return None
+    fp16 = format_info(torch.float16)
+    evidence: dict[str, Any] = {
+        "step": step,
+        "compute_dtype": dtype_name(compute),
+        "loss_scaling": scales,
+        "loss_scale": loss_scale,
+        **stats.to_dict(),
+        "fp16_smallest_subnormal": fp16.smallest_subnormal,
+        "fp16_smallest_normal": fp16.smallest_normal,
+        "fp16_max": fp16.max,
+    }
+    severity: Severity
+    if compute == torch.float16:
+        frac = stats.zero_fraction
+        if frac < zero_threshold:
+            return None
+        evidence["threshold"] = zero_threshold
+        message = (
+            f"{frac:.1%} of gradient elements were exactly zero at step {step} under fp16 "
+            f"compute{'' if scales else ' without loss scaling'}: gradients below fp16's "
+            f"smallest subnormal ({fp16.smallest_subnormal:.3g}) flush to zero in backward"
+        )
+        fix = (
+            "the loss scale is too low for these gradients: raise LossScaling.init_scale "
+            "or growth, or compute in bf16 (preset amp_bf16)"
+            if scales
+            else "scale the loss (preset amp_fp16: dynamic loss scaling) or compute in "
+            "bf16 (preset amp_bf16)"
+        )
+        severity = "warning" if scales else "error"
+    else:
+        frac = stats.underflow_fraction
+        if frac < underflow_threshold:
+            return None
+        evidence["threshold"] = underflow_threshold
+        message = (
+            f"{frac:.1%} of gradient elements at step {step} are below fp16's smallest "
+            f"subnormal ({fp16.smallest_subnormal:.3g}) and {stats.flush_fraction:.1%} "
+            "below its smallest normal: cast to fp16 (fp16 compute, storage or "
+            "reduction) they would be lost"
+        )
+        fix = (
+            "keep these gradients in bf16/fp32; if you move to fp16, use dynamic loss "
+            "scaling (preset amp_fp16)"
+        )
+        severity = "warning" if fp16_in_use else "info"
+    return Finding(
+        rule="gradient-underflow",
+        severity=severity,
+        where=f"gradients at step {step}",
+        message=message,
+        evidence=evidence,
+        fix=fix,
+    )
+
+
+def vanishing_updates(
+    updates: UpdateStats,
+    *,
+    step: int,
+    where: str,
+    dtype: torch.dtype,
+    worst_fraction: float,
+    param_dtypes: list[str],
+    master_updates: UpdateStats | None,
+    threshold: float,
+) -> Finding | None:
+    """Non-zero updates that left 16-bit parameters (without a master) unchanged.
+
+    Args:
+        updates: intended and vanished elements over the masterless 16-bit params.
+        step: the sampled step.
+        where: the name of the worst parameter.
+        dtype: its dtype.
+        worst_fraction: its vanished share.
+        param_dtypes: dtypes of the parameters measured.
+        master_updates: the same count for parameters with a master (evidence only).
+        threshold: the share that is reported.
+    """
+    frac = updates.fraction
+    if updates.intended == 0 or frac < threshold:
+        return None
+    info = format_info(dtype)
+    name = dtype_name(dtype)
+    evidence: dict[str, Any] = {
+        "step": step,
+        **updates.to_dict(),
+        "param_dtypes": param_dtypes,
+        "worst_parameter": where,
+        "worst_parameter_fraction": worst_fraction,
+        "lost_update_below_at_1": info.min_update_at_one,
+        "threshold": threshold,
+    }
+    if master_updates is not None:
+        evidence["with_master"] = master_updates.to_dict()
+    return Finding(
+        rule="vanishing-updates",
+        severity="error" if frac >= 0.5 else "warning",
+        where=where,
+        message=(
+            f"{frac:.1%} of the non-zero updates at step {step} left {name} parameters "
+            f"unchanged ({updates.vanished} of {updates.intended} elements): an update "
+            f"smaller than half a {name} ulp of its weight (under {info.min_update_at_one:.3g} "
+            "of a weight near 1) rounds back to the old value"
+        ),
+        evidence=evidence,
+        fix=(
+            "keep a master: mixprec.optim.AdamW(master='exact') (Precision('bf16_master')), "
+            "or store these parameters in fp32; a larger learning rate only hides it"
+        ),
+    )
+
+
+def loss_scale_collapse(
+    verdict: ScaleVerdict,
+    *,
+    step: int,
+    consecutive_skips: int,
+    skipped_steps: int,
+    recent_scales: list[list[float]],
+) -> Finding:
+    """The dynamic loss scale collapsed (see `mixprec.doctor.measure.judge_loss_scale`)."""
+    return Finding(
+        rule="loss-scale-collapse",
+        severity="error",
+        where=f"loss scale at step {step}",
+        message=(
+            f"the loss scale fell from {verdict.init_scale:g} to {verdict.current_scale:g} "
+            f"({verdict.octaves_below_init:.0f} halvings) with {verdict.skipped_in_window} of "
+            f"the last {verdict.window_steps} steps skipped: something overflows fp16 at any "
+            "scale, so steps keep being skipped"
+        ),
+        evidence={
+            "step": step,
+            **verdict.to_dict(),
+            "consecutive_skips": consecutive_skips,
+            "skipped_steps": skipped_steps,
+            "recent_scales": recent_scales,
+        },
+        fix=(
+            "find what overflows (Probe(model=...) names the first module with inf output: "
+            "nonfinite-source) and keep it in fp32 (Policy.fp32_modules), lower the learning "
+            "rate, or compute in bf16 (no loss scaling needed)"
+        ),
+    )
+
+
+def clip_before_unscale(call: ClipCall, *, step: int, loss_scale: float | None) -> Finding:
+    """A clipping call on gradients that still carry the loss scale."""
+    evidence: dict[str, Any] = {
+        "function": call.function,
+        "caller": call.caller,
+        "step": step,
+        "loss_scale": loss_scale,
+        "limit": call.limit,
+    }
+    effective = "far tighter than asked"
+    if call.limit is not None and loss_scale:
+        evidence["effective_limit"] = call.limit / loss_scale
+        effective = f"{call.limit / loss_scale:.3g} instead of {call.limit:g}"
+    return Finding(
+        rule="clip-before-unscale",
+        severity="error",
+        where=call.caller,
+        message=(
+            f"{call.function} was called on gradients still multiplied by the loss scale "
+            f"({loss_scale:g}) at step {step}: the threshold applies to scaled gradients, so "
+            f"clipping is effectively {effective}"
+        ),
+        evidence=evidence,
+        fix=(
+            "clip with prec.clip_grad_norm_(params, max_norm) (it unscales first), or call "
+            "prec.unscale_(optimizer) (scaler.unscale_ in plain AMP) before "
+            "torch.nn.utils.clip_grad_norm_"
+        ),
+    )
+
+
+def nonfinite_source(
+    hit: NonfiniteHit, *, step: int, first_nonfinite_step: int | None, compute: torch.dtype
+) -> Finding:
+    """The first module whose forward output turned inf/NaN."""
+    fp16 = format_info(torch.float16)
+    if hit.inputs_finite:
+        message = (
+            f"'{hit.module}' ({hit.module_type}) is the first module whose forward output "
+            f"turned {'NaN' if hit.has_nan else 'inf'} ({hit.nonfinite_elements} elements, "
+            f"{hit.output_dtype}) at step {step}, from finite inputs: it produces the "
+            "non-finite values"
+        )
+        fix = (
+            f"keep '{hit.module}' in fp32 (Policy.fp32_modules) if it overflows 16 bits "
+            f"(fp16 max {fp16.max:g}), or fix what it computes (division by ~0, log of 0, "
+            "exp overflow) or its weights"
+        )
+    else:
+        message = (
+            f"'{hit.module}' ({hit.module_type}) is the first module with a non-finite output "
+            f"at step {step}, but its inputs were already non-finite: the data or what feeds "
+            "the model carries inf/NaN"
+        )
+        fix = "check the input batch and any preprocessing for inf/NaN"
+    return Finding(
+        rule="nonfinite-source",
+        severity="error",
+        where=hit.module,
+        message=message,
+        evidence={
+            "module": hit.module,
+            "module_type": hit.module_type,
+            "inputs_finite": hit.inputs_finite,
+            "nonfinite_elements": hit.nonfinite_elements,
+            "has_nan": hit.has_nan,
+            "output_dtype": hit.output_dtype,
+            "found_at_step": step,
+            "first_nonfinite_step": first_nonfinite_step,
+            "compute_dtype": dtype_name(compute),
+        },
+        fix=fix,
+    )
+
+
+def nonfinite_not_in_forward(*, first_nonfinite_step: int | None, steps_watched: int) -> Finding:
+    """Non-finite gradients whose source is not a forward output (loss or backward)."""
+    return Finding(
+        rule="nonfinite-source",
+        severity="info",
+        where="backward pass or loss",
+        message=(
+            f"gradients turned non-finite at step {first_nonfinite_step}, but every module's "
+            f"forward output stayed finite over the {steps_watched} steps watched: the inf/NaN "
+            "arises in the loss or in backward"
+        ),
+        evidence={"first_nonfinite_step": first_nonfinite_step, "steps_watched": steps_watched},
+        fix="check the loss (log of 0, division by a zero count) and custom backward code",
+    )

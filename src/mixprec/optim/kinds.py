@@ -6,7 +6,7 @@ implements them), so both agree on one spelling.
 
 from __future__ import annotations
 
-from typing import Literal, cast
+from typing import Literal
 
 __all__ = [
     "MASTER_KINDS",
@@ -41,11 +41,11 @@ def check_master(value: str) -> MasterKind:
     """Validate a master representation name, raising `ValueError` listing valid ones."""
     if value not in MASTER_KINDS:
         raise ValueError(f"unknown master {value!r}; valid: {', '.join(MASTER_KINDS)}")
-    return cast(MasterKind, value)
+    return value
 
 
 def check_moments(value: str) -> MomentKind:
     """Validate a moment format name, raising `ValueError` listing valid ones."""
     if value not in MOMENT_KINDS:
         raise ValueError(f"unknown moments {value!r}; valid: {', '.join(MOMENT_KINDS)}")
-    return cast(MomentKind, value)
+    return value

@@ -1,0 +1,359 @@
+"""`AdamW`: a drop-in `torch.optim.AdamW` with explicit master and moment formats.
+
+The class only owns state and calls the pure pieces: formats are resolved once
+per parameter when its group is added, state is allocated then (so it can be
+measured, sharded and loaded into before the first step), and each step runs
+one fused kernel per parameter (`mixprec.optim.kernels`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch.optim.optimizer import ParamsT
+
+from mixprec.dtypes import dtype_name
+from mixprec.optim.formats import moment_format, resolve_master
+from mixprec.optim.functional import adamw_scalars
+from mixprec.optim.kernels import KernelMode, StepFamily, StepKernel, resolve_mode
+from mixprec.optim.kinds import MASTER_KINDS, check_moments
+from mixprec.optim.masters import MasterFormat
+from mixprec.optim.moments import MomentFormat
+from mixprec.optim.rng import derive_seed
+
+__all__ = ["AdamW"]
+
+_GROUP_KEYS = ("master", "moments", "maximize")
+
+
+@dataclass(frozen=True)
+class _ParamPlan:
+    master: MasterFormat
+    moments: MomentFormat
+    mode: KernelMode
+
+
+def _check_hyper(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    if not isinstance(lr, float | int) or not lr >= 0.0:
+        raise ValueError(f"invalid lr {lr!r}: must be a float >= 0")
+    if not (isinstance(betas, tuple | list) and len(betas) == 2):
+        raise ValueError(f"invalid betas {betas!r}: must be a pair (beta1, beta2) in [0, 1)")
+    for i, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"invalid betas[{i}] {beta!r}: must be in [0, 1)")
+    if not eps >= 0.0:
+        raise ValueError(f"invalid eps {eps!r}: must be >= 0")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"invalid weight_decay {weight_decay!r}: must be >= 0")
+
+
+def _view_like(t: torch.Tensor, p: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    # Element state (shaped like the param) takes the kernel view; per-block state stays.
+    return t.view(shape) if t.shape == p.shape else t
+
+
+class AdamW(torch.optim.Optimizer):
+    """AdamW with decoupled weight decay and a chosen master/moment storage.
+
+    Bias correction and operation order follow `torch.optim.AdamW`
+    (``amsgrad`` is not supported). Parameters may be fp32, bf16 or fp16.
+
+    Args:
+        params: parameters or param groups (groups may override every option
+            below except ``fused``, ``seed``, ``block_size``, ``min_int8_numel``).
+        lr: learning rate (>= 0).
+        betas: moment decay rates, each in [0, 1).
+        eps: denominator term (>= 0).
+        weight_decay: decoupled weight decay (>= 0).
+        master: how full precision is kept for 16-bit params: ``"auto"``
+            (``none`` for fp32 params, ``exact`` for bf16, ``fp32`` for fp16)
+            or one of `MASTER_KINDS`. A master for fp32 params raises.
+        moments: ``"fp32"``, ``"bf16"`` or ``"int8"`` (params with fewer than
+            ``min_int8_numel`` elements, or a size that is not a multiple of
+            ``block_size``, keep fp32 moments; see `formats`).
+        maximize: maximize the objective instead of minimizing.
+        fused: ``True`` compiles the step with `torch.compile` (raises if that
+            fails), ``False`` runs eagerly, ``None`` compiles the param groups
+            worth it (on CUDA; on CPU groups of at least
+            `mixprec.optim.kernels.AUTO_COMPILE_MIN_NUMEL` elements) and runs
+            the others eagerly, falling back to eager with a `RuntimeWarning`
+            if compilation fails. Results are bitwise identical either way.
+        seed: seed of the stochastic-rounding noise (``None``: drawn from
+            torch's default generator, so `torch.manual_seed` makes it repeatable).
+        block_size: elements per int8 quantization block.
+        min_int8_numel: size below which int8 moments stay fp32.
+
+    Raises:
+        ValueError: for a bad hyperparameter, an unknown master or moments
+            name, or a master that does not fit a parameter's dtype.
+        TypeError: for a ``fused`` that is not a bool or None.
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        master: str = "auto",
+        moments: str = "fp32",
+        maximize: bool = False,
+        fused: bool | None = None,
+        seed: int | None = None,
+        block_size: int = 256,
+        min_int8_numel: int = 4096,
+    ) -> None:
+        _check_hyper(lr, betas, eps, weight_decay)
+        if fused is not None and not isinstance(fused, bool):
+            raise TypeError(f"fused must be True, False or None, got {fused!r}")
+        if block_size < 1 or min_int8_numel < 0:
+            raise ValueError(
+                f"invalid block_size {block_size!r} / min_int8_numel {min_int8_numel!r}: "
+                "need block_size >= 1 and min_int8_numel >= 0"
+            )
+        self._fused = fused
+        self._block_size = block_size
+        self._min_int8_numel = min_int8_numel
+        if seed is None:
+            seed = int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())
+        self._seed = int(seed)
+        self._plans: dict[torch.Tensor, _ParamPlan] = {}
+        self._kernels: dict[tuple[str, str, bool, KernelMode], StepKernel] = {}
+        self._unused_seed = torch.zeros((), dtype=torch.int64)
+        defaults = {
+            "lr": lr,
+            "betas": tuple(betas),
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "master": master,
+            "moments": moments,
+            "maximize": maximize,
+        }
+        super().__init__(params, defaults)
+
+    # -- construction -----------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group; its formats are resolved and its state allocated now."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            self._setup_group(group)
+        except BaseException:
+            self.param_groups.pop()
+            for p in group["params"]:
+                self._plans.pop(p, None)
+                self.state.pop(p, None)
+            raise
+
+    def _setup_group(self, group: dict[str, Any]) -> None:
+        _check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+        master = group["master"]
+        if master != "auto" and master not in MASTER_KINDS:
+            raise ValueError(f"unknown master {master!r}; valid: auto, {', '.join(MASTER_KINDS)}")
+        check_moments(group["moments"])
+        params = group["params"]
+        mode = resolve_mode(
+            self._fused,
+            device_type=params[0].device.type if params else "cpu",
+            numel=sum(p.numel() for p in params),
+        )
+        first_index = len(self._plans)
+        for offset, p in enumerate(params):
+            if not p.is_floating_point():
+                raise ValueError(f"AdamW needs floating params, got {dtype_name(p.dtype)}")
+            if not p.is_contiguous():
+                raise ValueError(
+                    f"parameter of shape {tuple(p.shape)} is not contiguous; "
+                    "mixprec AdamW updates flattened views (make it contiguous first)"
+                )
+            plan = self._plan(p, group, mode)
+            self._plans[p] = plan
+            state: dict[str, torch.Tensor] = {
+                "step": torch.zeros((), dtype=torch.float32, device=p.device)
+            }
+            state.update(plan.master.init_state(p))
+            state.update(plan.moments.init_state(p))
+            if plan.master.uses_noise:
+                seed = derive_seed(self._seed, first_index + offset)
+                state["rng_seed"] = torch.tensor(seed, dtype=torch.int64, device=p.device)
+            self.state[p] = state
+
+    def _plan(self, p: torch.Tensor, group: dict[str, Any], mode: KernelMode) -> _ParamPlan:
+        master = resolve_master(group["master"], p.dtype)
+        moments_kind = group["moments"]
+        if moments_kind == "int8" and (
+            p.numel() < self._min_int8_numel or p.numel() % self._block_size != 0
+        ):
+            moments_kind = "fp32"
+        moments = moment_format(moments_kind, block_size=self._block_size)
+        return _ParamPlan(master, moments, mode)
+
+    def _kernel(self, plan: _ParamPlan, maximize: bool) -> StepKernel:
+        key = (plan.master.kind, plan.moments.kind, maximize, plan.mode)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            family = StepFamily(master=plan.master, moments=plan.moments, maximize=maximize)
+            kernel = StepKernel(family, mode=plan.mode)
+            self._kernels[key] = kernel
+        return kernel
+
+    # -- stepping ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Apply one AdamW step to every parameter that has a gradient.
+
+        Args:
+            closure: re-evaluates the model and returns the loss (optional).
+
+        Returns:
+            The closure's loss, or None.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            scalars_by_step: dict[int, torch.Tensor] = {}
+            for p in group["params"]:
+                grad = p.grad
+                if grad is None:
+                    continue
+                if grad.is_sparse:
+                    raise ValueError("mixprec AdamW does not support sparse gradients")
+                state = self.state[p]
+                plan = self._plans[p]
+                step_t = state["step"]
+                step_t += 1
+                step = int(step_t.item())
+                scalars = scalars_by_step.get(step)
+                if scalars is None:
+                    scalars = adamw_scalars(
+                        lr=float(group["lr"]),
+                        beta1=beta1,
+                        beta2=beta2,
+                        eps=group["eps"],
+                        weight_decay=group["weight_decay"],
+                        step=step,
+                    ).as_tensor(p.device)
+                    scalars_by_step[step] = scalars
+                kernel = self._kernel(plan, bool(group["maximize"]))
+                shape = plan.moments.kernel_shape(p.numel())
+                kernel(
+                    p.detach().view(shape),
+                    grad.reshape(shape),
+                    [state[k].view(shape) for k in plan.master.state_keys],
+                    [_view_like(state[k], p, shape) for k in plan.moments.state_keys],
+                    scalars,
+                    state.get("rng_seed", self._unused_seed),
+                    step_t,
+                )
+        return loss
+
+    # -- views of the state -----------------------------------------------------------
+
+    @torch.no_grad()
+    def master_weights(self) -> list[torch.Tensor]:
+        """The fp32 master value of every parameter, in parameter order (new tensors).
+
+        Remainder formats are reconstructed; ``kahan`` gives ``param + compensation``;
+        ``none`` and ``stochastic`` give the parameter upcast.
+        """
+        out: list[torch.Tensor] = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                plan = self._plans[p]
+                state = self.state[p]
+                flat_state = [state[k].view(-1) for k in plan.master.state_keys]
+                value = plan.master.decode(p.detach().view(-1), flat_state)
+                out.append(value.to(torch.float32).view(p.shape).clone())
+        return out
+
+    def formats(self) -> list[tuple[str, str]]:
+        """The effective ``(master, moments)`` of every parameter, in parameter order."""
+        return [
+            (self._plans[p].master.kind, self._plans[p].moments.kind)
+            for group in self.param_groups
+            for p in group["params"]
+        ]
+
+    def kernels_compiled(self) -> dict[str, bool]:
+        """For each family stepped so far, whether it runs compiled (for any group)."""
+        out: dict[str, bool] = {}
+        for kernel in self._kernels.values():
+            out[kernel.family.name] = out.get(kernel.family.name, False) or kernel.is_compiled
+        return out
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict saved by an `AdamW` with the same groups and formats.
+
+        State tensors are copied into the existing (preallocated) ones, keeping
+        their dtypes exactly; group hyperparameters (lr, betas...) are taken from
+        the saved groups, as `torch.optim.Optimizer` does.
+
+        Raises:
+            ValueError: if groups, formats, state keys, shapes or dtypes differ.
+        """
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        saved_groups = state_dict["param_groups"]
+        saved_state = state_dict["state"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"state dict has {len(saved_groups)} param groups, optimizer has "
+                f"{len(self.param_groups)}"
+            )
+        for i, (group, saved) in enumerate(zip(self.param_groups, saved_groups, strict=True)):
+            if len(group["params"]) != len(saved["params"]):
+                raise ValueError(
+                    f"group {i}: state dict has {len(saved['params'])} params, "
+                    f"optimizer has {len(group['params'])}"
+                )
+            for key in _GROUP_KEYS:
+                if saved.get(key) != group[key]:
+                    raise ValueError(
+                        f"group {i}: saved {key}={saved.get(key)!r} differs from "
+                        f"this optimizer's {group[key]!r}"
+                    )
+        for group, saved in zip(self.param_groups, saved_groups, strict=True):
+            for p, pid in zip(group["params"], saved["params"], strict=True):
+                self._load_param_state(p, saved_state.get(pid))
+        for group, saved in zip(self.param_groups, saved_groups, strict=True):
+            for key, value in saved.items():
+                if key != "params":
+                    group[key] = tuple(value) if key == "betas" else value
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
+
+    def _load_param_state(self, p: torch.Tensor, saved: dict[str, Any] | None) -> None:
+        state = self.state[p]
+        if saved is None or set(saved) != set(state):
+            got = "nothing" if saved is None else sorted(saved)
+            raise ValueError(f"param state keys {got} do not match expected {sorted(state)}")
+        for key, dst in state.items():
+            src = cast(torch.Tensor, saved[key])
+            ok = isinstance(src, torch.Tensor) and src.shape == dst.shape
+            if not ok or src.dtype != dst.dtype:
+                raise ValueError(
+                    f"state {key!r}: saved {getattr(src, 'dtype', type(src))} "
+                    f"{tuple(getattr(src, 'shape', ()))}, expected {dst.dtype} {tuple(dst.shape)}"
+                )
+        for key, dst in state.items():
+            dst.copy_(saved[key])
+
+    def __repr__(self) -> str:
+        kinds = sorted(set(self.formats()))
+        groups = len(self.param_groups)
+        return f"mixprec.optim.AdamW(formats={kinds}, fused={self._fused!r}, groups={groups})"

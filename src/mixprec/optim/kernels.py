@@ -1,0 +1,191 @@
+"""The fused AdamW step: decode master and moments, update in fp32, encode, write in place.
+
+`adamw_step_` composes the pure pieces for one flattened parameter. `StepKernel`
+runs it compiled (Inductor, dim 0 marked dynamic: one graph per format family
+for every tensor size, see `mixprec.optim.inductor`) or eagerly; both give
+bitwise identical results. `resolve_mode` is the rule for ``fused=None``.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from mixprec.optim.functional import adamw_math
+from mixprec.optim.inductor import compile_fn
+from mixprec.optim.masters import MasterFormat
+from mixprec.optim.moments import MomentFormat
+from mixprec.optim.rng import step_key, uniform16
+
+__all__ = ["AUTO_COMPILE_MIN_NUMEL", "StepFamily", "StepKernel", "adamw_step_", "resolve_mode"]
+
+KernelMode = Literal["auto", "compiled", "eager"]
+
+#: ``fused=None`` compiles the step of a CPU param group holding at least this
+#: many elements. Below it the first compile (10-60 s per format family in a
+#: fresh process without Inductor's cache) costs more than it can save.
+AUTO_COMPILE_MIN_NUMEL = 1 << 22
+
+
+def resolve_mode(fused: bool | None, *, device_type: str, numel: int) -> KernelMode:
+    """How one param group steps: ``"compiled"``, ``"auto"`` or ``"eager"``.
+
+    ``fused=True`` is ``"compiled"`` (a compile failure raises) and ``False``
+    is ``"eager"``. ``None`` is ``"auto"`` (compile; on failure warn once and
+    run eagerly) on CUDA, and on other devices when the group has at least
+    `AUTO_COMPILE_MIN_NUMEL` elements; otherwise ``"eager"``.
+    """
+    if fused is not None:
+        return "compiled" if fused else "eager"
+    if device_type == "cuda" or numel >= AUTO_COMPILE_MIN_NUMEL:
+        return "auto"
+    return "eager"
+
+
+@dataclass(frozen=True)
+class StepFamily:
+    """Everything static about a step: formats and flags (one compiled graph each)."""
+
+    master: MasterFormat
+    moments: MomentFormat
+    maximize: bool
+
+    @property
+    def name(self) -> str:
+        """A readable identifier, e.g. ``exact_fp32`` or ``remainder8_int8_max``."""
+        suffix = "_max" if self.maximize else ""
+        return f"{self.master.kind}_{self.moments.kind}{suffix}"
+
+
+def adamw_step_(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    master_state: Sequence[torch.Tensor],
+    moment_state: Sequence[torch.Tensor],
+    scalars: torch.Tensor,
+    rng_seed: torch.Tensor,
+    step: torch.Tensor,
+    *,
+    family: StepFamily,
+) -> None:
+    """One AdamW step for one flattened parameter, writing every output in place.
+
+    Args:
+        param: parameter data viewed as ``family.moments.kernel_shape`` (flat, or
+            one row per int8 block), 16-bit or fp32.
+        grad: gradient of the same shape, any float dtype.
+        master_state: master state tensors (same shape), in ``family.master.state_keys`` order.
+        moment_state: moment state tensors, in ``family.moments.state_keys`` order.
+        scalars: fp32 vector from `AdamWScalars.as_tensor`.
+        rng_seed: int64 0-d seed (used by stochastic rounding only).
+        step: 0-d step count after the increment (used by stochastic rounding only).
+        family: the formats.
+    """
+    value = family.master.decode(param, master_state)
+    grad32 = grad.to(torch.float32)
+    if family.maximize:
+        grad32 = -grad32
+    exp_avg, exp_avg_sq = family.moments.decode(moment_state)
+    value, exp_avg, exp_avg_sq = adamw_math(
+        param=value, grad=grad32, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, scalars=scalars
+    )
+    noise = uniform16(param.shape, step_key(rng_seed, step)) if family.master.uses_noise else None
+    new_param, new_master = family.master.encode(value, dtype=param.dtype, noise=noise)
+    param.copy_(new_param)
+    for dst, src in zip(master_state, new_master, strict=True):
+        dst.copy_(src)
+    for dst, src in zip(moment_state, family.moments.encode(exp_avg, exp_avg_sq), strict=True):
+        dst.copy_(src)
+
+
+StepFn = Callable[
+    [
+        torch.Tensor,
+        torch.Tensor,
+        Sequence[torch.Tensor],
+        Sequence[torch.Tensor],
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+    ],
+    None,
+]
+
+
+def _family_function(family: StepFamily) -> StepFn:
+    def step_fn(
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        master_state: Sequence[torch.Tensor],
+        moment_state: Sequence[torch.Tensor],
+        scalars: torch.Tensor,
+        rng_seed: torch.Tensor,
+        step: torch.Tensor,
+    ) -> None:
+        adamw_step_(param, grad, master_state, moment_state, scalars, rng_seed, step, family=family)
+
+    # Dynamo keeps its compile cache (and its recompile limit) per code object;
+    # a renamed copy gives each family its own budget instead of sharing one.
+    name = f"mixprec_adamw_{family.name}"
+    code = step_fn.__code__.replace(co_name=name)
+    fn = types.FunctionType(code, step_fn.__globals__, name, None, step_fn.__closure__)
+    return fn
+
+
+class StepKernel:
+    """The step for one family, compiled or eager.
+
+    Args:
+        family: the formats.
+        mode: ``"compiled"`` (raise if compilation fails), ``"eager"``, or
+            ``"auto"`` (compile; on failure warn once and run eagerly).
+    """
+
+    def __init__(self, family: StepFamily, *, mode: KernelMode) -> None:
+        self.family = family
+        self.mode = mode
+        self._eager = _family_function(family)
+        self._compiled: StepFn | None = None if mode == "eager" else compile_fn(self._eager)
+
+    @property
+    def is_compiled(self) -> bool:
+        """Whether steps currently run through the compiled function."""
+        return self._compiled is not None
+
+    def __call__(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        master_state: Sequence[torch.Tensor],
+        moment_state: Sequence[torch.Tensor],
+        scalars: torch.Tensor,
+        rng_seed: torch.Tensor,
+        step: torch.Tensor,
+    ) -> None:
+        """Run one step (see `adamw_step_`)."""
+        args = (param, grad, tuple(master_state), tuple(moment_state), scalars, rng_seed, step)
+        if self._compiled is not None:
+            # Dim 0 (elements or blocks) is symbolic from the first compile, so one
+            # graph serves every tensor size; the block dim stays static.
+            for t in (param, grad, *master_state, *moment_state):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+            try:
+                self._compiled(*args)
+                return
+            except Exception as exc:
+                if self.mode == "compiled":
+                    raise
+                warnings.warn(
+                    f"mixprec AdamW: torch.compile failed for {self.family.name} "
+                    f"({type(exc).__name__}: {exc}); running the eager step instead "
+                    "(same results, slower). Pass fused=False to silence this.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                self._compiled = None
+        self._eager(*args)

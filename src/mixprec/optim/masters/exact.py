@@ -1,0 +1,64 @@
+"""Master format ``exact``: bf16 parameter + 16-bit remainder, bitwise fp32.
+
+The fp32 master's bit pattern is split into its upper 16 bits rounded to
+nearest with ties away from zero (the bf16 parameter) and the signed 16-bit
+difference (the remainder), see `mixprec.optim.bits`. The remainder is kept as
+two int8 planes, ``remainder_hi`` (the signed high byte) and ``remainder_lo``
+(the low byte's bits, read back with ``& 0xFF``): Inductor's C++ backend does
+not vectorize int16 at all, and converts int32 to uint8 one element at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mixprec.optim.bits import merge_float, split_float
+from mixprec.optim.kinds import MasterKind
+from mixprec.optim.masters._checks import require_dtype
+
+__all__ = ["ExactMaster", "join_remainder16", "split_remainder16"]
+
+
+def split_remainder16(low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 remainders in ``[-32768, 32768)`` to (signed high byte, low byte), both int8."""
+    low_byte = ((low & 0xFF) ^ 0x80) - 0x80  # the low byte's bits as a signed value
+    return (low >> 8).to(torch.int8), low_byte.to(torch.int8)
+
+
+def join_remainder16(rem_hi: torch.Tensor, rem_lo: torch.Tensor) -> torch.Tensor:
+    """The int32 remainder from its two int8 byte planes."""
+    return rem_hi.to(torch.int32) * 256 + (rem_lo.to(torch.int32) & 0xFF)
+
+
+@dataclass(frozen=True)
+class ExactMaster:
+    """bf16 + 16-bit remainder reconstructing the fp32 master bit for bit."""
+
+    kind: MasterKind = "exact"
+    state_keys: tuple[str, ...] = ("remainder_hi", "remainder_lo")
+    uses_noise: bool = False
+
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        """bf16 params only."""
+        require_dtype(self.kind, dtype, (torch.bfloat16,))
+
+    def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Zero remainders: the master starts equal to the bf16 parameter."""
+        return {
+            "remainder_hi": torch.zeros(param.shape, dtype=torch.int8, device=param.device),
+            "remainder_lo": torch.zeros(param.shape, dtype=torch.int8, device=param.device),
+        }
+
+    def decode(self, param: torch.Tensor, state: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The fp32 master, bitwise."""
+        return merge_float(param, join_remainder16(state[0], state[1]), low_bits=16)
+
+    def encode(
+        self, value: torch.Tensor, *, dtype: torch.dtype, noise: torch.Tensor | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Nearest bf16 (ties away from zero) and the exact remainder."""
+        high, low = split_float(value, dtype=dtype, low_bits=16)
+        return high, split_remainder16(low)

@@ -1,0 +1,48 @@
+"""Master format ``kahan``: 16-bit parameter + 16-bit compensation (Kahan summation).
+
+The master is ``param + compensation``. After an update the parameter is the
+nearest 16-bit value of the new master and the compensation keeps what that
+rounding lost (itself rounded to 16 bits), so small updates accumulate in the
+compensation until they move the parameter: Kahan's compensated summation
+with the error term stored in the parameter's dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mixprec.optim.kinds import MasterKind
+from mixprec.optim.masters._checks import require_dtype
+
+__all__ = ["KahanMaster"]
+
+
+@dataclass(frozen=True)
+class KahanMaster:
+    """16-bit param + 16-bit compensation buffer (state ``compensation``)."""
+
+    kind: MasterKind = "kahan"
+    state_keys: tuple[str, ...] = ("compensation",)
+    uses_noise: bool = False
+
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        """bf16 or fp16 params."""
+        require_dtype(self.kind, dtype, (torch.bfloat16, torch.float16))
+
+    def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Zero compensation."""
+        return {"compensation": torch.zeros(param.shape, dtype=param.dtype, device=param.device)}
+
+    def decode(self, param: torch.Tensor, state: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``param + compensation`` in fp32."""
+        return param.to(torch.float32) + state[0].to(torch.float32)
+
+    def encode(
+        self, value: torch.Tensor, *, dtype: torch.dtype, noise: torch.Tensor | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Nearest 16-bit value and the (16-bit) rounding error."""
+        param = value.to(dtype)
+        return param, ((value - param.to(torch.float32)).to(dtype),)

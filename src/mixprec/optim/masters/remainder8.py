@@ -1,0 +1,51 @@
+"""Master format ``remainder8``: bf16 parameter + int8 correction (a 24-bit master).
+
+Each new fp32 value is first rounded (nearest even) to 15 explicit mantissa
+bits, a 24-bit float with fp32's exponent range; that value is then split
+exactly into a nearest bf16 (ties away from zero) and a signed 8-bit remainder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mixprec.optim.bits import merge_float, round_to_bits, split_float
+from mixprec.optim.kinds import MasterKind
+from mixprec.optim.masters._checks import require_dtype
+
+__all__ = ["MANTISSA_BITS_24", "Remainder8Master"]
+
+#: Explicit mantissa bits of the 24-bit master (bf16's 7 plus 8).
+MANTISSA_BITS_24 = 15
+
+
+@dataclass(frozen=True)
+class Remainder8Master:
+    """bf16 + int8 remainder (state ``remainder``): fp32 master to 24 bits."""
+
+    kind: MasterKind = "remainder8"
+    state_keys: tuple[str, ...] = ("remainder",)
+    uses_noise: bool = False
+
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        """bf16 params only."""
+        require_dtype(self.kind, dtype, (torch.bfloat16,))
+
+    def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Zero remainder: the master starts equal to the bf16 parameter."""
+        return {"remainder": torch.zeros(param.shape, dtype=torch.int8, device=param.device)}
+
+    def decode(self, param: torch.Tensor, state: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The 24-bit master as fp32 (low 8 bits zero)."""
+        return merge_float(param, state[0], low_bits=8)
+
+    def encode(
+        self, value: torch.Tensor, *, dtype: torch.dtype, noise: torch.Tensor | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Round to 24 bits, then split into bf16 + int8."""
+        value24 = round_to_bits(value, mantissa_bits=MANTISSA_BITS_24)
+        high, low = split_float(value24, dtype=dtype, low_bits=8)
+        return high, (low.to(torch.int8),)

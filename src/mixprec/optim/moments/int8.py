@@ -1,0 +1,117 @@
+"""Moment format ``int8``: blockwise 8-bit codes with one fp32 scale per block.
+
+Flattened moments are cut into blocks of `block_size` elements; only
+parameters whose size is a multiple of `block_size` use this format (the
+optimizer keeps fp32 moments for the others). Per block:
+
+* ``exp_avg`` (signed) is stored as ``q = round(127 * sqrt(|m| / absmax))`` with
+  m's sign, an int8 code, and ``absmax`` in fp32. Decoding gives
+  ``absmax * sign(q) * (q / 127)**2``. Square-root companding keeps relative
+  precision for values well below the block maximum.
+* ``exp_avg_sq`` is stored through ``u = sqrt(v)`` (halving its dynamic range)
+  as ``q = round(255 * sqrt(u / umax))``, a uint8 code, with ``umax`` in fp32,
+  so ``v = (umax * (q / 255)**2)**2``: a quarter-power map reaching
+  ``(1/255)**4 = 2.4e-10`` of the block's largest v. A nonzero v that would
+  round to code 0 is stored as code 1: the second moment is never flushed to
+  zero, which would turn ``m / (sqrt(v) + eps)`` into a huge step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mixprec.optim.functional import sqrt_rn
+from mixprec.optim.kinds import MomentKind
+
+__all__ = [
+    "Int8Moments",
+    "dequantize_signed",
+    "dequantize_sqrt",
+    "quantize_signed",
+    "quantize_sqrt",
+]
+
+_INV_127_SQ = 1.0 / (127.0 * 127.0)
+_INV_255_SQ = 1.0 / (255.0 * 255.0)
+
+
+def _safe(absmax: torch.Tensor) -> torch.Tensor:
+    return torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+
+
+# Both quantizers take one square root per element and multiply by a per-block
+# factor (code_max / sqrt(block max)) instead of dividing by the block max: the
+# step is compute-bound, and fp32 division and square root are its slowest ops.
+
+
+def quantize_signed(xb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 blocks ``(num_blocks, block_size)`` to (int8 codes, fp32 per-block absmax)."""
+    absmax = xb.abs().amax(dim=1)
+    factor = 127.0 / sqrt_rn(_safe(absmax))
+    q = torch.round(sqrt_rn(xb.abs()) * factor[:, None])
+    return torch.where(xb < 0, -q, q).to(torch.int8), absmax
+
+
+def dequantize_signed(codes: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+    """Inverse of `quantize_signed` (up to the quantization error)."""
+    q = codes.to(torch.float32)
+    return (q * q.abs()) * (absmax * _INV_127_SQ)[:, None]
+
+
+def quantize_sqrt(vb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-negative fp32 blocks to (uint8 codes, fp32 per-block max of sqrt(v))."""
+    ub = sqrt_rn(vb)  # the same expression as the update's root: compiled, it is shared
+    umax = sqrt_rn(vb.amax(dim=1))  # = max of ub: a correctly rounded sqrt is monotonic
+    factor = 255.0 / sqrt_rn(_safe(umax))
+    q = torch.round(sqrt_rn(ub) * factor[:, None])
+    q = torch.where((q == 0) & (ub > 0), torch.ones_like(q), q)
+    return q.to(torch.uint8), umax
+
+
+def dequantize_sqrt(codes: torch.Tensor, umax: torch.Tensor) -> torch.Tensor:
+    """Inverse of `quantize_sqrt` (up to the quantization error)."""
+    q = codes.to(torch.float32)
+    ub = (q * q) * (umax * _INV_255_SQ)[:, None]
+    return ub * ub
+
+
+@dataclass(frozen=True)
+class Int8Moments:
+    """Blockwise-quantized moments (see module docs)."""
+
+    block_size: int = 256
+    kind: MomentKind = "int8"
+    state_keys: tuple[str, ...] = (
+        "exp_avg_i8",
+        "exp_avg_absmax",
+        "exp_avg_sq_u8",
+        "exp_avg_sq_absmax",
+    )
+
+    def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Zero codes shaped like `param` and zero scales, one per block of the flat param."""
+        num_blocks = param.numel() // self.block_size
+        dev = param.device
+        return {
+            "exp_avg_i8": torch.zeros(param.shape, dtype=torch.int8, device=dev),
+            "exp_avg_absmax": torch.zeros(num_blocks, dtype=torch.float32, device=dev),
+            "exp_avg_sq_u8": torch.zeros(param.shape, dtype=torch.uint8, device=dev),
+            "exp_avg_sq_absmax": torch.zeros(num_blocks, dtype=torch.float32, device=dev),
+        }
+
+    def kernel_shape(self, numel: int) -> tuple[int, ...]:
+        """``(numel // block_size, block_size)``: one row per block."""
+        return (numel // self.block_size, self.block_size)
+
+    def decode(self, state: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized fp32 moments, shaped like the codes."""
+        return dequantize_signed(state[0], state[1]), dequantize_sqrt(state[2], state[3])
+
+    def encode(self, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Quantized codes and scales."""
+        m_codes, m_absmax = quantize_signed(exp_avg)
+        v_codes, v_absmax = quantize_sqrt(exp_avg_sq)
+        return m_codes, m_absmax, v_codes, v_absmax

@@ -23,10 +23,11 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/python examples/preset_tour.py
+	$(BIN)/mixprec compare --out runs/demo
 
 lint: setup
-	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 
 typecheck: setup
 	$(BIN)/mypy src

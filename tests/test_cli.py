@@ -44,6 +44,7 @@ PINNED: dict[str, set[str]] = {
         "--json",
     },
     "report": {"--json"},
+    "doctor": {"--json", "--format"},
 }
 
 

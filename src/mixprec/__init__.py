@@ -8,7 +8,7 @@ Start with `Precision` (the runtime) and `policy` (the presets)::
 
 from mixprec.device import DeviceCaps, device_caps
 from mixprec.dtypes import FormatInfo, dtype_name, format_info, parse_dtype
-from mixprec.engine import Precision, PrecisionStats, StepReport
+from mixprec.engine import Precision, PrecisionStats, StepObserver, StepReport
 from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
 from mixprec.policy import (
     ALIASES,
@@ -32,6 +32,7 @@ __all__ = [
     "PrecisionError",
     "PrecisionStats",
     "PrecisionWarning",
+    "StepObserver",
     "StepReport",
     "device_caps",
     "dtype_name",

@@ -275,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=_cmd_policies)
 
+    from mixprec.doctor.cli import add_parser as add_doctor_parser
+
+    add_doctor_parser(sub)
+
     p = sub.add_parser("budget", help="memory and communication by component for a policy")
     p.add_argument("--params", default=None, help="parameter count (7e9, 7B, 350M)")
     p.add_argument("--config", default=None, help="a transformers-style config (JSON or YAML)")

@@ -177,7 +177,9 @@ def state_nbytes(
     stand for many large tensors).
     """
     if master not in _MASTER_BYTES_PER_ELEMENT:
-        raise ValueError(f"unknown master {master!r}; valid: {', '.join(_MASTER_BYTES_PER_ELEMENT)}")
+        raise ValueError(
+            f"unknown master {master!r}; valid: {', '.join(_MASTER_BYTES_PER_ELEMENT)}"
+        )
     master_bytes = numel * _MASTER_BYTES_PER_ELEMENT[master]
     if moments == "fp32":
         moment_bytes = 8 * numel
@@ -470,7 +472,10 @@ def _state_for(t: _Tensor, pol: Policy, numel: int) -> Components:
     dtype = torch.float32 if t.island else pol.param_dtype
     master = "none" if dtype == torch.float32 else pol.master
     st = state_nbytes(
-        numel, param_dtype=dtype, master=master, moments=pol.moments,
+        numel,
+        param_dtype=dtype,
+        master=master,
+        moments=pol.moments,
         quantizable=True if t.aggregate else None,
     )
     size = numel * _nbytes(dtype)

@@ -17,7 +17,7 @@ def rec(policy: str, seed: int, loss: float, **kw: Any) -> RunRecord:
         policy=policy,
         policy_fields={},
         seed=seed,
-        steps=100,
+        steps=kw.pop("steps", 100),
         fingerprint="f",
         heldout_loss=loss,
         metric=1.0 / loss,
@@ -172,3 +172,33 @@ def test_contract_validation() -> None:
     assert c.run_fingerprint("amp_bf16", 0) == Contract.from_dict(c.to_dict()).run_fingerprint(
         "amp_bf16", 0
     )
+
+
+def test_capped_run_is_compared_at_its_own_step() -> None:
+    curve0, curve1 = [[100, 1.50], [500, 1.0]], [[100, 1.52], [500, 1.01]]
+    records = [
+        rec("fp32", 0, 1.00, eval_curve=curve0, steps=500),
+        rec("fp32", 1, 1.01, eval_curve=curve1, steps=500),
+        rec("amp_bf16", 0, 1.0, steps=500),
+        rec("amp_bf16", 1, 1.01, steps=500),
+        rec("bf16_master", 0, 1.0, steps=500),
+        rec("bf16_master", 1, 1.01, steps=500),
+        # Stopped at step 100: 1.50 and 1.52 are the baseline's losses there, not 1.0.
+        rec("amp_fp16", 0, 1.501, steps=100),
+        rec("amp_fp16", 1, 1.521, steps=100),
+    ]
+    d = decide(records, contract(), higher_is_better=True)
+    fp16 = next(s for s in d.summaries if s.policy == "amp_fp16")
+    assert fp16.steps == 100 and abs(fp16.rel_gap) < 1e-3
+    assert "amp_fp16" in d.eligible
+    worse = [*records[:6], rec("amp_fp16", 0, 1.60, steps=100), rec("amp_fp16", 1, 1.62, steps=100)]
+    assert "amp_fp16" in decide(worse, contract(), higher_is_better=True).rejected
+
+
+def test_step_caps_validation() -> None:
+    with pytest.raises(ValueError, match="not a candidate"):
+        Contract(candidates=("amp_bf16",), step_caps={"amp_fp16": 10})
+    with pytest.raises(ValueError, match="must be an int >= 1"):
+        Contract(candidates=("amp_fp16",), step_caps={"amp_fp16": 0})
+    c = Contract.from_dict({"candidates": ["amp_fp16"], "step_caps": {"amp_fp16": 5}})
+    assert Contract.from_dict(c.to_dict()) == c

@@ -40,6 +40,7 @@ def every_preset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Contra
         steps=12,
         eval_every=6,
         probe_every=4,
+        step_caps={},
     )
     _workload, records = run_experiment(contract, out, stream=None)
     return out, contract, records
@@ -174,3 +175,42 @@ def test_read_records_names_a_corrupt_file(tmp_path: Path) -> None:
     (tmp_path / "runs" / "x.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"x\.json is not valid JSON"):
         read_records(tmp_path)
+
+
+def test_fp16_runs_are_capped_where_fp16_is_emulated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from mixprec.device import DeviceCaps
+    from mixprec.experiment.runner import step_caps_for
+
+    def caps(fast: bool) -> DeviceCaps:
+        return DeviceCaps(
+            device_type="cpu",
+            name="cpu",
+            bf16_supported=True,
+            fp16_supported=True,
+            bf16_fast=False,
+            fp16_fast=fast,
+            bf16_reason="",
+            fp16_reason="",
+        )
+
+    runner = sys.modules["mixprec.experiment.runner"]
+    contract = Contract(
+        workload="digits", size="tiny", candidates=("amp_bf16", "amp_fp16"), seeds=1, steps=10
+    )
+    monkeypatch.setattr(runner, "device_caps", lambda device=None: caps(True))
+    assert step_caps_for(contract, 10, "cpu") == {}
+    monkeypatch.setattr(runner, "device_caps", lambda device=None: caps(False))
+    assert step_caps_for(contract, 10, "cpu") == {"amp_fp16": 2}
+    explicit = Contract(
+        **{**contract.to_dict(), "step_caps": {"amp_fp16": 50}, "gates": contract.gates}
+    )
+    assert step_caps_for(explicit, 10, "cpu") == {"amp_fp16": 10}
+    _, records = run_experiment(contract, tmp_path, stream=None)
+    by = {r.policy: r for r in records}
+    assert by["amp_fp16"].steps == 2 and by["amp_fp16"].schedule_steps == 10
+    assert by["fp32"].steps == 10 and [2, by["fp32"].heldout_at(2)] in by["fp32"].eval_curve
+    assert math.isfinite(by["fp32"].heldout_at(2))

@@ -123,7 +123,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     if stream is not None:
         print(
-            f"mixprec compare: {contract.workload} ({contract.size}), "
+            f"mixprec compare: {contract.workload} ({contract.size or 'default size'}), "
             f"baseline {contract.baseline}, "
             f"candidates {', '.join(contract.candidates)}, {contract.seeds} seed(s) -> {out}",
             file=stream,

@@ -74,7 +74,9 @@ class Contract:
     Attributes:
         workload: a built-in workload name (or ``module:function`` from the
             command line; never from a file).
-        size: the workload's size preset.
+        size: the workload's size preset; None: ``compare`` for shakespeare (a GPT
+            sized so every default policy fits a few minutes on a 2-core CPU), the
+            workload's own default otherwise (user workloads get no ``size``).
         baseline: the reference policy (a preset name or alias).
         candidates: policies judged against the baseline.
         seeds: how many seeds (0..seeds-1); each seed fixes initial weights and
@@ -84,11 +86,16 @@ class Contract:
         eval_every: steps between held-out evaluations for the curves (the final
             evaluation always runs).
         probe_every: steps between the doctor's runtime probe samples.
+        step_caps: policy -> the step at which its run stops (the learning-rate
+            schedule stays that of the full run, so it is compared with the baseline
+            at the same step). None: automatic, fp16-compute candidates stop at a
+            fifth of the steps on devices whose fp16 matmuls are not accelerated
+            (emulated fp16 is tens of times slower there); ``{}``: no caps.
         gates: the quality gates.
     """
 
     workload: str = "shakespeare"
-    size: str = "default"
+    size: str | None = None
     baseline: str = "fp32"
     candidates: tuple[str, ...] = DEFAULT_CANDIDATES
     seeds: int = 2
@@ -101,6 +108,7 @@ class Contract:
     grad_clip_norm: float | None = None
     eval_every: int = 100
     probe_every: int = 25
+    step_caps: Mapping[str, int] | None = None
     gates: Gates = field(default_factory=Gates)
 
     def __post_init__(self) -> None:
@@ -121,6 +129,20 @@ class Contract:
                 isinstance(v, int) and v >= (0 if name == "warmup_steps" else 1)
             ):
                 raise ValueError(f"{name} must be a positive int or None, got {v!r}")
+        if self.step_caps is not None:
+            if not isinstance(self.step_caps, Mapping):
+                raise ValueError(
+                    f"step_caps must be a mapping policy -> steps, got {self.step_caps!r}"
+                )
+            for name, cap in self.step_caps.items():
+                if name not in self.candidates:
+                    raise ValueError(
+                        f"step_caps names {name!r}, which is not a candidate: "
+                        f"{list(self.candidates)}"
+                    )
+                if not (isinstance(cap, int) and cap >= 1):
+                    raise ValueError(f"step cap of {name!r} must be an int >= 1, got {cap!r}")
+            object.__setattr__(self, "step_caps", dict(self.step_caps))
         for name in ("eval_every", "probe_every"):
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
@@ -135,6 +157,7 @@ class Contract:
         """Plain data (for results.json and re-judging)."""
         out = dataclasses.asdict(self)
         out["candidates"] = list(self.candidates)
+        out["step_caps"] = None if self.step_caps is None else dict(self.step_caps)
         return out
 
     @classmethod
@@ -160,14 +183,17 @@ class Contract:
             values["candidates"] = tuple(_split(values["candidates"]))
         return cls(**values)
 
-    def run_fingerprint(self, policy_name: str, seed: int) -> str:
+    def run_fingerprint(self, policy_name: str, seed: int, run_steps: int | None = None) -> str:
         """A hash of everything that determines one run's result (for resuming)."""
         settings = self.to_dict()
-        for key in ("baseline", "candidates", "seeds", "gates"):
+        for key in ("baseline", "candidates", "seeds", "gates", "step_caps"):
             settings.pop(key)
         pol = get_policy_quiet(policy_name).to_dict()
         pol.pop("note", None)
-        blob = json.dumps({"settings": settings, "policy": pol, "seed": seed}, sort_keys=True)
+        blob = json.dumps(
+            {"settings": settings, "policy": pol, "seed": seed, "run_steps": run_steps},
+            sort_keys=True,
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

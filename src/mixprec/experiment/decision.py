@@ -25,6 +25,7 @@ class PolicySummary:
     Attributes:
         policy: the policy name.
         seeds: the seeds that ran.
+        steps: steps trained (a capped run is compared with the baseline at this step).
         heldout_loss: mean held-out loss over seeds.
         heldout_losses: held-out loss per seed, in seed order.
         metric: mean held-out metric.
@@ -43,6 +44,7 @@ class PolicySummary:
 
     policy: str
     seeds: tuple[int, ...]
+    steps: int
     heldout_loss: float
     heldout_losses: tuple[float, ...]
     metric: float
@@ -119,12 +121,14 @@ def summarize(
     mine = sorted((r for r in records if r.policy == policy), key=lambda r: r.seed)
     ok = [r for r in mine if r.ok]
     base_by_seed = {r.seed: r for r in baseline if r.ok}
-    gaps = [
-        (r.heldout_loss - base_by_seed[r.seed].heldout_loss) / base_by_seed[r.seed].heldout_loss
-        for r in ok
-        if r.seed in base_by_seed and base_by_seed[r.seed].heldout_loss
-    ]
-    base_noise = _half_range([r.heldout_loss for r in base_by_seed.values()])
+    # A capped run is compared with the baseline evaluated after the same step.
+    at = ok[0].steps if ok else 0
+    gaps = []
+    for r in ok:
+        base = base_by_seed.get(r.seed)
+        ref = base.heldout_at(r.steps) if base is not None else math.nan
+        gaps.append((r.heldout_loss - ref) / ref if ref else math.nan)
+    base_noise = _half_range([b.heldout_at(at) for b in base_by_seed.values()])
     losses = tuple(r.heldout_loss for r in ok)
     return PolicySummary(
         policy=policy,
@@ -133,6 +137,7 @@ def summarize(
         heldout_losses=losses,
         metric=_mean([r.metric for r in ok]),
         rel_gap=_mean(gaps) if gaps else math.nan,
+        steps=at,
         noise=max(base_noise, _half_range(losses)),
         total_bytes=_mean([float(r.bytes.get("total", math.nan)) for r in ok]),
         steps_per_s=_mean([float(r.throughput.get("steps_per_s", math.nan)) for r in ok]),

@@ -28,7 +28,8 @@ class RunRecord:
         policy: the policy name; policy_fields: every field of the policy
             (compute, storage, master, moments, reduce dtypes, loss scaling...).
         seed: the seed (initial weights and data order).
-        steps: optimizer steps attempted.
+        steps: optimizer steps attempted (fewer than `schedule_steps` for a capped run).
+        schedule_steps: the length of the learning-rate schedule (the full run).
         fingerprint: hash of the settings that determine this run (resume key).
         status: ``ok``, or ``failed`` when training stopped early (`error` says why).
         final_train_loss: mean training loss over the last 10% of steps.
@@ -58,6 +59,7 @@ class RunRecord:
     seed: int
     steps: int
     fingerprint: str
+    schedule_steps: int = 0
     status: str = "ok"
     final_train_loss: float = float("nan")
     heldout_loss: float = float("nan")
@@ -87,6 +89,15 @@ class RunRecord:
             if rule and rule not in seen:
                 seen.append(rule)
         return seen
+
+    def heldout_at(self, step: int) -> float:
+        """Held-out loss after `step` steps (NaN if this run was not evaluated there)."""
+        if step == self.steps:
+            return self.heldout_loss
+        for s, loss in self.eval_curve:
+            if int(s) == step:
+                return float(loss)
+        return float("nan")
 
     @property
     def ok(self) -> bool:

@@ -22,6 +22,7 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
+from mixprec.device import device_caps
 from mixprec.engine import Precision
 from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
 from mixprec.experiment.contract import Contract, get_policy_quiet
@@ -30,7 +31,7 @@ from mixprec.memory import MemoryBreakdown, estimate, measure
 from mixprec.policy import DEFAULT_FP32_MODULES, Policy, matches_fp32_module
 from mixprec.workloads import Workload, load_workload
 
-__all__ = ["RunSettings", "lr_at", "run_experiment", "run_one", "settings_for"]
+__all__ = ["RunSettings", "lr_at", "run_experiment", "run_one", "settings_for", "step_caps_for"]
 
 _MAX_CURVE_POINTS = 400
 
@@ -72,6 +73,28 @@ def settings_for(contract: Contract, workload: Workload) -> RunSettings:
     )
 
 
+def workload_options(contract: Contract) -> dict[str, str]:
+    """The keyword arguments the contract's workload is built with."""
+    if contract.size is not None:
+        return {"size": contract.size}
+    if contract.workload == "shakespeare":
+        return {"size": "compare"}
+    return {}
+
+
+def step_caps_for(contract: Contract, steps: int, device: str) -> dict[str, int]:
+    """The step at which each capped policy stops (see `Contract.step_caps`)."""
+    if contract.step_caps is not None:
+        return {name: min(cap, steps) for name, cap in contract.step_caps.items()}
+    if device_caps(device).fp16_fast:
+        return {}
+    return {
+        name: max(1, steps // 5)
+        for name in contract.candidates
+        if get_policy_quiet(name).compute_dtype == torch.float16
+    }
+
+
 def lr_at(step: int, s: RunSettings) -> float:
     """Linear warmup to `lr`, then cosine decay to `min_lr` at the last step (nanoGPT)."""
     if s.warmup_steps and step < s.warmup_steps:
@@ -110,7 +133,7 @@ def _frozen_fraction(model: nn.Module, initial: dict[str, torch.Tensor]) -> dict
         for key in ("all", "norm") if name in norm_names else ("all",):
             counts[key][0] += same
             counts[key][1] += p.numel()
-    return {k: (same / total if total else math.nan) for k, (same, total) in counts.items()}
+    return {k: same / total for k, (same, total) in counts.items() if total}
 
 
 def _doctor_for(
@@ -140,9 +163,16 @@ def run_one(
     *,
     fingerprint: str = "",
     device: str = "cpu",
+    run_steps: int | None = None,
+    eval_at: frozenset[int] = frozenset(),
     progress: Callable[[int, float], None] | None = None,
 ) -> RunRecord:
-    """Train `workload` under one policy with one seed and return its record."""
+    """Train `workload` under one policy with one seed and return its record.
+
+    `run_steps` stops the run early (the schedule stays that of `settings.steps`);
+    `eval_at` adds held-out evaluations after those steps (for capped comparisons).
+    """
+    total = settings.steps if run_steps is None else min(run_steps, settings.steps)
     start = time.perf_counter()
     pol = get_policy_quiet(policy_name)
     base: dict[str, Any] = {
@@ -151,7 +181,8 @@ def run_one(
         "policy": pol.name if policy_name == pol.name else policy_name,
         "policy_fields": pol.to_dict(),
         "seed": seed,
-        "steps": settings.steps,
+        "steps": total,
+        "schedule_steps": settings.steps,
         "fingerprint": fingerprint,
         "metric_name": workload.metric_name,
     }
@@ -193,7 +224,7 @@ def run_one(
         return out[0], mem
 
     try:
-        for step in range(settings.steps):
+        for step in range(total):
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, settings)
             x, y = workload.train_batch(
@@ -221,7 +252,8 @@ def run_one(
             losses.append([step, loss_v])
             if progress is not None:
                 progress(step, loss_v)
-            if (step + 1) % settings.eval_every == 0 and step + 1 < settings.steps:
+            done = step + 1
+            if done < total and (done % settings.eval_every == 0 or done in eval_at):
                 evals.append([step + 1, workload.evaluate(model, autocast=prec.autocast).loss])
     except PrecisionError as exc:
         error = str(exc).splitlines()[0]
@@ -302,8 +334,10 @@ def run_experiment(
     Returns:
         The workload and the records, baseline first, in contract order per seed.
     """
-    workload = load_workload(contract.workload, allow_import=allow_import, size=contract.size)
+    workload = load_workload(contract.workload, allow_import=allow_import, **workload_options(contract))
     settings = settings_for(contract, workload)
+    caps = step_caps_for(contract, settings.steps, device)
+    eval_at = frozenset(caps.values())
     out_dir.mkdir(parents=True, exist_ok=True)
     existing = {}
     with contextlib.suppress(ValueError):
@@ -311,14 +345,15 @@ def run_experiment(
     records: list[RunRecord] = []
     for seed in range(contract.seeds):
         for name in contract.policies:
-            fingerprint = contract.run_fingerprint(name, seed)
+            run_steps = caps.get(name, settings.steps)
+            fingerprint = contract.run_fingerprint(name, seed, run_steps)
             old = existing.get((name, seed))
             if old is not None and old.fingerprint == fingerprint and old.ok:
                 records.append(old)
                 if on_record is not None:
                     on_record(old, True)
                 continue
-            with _bar(settings.steps, f"{name} seed {seed}", stream) as update:
+            with _bar(run_steps, f"{name} seed {seed}", stream) as update:
                 record = run_one(
                     workload,
                     name,
@@ -326,6 +361,8 @@ def run_experiment(
                     settings,
                     fingerprint=fingerprint,
                     device=device,
+                    run_steps=run_steps,
+                    eval_at=eval_at,
                     progress=update,
                 )
             write_json_atomic(record_path(out_dir, name, seed), record.to_dict())

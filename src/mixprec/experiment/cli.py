@@ -151,7 +151,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(report.results_json.read_text(encoding="utf-8"))
     else:
-        print(terminal_table(decision, workload.metric_name))
+        print(terminal_table(decision, workload.metric_name, records))
         print()
         print(
             f"recommended: {decision.recommended or 'none'}  "
@@ -200,6 +200,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(report.results_json.read_text(encoding="utf-8"))
     else:
-        print(terminal_table(decision, str(stored.get("metric_name", "metric"))))
+        print(terminal_table(decision, str(stored.get("metric_name", "metric")), records))
         print(f"\nreport: {report.html}")
     return 0 if decision.success else 1

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from mixprec.experiment.contract import Contract
-from mixprec.experiment.decision import Decision, PolicySummary
+from mixprec.experiment.decision import Decision
 from mixprec.experiment.records import RunRecord, write_json_atomic
 
 __all__ = ["Report", "render", "results_dict", "terminal_table"]
@@ -97,13 +97,32 @@ def _verdict(name: str, decision: Decision) -> str:
     return f"rejected: {decision.rejected.get(name, '?')}"
 
 
-def _rows(decision: Decision) -> list[list[str]]:
+_SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+
+
+def _doctor_cell(policy: str, records: Sequence[RunRecord]) -> str:
+    """Rule ids with their worst severity, most severe first."""
+    worst: dict[str, str] = {}
+    for r in records:
+        if r.policy != policy:
+            continue
+        for f in r.doctor:
+            rule, sev = str(f.get("rule", "")), str(f.get("severity", "info"))
+            if rule and _SEVERITY_RANK.get(sev, 3) < _SEVERITY_RANK.get(worst.get(rule, ""), 3):
+                worst[rule] = sev
+    ordered = sorted(worst.items(), key=lambda kv: (_SEVERITY_RANK.get(kv[1], 3), kv[0]))
+    return ", ".join(f"{rule} ({sev})" for rule, sev in ordered) or "-"
+
+
+def _rows(decision: Decision, records: Sequence[RunRecord]) -> list[list[str]]:
+    full = decision.summaries[0].steps if decision.summaries else 0
     rows = []
     for s in decision.summaries:
         spread = f" +-{s.noise:.1%}" if len(s.heldout_losses) > 1 else ""
         rows.append(
             [
                 s.policy,
+                str(s.steps) if s.steps == full else f"{s.steps} of {full}",
                 _fmt(s.heldout_loss, ".4f") + spread,
                 "-" if s.policy == decision.baseline else _fmt(s.rel_gap * 100, "+.2f") + "%",
                 _fmt(s.metric, ".4f"),
@@ -111,7 +130,7 @@ def _rows(decision: Decision) -> list[list[str]]:
                 _fmt(s.total_bytes / _MiB, ".2f"),
                 _fmt(s.steps_per_s, ".1f"),
                 _fmt(s.frozen_fraction * 100, ".1f") + "%",
-                ", ".join(s.doctor_rules) or "-",
+                _doctor_cell(s.policy, records),
                 _verdict(s.policy, decision),
             ]
         )
@@ -120,6 +139,7 @@ def _rows(decision: Decision) -> list[list[str]]:
 
 _HEADERS = [
     "policy",
+    "steps",
     "held-out loss",
     "gap",
     "metric",
@@ -132,11 +152,13 @@ _HEADERS = [
 ]
 
 
-def terminal_table(decision: Decision, metric_name: str = "metric") -> str:
-    """A compact plain-text decision table."""
+def terminal_table(
+    decision: Decision, metric_name: str = "metric", records: Sequence[RunRecord] = ()
+) -> str:
+    """A compact plain-text decision table (without the doctor column)."""
     headers = [h if h != "metric" else metric_name for h in _HEADERS]
-    rows = [[*r[:8], r[9]] for r in _rows(decision)]
-    headers = headers[:8] + headers[9:]
+    rows = [[*r[:9], r[10]] for r in _rows(decision, records)]
+    headers = headers[:9] + headers[10:]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     widths[-1] = min(widths[-1], 70)
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
@@ -224,34 +246,67 @@ def _plot_loss(records: Sequence[RunRecord], colors: Mapping[str, Any], plt: Any
     return fig
 
 
-def _plot_heldout(decision: Decision, colors: Mapping[str, Any], metric_name: str, plt: Any) -> Any:
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    names = [s.policy for s in decision.summaries]
-    for ax, key, label in ((axes[0], "loss", "held-out loss"), (axes[1], "metric", metric_name)):
-        for i, s in enumerate(decision.summaries):
-            values = list(s.heldout_losses) if key == "loss" else [s.metric]
-            mean = s.heldout_loss if key == "loss" else s.metric
-            if not math.isfinite(mean):
+def _plot_heldout(
+    records: Sequence[RunRecord],
+    decision: Decision,
+    colors: Mapping[str, Any],
+    gap_limit: float,
+    plt: Any,
+) -> Any:
+    """Left: each candidate's held-out loss gap to the baseline at the same step, per seed.
+    Right: held-out loss along training (mean over seeds), so capped runs sit where
+    they stopped."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax = axes[0]
+    cands = decision.summaries[1:]
+    base_by_seed = {r.seed: r for r in records if r.policy == decision.baseline and r.ok}
+    for i, s in enumerate(cands):
+        gaps = []
+        for r in records:
+            if r.policy != s.policy or not r.ok or r.seed not in base_by_seed:
                 continue
-            ax.bar(i, mean, color=colors[s.policy], alpha=0.75)
-            ax.scatter([i] * len(values), values, color="black", s=10, zorder=3)
-        base = decision.summaries[0]
-        ref = base.heldout_loss if key == "loss" else base.metric
-        if math.isfinite(ref):
-            ax.axhline(ref, color="black", lw=0.8, ls="--")
-        finite = [
-            v
-            for s in decision.summaries
-            for v in (list(s.heldout_losses) if key == "loss" else [s.metric])
-            if math.isfinite(v)
-        ]
-        if finite:
-            lo, hi = min(finite), max(finite)
-            pad = (hi - lo) * 0.3 or abs(hi) * 0.01 or 0.01
-            ax.set_ylim(lo - pad, hi + pad)
-        ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
-        ax.set_title(f"{label} (dots: seeds; dashed: baseline)", fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
+            ref = base_by_seed[r.seed].heldout_at(r.steps)
+            if ref and math.isfinite(ref):
+                gaps.append(100 * (r.heldout_loss - ref) / ref)
+        if math.isfinite(s.rel_gap):
+            ax.bar(i, 100 * s.rel_gap, color=colors[s.policy], alpha=0.8)
+        ax.scatter([i] * len(gaps), gaps, color="black", s=12, zorder=3)
+        if math.isfinite(s.noise):
+            ax.errorbar(i, 0, yerr=100 * s.noise, color="grey", capsize=4, lw=1, zorder=2)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axhline(100 * gap_limit, color="#c33", lw=1, ls="--", label=f"gate: +{gap_limit:.2%}")
+    ax.set_xticks(
+        range(len(cands)),
+        [
+            s.policy + ("" if s.steps == decision.summaries[0].steps else f"\n(at step {s.steps})")
+            for s in cands
+        ],
+        rotation=35,
+        ha="right",
+        fontsize=8,
+    )
+    ax.set_ylabel(f"held-out loss vs {decision.baseline} (%)")
+    ax.set_title(
+        "Gap to the baseline at the same step\n(dots: seeds; grey: seed noise)", fontsize=9
+    )
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax = axes[1]
+    for policy, runs in _by_policy(records).items():
+        curves = [r.eval_curve for r in runs if r.ok and r.eval_curve]
+        if not curves:
+            continue
+        steps = sorted({int(p[0]) for c in curves for p in c})
+        mean = []
+        for st in steps:
+            vals = [float(p[1]) for c in curves for p in c if int(p[0]) == st]
+            mean.append(sum(vals) / len(vals))
+        ax.plot(steps, mean, marker="o", ms=3, color=colors[policy], label=policy, lw=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out loss")
+    ax.set_title("Held-out loss during training (mean over seeds)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
 
@@ -279,34 +334,35 @@ def _plot_scale(records: Sequence[RunRecord], colors: Mapping[str, Any], plt: An
 
 
 def _plot_memory(records: Sequence[RunRecord], decision: Decision, plt: Any) -> Any:
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    """Measured bytes by component: everything (left) and the training state alone (right)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.9))
     names = [s.policy for s in decision.summaries]
     first = {r.policy: r for r in records if r.bytes}
-    bottoms = [0.0] * len(names)
-    for comp, color in _COMPONENT_COLORS.items():
-        vals = [first[n].bytes.get(comp, 0) / _MiB if n in first else 0.0 for n in names]
-        if not any(vals):
-            continue
-        ax.bar(range(len(names)), vals, bottom=bottoms, color=color, label=comp)
-        bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
-    predicted = [
-        first[n].predicted_bytes.get("total", math.nan) / _MiB if n in first else math.nan
-        for n in names
-    ]
-    ax.scatter(
-        range(len(names)),
-        predicted,
-        marker="_",
-        s=400,
-        color="black",
-        label="predicted total",
-        zorder=3,
-    )
-    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
-    ax.set_ylabel("MiB")
-    ax.set_title("Measured training memory by component (one step)")
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(axis="y", alpha=0.3)
+    xs = range(len(names))
+    for ax, with_acts in ((axes[0], True), (axes[1], False)):
+        bottoms = [0.0] * len(names)
+        for comp, color in _COMPONENT_COLORS.items():
+            if comp == "activations" and not with_acts:
+                continue
+            vals = [first[n].bytes.get(comp, 0) / _MiB if n in first else 0.0 for n in names]
+            if not any(vals):
+                continue
+            ax.bar(xs, vals, bottom=bottoms, color=color, label=comp)
+            bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
+        predicted = []
+        for n in names:
+            p = first[n].predicted_bytes if n in first else {}
+            total = float(p.get("total", math.nan))
+            predicted.append(
+                (total if with_acts else total - float(p.get("activations", 0))) / _MiB
+            )
+        ax.scatter(xs, predicted, marker="_", s=400, color="black", label="predicted", zorder=3)
+        ax.set_xticks(xs, names, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel("MiB")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_title("Measured memory of one step, by component", fontsize=9)
+    axes[1].set_title("Training state only (params, grads, master, moments)", fontsize=9)
+    axes[0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
 
@@ -339,8 +395,10 @@ def _save(fig: Any, path: Path, plt: Any) -> bytes:
 # ------------------------------------------------------------------- render
 
 
-def _findings(records: Sequence[RunRecord]) -> dict[str, list[Mapping[str, Any]]]:
-    out: dict[str, list[Mapping[str, Any]]] = {}
+def _findings(
+    records: Sequence[RunRecord], order: Sequence[str] = ()
+) -> dict[str, list[Mapping[str, Any]]]:
+    out: dict[str, list[Mapping[str, Any]]] = {name: [] for name in order}
     for r in records:
         seen = {(f.get("rule"), f.get("where")) for f in out.get(r.policy, [])}
         for f in r.doctor:
@@ -358,29 +416,45 @@ def _observations(records: Sequence[RunRecord], decision: Decision) -> list[str]
     for s in decision.summaries[1:]:
         if base is None or not math.isfinite(s.rel_gap):
             continue
-        within = abs(s.rel_gap) <= max(decision_noise(s), 1e-12) * 2
+        within = abs(s.rel_gap) <= 2 * s.noise
+        where = "" if s.steps == base.steps else f" at step {s.steps}"
         notes.append(
-            f"`{s.policy}`: held-out loss {s.rel_gap:+.2%} vs `{base.policy}` "
-            + ("(within seed noise)" if within else f"(seed noise {decision_noise(s):.2%})")
-            + f"; {s.frozen_fraction:.1%} of parameter elements never changed"
+            f"`{s.policy}`: held-out loss {s.rel_gap:+.2%} vs `{base.policy}`{where} "
+            + ("(within seed noise " if within else "(seed noise ")
+            + f"{s.noise:.2%}); {s.frozen_fraction:.1%} of parameter elements never changed"
         )
+    capped = sorted(
+        {
+            (r.policy, r.steps, r.schedule_steps)
+            for r in records
+            if r.schedule_steps and r.steps < r.schedule_steps
+        }
+    )
+    for policy, steps, total in capped:
+        notes.append(
+            f"`{policy}` ran {steps} of {total} steps (same learning-rate schedule) and is "
+            f"compared with `{decision.baseline}` after step {steps}"
+        )
+    reasons: dict[str, list[str]] = {}
     for r in records:
         eff = r.effective
-        if eff and not eff.get("compute_fast", True) and r.seed == 0:
-            notes.append(f"`{r.policy}`: {eff.get('reason', 'compute dtype not accelerated here')}")
+        if eff and not eff.get("compute_fast", True):
+            names = reasons.setdefault(str(eff.get("reason", "not accelerated here")), [])
+            if r.policy not in names:
+                names.append(r.policy)
+    for reason, names in reasons.items():
+        notes.append(f"{', '.join(f'`{n}`' for n in names)}: {reason}")
     for r in records:
         if r.frozen_fraction.get("norm", 0) > 0.5 and r.seed == 0:
             notes.append(
                 f"`{r.policy}`: {r.frozen_fraction['norm']:.1%} of norm-layer parameters "
-                "never left "
-                "their initial value"
+                "never left their initial value"
             )
+    if base is not None and all(
+        abs(s.rel_gap) <= 2 * s.noise for s in decision.summaries[1:] if math.isfinite(s.rel_gap)
+    ):
+        notes.append("no candidate's held-out loss differs from the baseline beyond seed noise")
     return notes
-
-
-def decision_noise(s: PolicySummary) -> float:
-    """The seed noise of a summary (relative half-range)."""
-    return s.noise
 
 
 def render(
@@ -415,7 +489,11 @@ def render(
     colors = _policy_colors([s.policy for s in decision.summaries])
     figures: list[tuple[str, str, Any]] = [
         ("loss", "Training loss", _plot_loss(records, colors, plt)),
-        ("heldout", "Held-out loss and metric", _plot_heldout(decision, colors, metric_name, plt)),
+        (
+            "heldout",
+            "Held-out loss",
+            _plot_heldout(records, decision, colors, contract.gates.max_rel_loss_gap, plt),
+        ),
     ]
     scale_fig = _plot_scale(records, colors, plt)
     if scale_fig is not None:
@@ -428,12 +506,15 @@ def render(
         images.append((key, title, path, _save(fig, path, plt)))
 
     headers = [h if h != "metric" else metric_name for h in _HEADERS]
-    rows = _rows(decision)
-    findings = _findings(records)
+    rows = _rows(decision, records)
+    findings = {
+        k: v for k, v in _findings(records, [s.policy for s in decision.summaries]).items() if v
+    }
     observations = _observations(records, decision)
     title = f"mixprec compare: {contract.workload}"
     verdict = (
-        f"Recommended: **{decision.recommended}**"
+        f"Recommended: **{decision.recommended}** (the eligible candidate with the least "
+        "measured memory; see the table for why the others were rejected)"
         if decision.recommended
         else "No candidate passed the gates."
         if decision.baseline_ok

@@ -334,7 +334,9 @@ def run_experiment(
     Returns:
         The workload and the records, baseline first, in contract order per seed.
     """
-    workload = load_workload(contract.workload, allow_import=allow_import, **workload_options(contract))
+    workload = load_workload(
+        contract.workload, allow_import=allow_import, **workload_options(contract)
+    )
     settings = settings_for(contract, workload)
     caps = step_caps_for(contract, settings.steps, device)
     eval_at = frozenset(caps.values())

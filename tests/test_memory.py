@@ -102,10 +102,10 @@ def test_predicted_equals_measured_on_gpt(name: str) -> None:
     assert predicted.bytes.activations == pytest.approx(got.bytes.activations, rel=0.15)
 
 
-def test_transformer_shape_counts_the_workload_gpt() -> None:
-    _wl, model, x, _ = _gpt_and_batch("default")
+def _shape_of(model: nn.Module, x: torch.Tensor) -> TransformerShape:
+    """The workload GPT described as a config (what `mixprec budget --config` reads)."""
     cfg = model.config  # type: ignore[attr-defined]
-    shape = TransformerShape(
+    return TransformerShape(
         n_layer=cfg.n_layer,
         hidden=cfg.n_embd,
         n_head=cfg.n_head,
@@ -115,23 +115,18 @@ def test_transformer_shape_counts_the_workload_gpt() -> None:
         tied_embeddings=cfg.tie_weights,
         learned_positions=True,
     )
+
+
+def test_transformer_shape_counts_the_workload_gpt() -> None:
+    _wl, model, x, _ = _gpt_and_batch("default")
+    shape = _shape_of(model, x)
     matrices, norms = shape.param_counts()
     assert matrices + norms == sum(p.numel() for p in model.parameters())
 
 
 def test_transformer_activation_formula_against_measurement() -> None:
     wl, model, x, y = _gpt_and_batch("default")
-    cfg = model.config  # type: ignore[attr-defined]
-    shape = TransformerShape(
-        n_layer=cfg.n_layer,
-        hidden=cfg.n_embd,
-        n_head=cfg.n_head,
-        vocab=cfg.vocab_size,
-        seq_len=cfg.block_size,
-        micro_batch=x.shape[0],
-        tied_embeddings=cfg.tie_weights,
-        learned_positions=True,
-    )
+    shape = _shape_of(model, x)
     prec = Precision("bf16_master")
     prec.prepare(model)
     opt = prec.optimizer(model, lr=1e-3)

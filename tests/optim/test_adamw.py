@@ -97,7 +97,9 @@ def test_exact_master_is_bitwise_the_fp32_master_and_survives_reload() -> None:
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-COMBOS = [(m, mo) for m in MASTER_KINDS if m != "none" for mo in ("fp32", "bf16", "int8")]
+COMBOS: list[tuple[str, str]] = [
+    (m, mo) for m in MASTER_KINDS if m != "none" for mo in ("fp32", "bf16", "int8")
+]
 COMBOS += [("none", "fp32"), ("none", "int8")]
 
 
@@ -201,7 +203,7 @@ def test_closure_maximize_and_zero_grad() -> None:
     def closure() -> float:
         opt.zero_grad()
         loss = (w * w).sum()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         return float(loss.detach())
 
     assert opt.step(closure) == 5.0
@@ -228,3 +230,14 @@ def test_state_bytes_by_category() -> None:
     exact = AdamW([torch.zeros(n, dtype=torch.bfloat16, requires_grad=True)], fused=False)
     assert optimizer_state_bytes(exact)["master"] == 2 * n
     assert optimizer_state_bytes(exact)["moments"] == 8 * n
+
+
+def test_state_bytes_count_the_parts_of_wrapper_subclass_states() -> None:
+    subclass_8bit = pytest.importorskip("torchao.optim.subclass_8bit")
+    n = 4096
+    p = torch.zeros(n, requires_grad=True)
+    opt = torch.optim.SGD([p])
+    zeros = subclass_8bit.OptimState8bit.zeros  # what torchao's AdamW8bit allocates
+    opt.state[p] = {"exp_avg": zeros((n,), True, 256), "exp_avg_sq": zeros((n,), False, 256)}
+    codes, scales, qmaps = 2 * n, 2 * 4 * (n // 256), 2 * 4 * 256  # uint8, fp32, fp32
+    assert optimizer_state_bytes(opt)["moments"] == codes + scales + qmaps

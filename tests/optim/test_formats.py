@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mixprec.optim.formats import master_format
+from mixprec.optim.inductor import compile_fn
+from mixprec.optim.masters import stochastic_round
 from mixprec.optim.moments import dequantize_signed, dequantize_sqrt, quantize_signed, quantize_sqrt
 from mixprec.optim.rng import uniform16
 
@@ -44,6 +47,24 @@ def test_stochastic_rounding_is_unbiased() -> None:
     assert len(set(rounded.float().tolist())) == 2  # the two neighbours only
 
 
+def test_stochastic_rounding_picks_a_neighbour_by_the_low_bits() -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(100_000, generator=gen) * torch.logspace(-30, 30, 100_000)
+    x = torch.cat([x, torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan")])])
+    low = x.view(torch.int32) & 0xFFFF
+    toward_zero = (x.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+    away = (toward_zero.view(torch.int16) + 1).view(torch.bfloat16)  # next magnitude up
+    for noise_value in (0, 1, 32768, 65535):
+        noise = torch.full_like(low, noise_value)
+        got = stochastic_round(x, noise, dtype=torch.bfloat16)
+        up = low + noise_value >= 65536  # the carry: probability low / 65536
+        finite = torch.isfinite(x) & (x != 0)
+        want = torch.where(up, away, toward_zero)
+        assert torch.equal(got[finite].view(torch.int16), want[finite].view(torch.int16))
+        assert torch.equal(got[~finite][:4].float(), x[~finite][:4])  # zeros and infinities
+        assert bool(torch.isnan(got[-1]))
+
+
 def test_int8_moments_keep_relative_precision_and_never_flush_v() -> None:
     gen = torch.Generator().manual_seed(0)
     m = torch.randn(64, 256, generator=gen) * torch.logspace(-6, 0, 256)
@@ -58,3 +79,23 @@ def test_int8_moments_keep_relative_precision_and_never_flush_v() -> None:
     big_v = v >= 1e-4 * (umax**2)[:, None]
     rel = (vback.sqrt() - v.sqrt()).abs() / v.sqrt()
     assert rel[big_v].max() <= tol.INT8_SQRT_EXP_AVG_SQ_REL_AT_1E4
+
+
+@pytest.mark.compile
+def test_compiled_int8_quantizers_equal_eager() -> None:
+    gen = torch.Generator().manual_seed(2)
+    scale = torch.logspace(-20, 20, 4096)[:, None]
+    m = torch.randn(4096, 256, generator=gen) * scale
+    v = torch.rand(4096, 256, generator=gen) * torch.logspace(-12, 0, 256) * scale
+    m[0] = 0.0
+    v[1] = 0.0
+
+    def round_trip(m: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        m_codes, m_absmax = quantize_signed(m)
+        v_codes, v_umax = quantize_sqrt(v)
+        back_m = dequantize_signed(m_codes, m_absmax)
+        back_v = dequantize_sqrt(v_codes, v_umax)
+        return m_codes, m_absmax, v_codes, v_umax, back_m, back_v
+
+    for got, want in zip(compile_fn(round_trip)(m, v), round_trip(m, v), strict=True):
+        assert torch.equal(got, want)

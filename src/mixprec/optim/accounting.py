@@ -37,6 +37,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else t
 
 
+def _storage_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    # Wrapper subclasses (torchao's quantized optimizer states) have no storage
+    # of their own: count the plain tensors they are made of.
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if not callable(flatten):
+        return [t]
+    names, _ = flatten()
+    return [inner for name in names for inner in _storage_tensors(getattr(t, name))]
+
+
 class _Counter:
     def __init__(self) -> None:
         self.seen: set[tuple[str, int]] = set()
@@ -46,13 +56,13 @@ class _Counter:
         for obj in tensors:
             if not isinstance(obj, torch.Tensor):
                 continue
-            t = _local(obj)
-            storage = t.untyped_storage()
-            key = (str(t.device), storage.data_ptr())
-            if key in self.seen or storage.nbytes() == 0:
-                continue
-            self.seen.add(key)
-            total += storage.nbytes()
+            for t in _storage_tensors(_local(obj)):
+                storage = t.untyped_storage()
+                key = (str(t.device), storage.data_ptr())
+                if key in self.seen or storage.nbytes() == 0:
+                    continue
+                self.seen.add(key)
+                total += storage.nbytes()
         return total
 
 

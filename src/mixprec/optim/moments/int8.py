@@ -4,12 +4,13 @@ Flattened moments are cut into blocks of `block_size` elements; only
 parameters whose size is a multiple of `block_size` use this format (the
 optimizer keeps fp32 moments for the others). Per block:
 
-* ``exp_avg`` (signed) is stored as ``q = round(127 * sqrt(|m| / absmax))`` with
-  m's sign, an int8 code, and ``absmax`` in fp32. Decoding gives
+* ``exp_avg`` (signed) is stored as ``q = round(sqrt(|m| * 127**2 / absmax))``
+  (that is ``127 * sqrt(|m| / absmax)``) with m's sign, an int8 code, and
+  ``absmax`` in fp32. Decoding gives
   ``absmax * sign(q) * (q / 127)**2``. Square-root companding keeps relative
   precision for values well below the block maximum.
 * ``exp_avg_sq`` is stored through ``u = sqrt(v)`` (halving its dynamic range)
-  as ``q = round(255 * sqrt(u / umax))``, a uint8 code, with ``umax`` in fp32,
+  as ``q = round(sqrt(u * 255**2 / umax))``, a uint8 code, with ``umax`` in fp32,
   so ``v = (umax * (q / 255)**2)**2``: a quarter-power map reaching
   ``(1/255)**4 = 2.4e-10`` of the block's largest v. A nonzero v that would
   round to code 0 is stored as code 1: the second moment is never flushed to
@@ -42,16 +43,20 @@ def _safe(absmax: torch.Tensor) -> torch.Tensor:
     return torch.where(absmax > 0, absmax, torch.ones_like(absmax))
 
 
-# Both quantizers take one square root per element and multiply by a per-block
-# factor (code_max / sqrt(block max)) instead of dividing by the block max: the
-# step is compute-bound, and fp32 division and square root are its slowest ops.
+# Both quantizers multiply by a per-block factor (code_max**2 / block max)
+# before their one square root per element, instead of dividing each element
+# by the block max: division and square root are the step's slowest ops, and a
+# scalar square root per block inside Inductor's inner loop costs more than the
+# element work (-fmath-errno keeps it from being hoisted). The factor is spelled
+# reciprocal-then-multiply, which is what ``c / x`` means for a tensor ``x``
+# anyway (`Tensor.__rtruediv__`), so that nobody "simplifies" it into one division.
 
 
 def quantize_signed(xb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 blocks ``(num_blocks, block_size)`` to (int8 codes, fp32 per-block absmax)."""
     absmax = xb.abs().amax(dim=1)
-    factor = 127.0 / sqrt_rn(_safe(absmax))
-    q = torch.round(sqrt_rn(xb.abs()) * factor[:, None])
+    factor = torch.reciprocal(_safe(absmax)) * (127.0 * 127.0)
+    q = torch.round(sqrt_rn(xb.abs() * factor[:, None]))
     return torch.where(xb < 0, -q, q).to(torch.int8), absmax
 
 
@@ -64,9 +69,9 @@ def dequantize_signed(codes: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor
 def quantize_sqrt(vb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-negative fp32 blocks to (uint8 codes, fp32 per-block max of sqrt(v))."""
     ub = sqrt_rn(vb)  # the same expression as the update's root: compiled, it is shared
-    umax = sqrt_rn(vb.amax(dim=1))  # = max of ub: a correctly rounded sqrt is monotonic
-    factor = 255.0 / sqrt_rn(_safe(umax))
-    q = torch.round(sqrt_rn(ub) * factor[:, None])
+    umax = ub.amax(dim=1)
+    factor = torch.reciprocal(_safe(umax)) * (255.0 * 255.0)
+    q = torch.round(sqrt_rn(ub * factor[:, None]))
     q = torch.where((q == 0) & (ub > 0), torch.ones_like(q), q)
     return q.to(torch.uint8), umax
 

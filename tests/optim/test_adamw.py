@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 from mixprec.optim import MASTER_KINDS, AdamW, optimizer_state_bytes, training_state_bytes
 
 from . import tolerances as tol
+from .checkpoint import reload
 
 SHAPES = [(64, 64), (4096,), (33,)]  # 4096-element params get int8 moments
 
@@ -40,22 +40,6 @@ def _run(
             on_step(step)
 
 
-def _reload(
-    opt: AdamW, params: list[torch.Tensor], **kwargs: object
-) -> tuple[AdamW, list[torch.Tensor]]:
-    buf = io.BytesIO()
-    torch.save({"opt": opt.state_dict(), "params": [p.detach() for p in params]}, buf)
-    buf.seek(0)
-    saved = torch.load(buf, weights_only=True)
-    fresh = [torch.zeros_like(p).requires_grad_() for p in params]
-    with torch.no_grad():
-        for f, s in zip(fresh, saved["params"], strict=True):
-            f.copy_(s)
-    new_opt = AdamW(fresh, **kwargs)  # type: ignore[arg-type]
-    new_opt.load_state_dict(saved["opt"])
-    return new_opt, fresh
-
-
 def test_fp32_params_match_torch_adamw_with_schedule() -> None:
     ours, ref = _params(torch.float32), _params(torch.float32)
     opt = AdamW(ours, lr=1e-2, weight_decay=0.1, fused=False)
@@ -82,7 +66,7 @@ def _nearest_ok(params: list[torch.Tensor], masters: list[torch.Tensor]) -> None
         assert bool((same | (err == (rne.double() - m.double()).abs())).all())
 
 
-def test_exact_master_is_bitwise_the_fp32_master_and_survives_reload() -> None:
+def test_exact_master_is_bitwise_the_fp32_master_and_survivesreload() -> None:
     kw: dict[str, object] = {"lr": 1e-2, "weight_decay": 0.1, "fused": False}
     exact_p, fp32_p = _params(torch.bfloat16), _params(torch.bfloat16)
     exact = AdamW(exact_p, master="exact", **kw)  # type: ignore[arg-type]
@@ -91,7 +75,7 @@ def test_exact_master_is_bitwise_the_fp32_master_and_survives_reload() -> None:
     ref_master = ref.master_weights()
 
     _run(exact, exact_p, range(100), lambda s: _nearest_ok(exact_p, exact.master_weights()))
-    exact, exact_p = _reload(exact, exact_p, master="exact", **kw)
+    exact, exact_p = reload(exact, exact_p, master="exact", **kw)
     _run(exact, exact_p, range(100, 200), lambda s: _nearest_ok(exact_p, exact.master_weights()))
     for a, b in zip(exact.master_weights(), ref_master, strict=True):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
@@ -111,7 +95,7 @@ def test_every_combination_reloads_and_continues_bitwise(master: str, moments: s
     a, b = AdamW(a_p, **kw), AdamW(b_p, **kw)  # type: ignore[arg-type]
     _run(a, a_p, range(6))
     _run(b, b_p, range(3))
-    b, b_p = _reload(b, b_p, **kw)
+    b, b_p = reload(b, b_p, **kw)
     _run(b, b_p, range(3, 6))
     for x, y in zip(a_p, b_p, strict=True):
         assert torch.equal(x.view(torch.int16), y.view(torch.int16))
@@ -128,7 +112,7 @@ def test_format_trajectories_stay_near_the_fp32_master(master: str, moments: str
     opt = AdamW(p, master=master, moments=moments, **kw)  # type: ignore[arg-type]
     _run(ref, ref_p, range(100))
     _run(opt, p, range(50))
-    opt, p = _reload(opt, p, master=master, moments=moments, **kw)
+    opt, p = reload(opt, p, master=master, moments=moments, **kw)
     _run(opt, p, range(50, 100))
     for got, want, start in zip(opt.master_weights(), ref.master_weights(), init, strict=True):
         moved = (want - start).abs().max()

@@ -1,8 +1,12 @@
-"""Compiled and eager steps agree bitwise; one graph per family; the fused=None rule."""
+"""Compiled and eager steps agree bitwise; one graph per family; the fused=None rule.
+
+These tests are about the `torch.compile` path, which CPU groups take when the
+native kernel is off (``MIXPREC_NATIVE=0``, set for every test here); the native
+kernel has its own tests in test_native.py.
+"""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 
 import pytest
@@ -12,8 +16,15 @@ from mixprec.optim import AdamW, kernels
 from mixprec.optim.inductor import vector_bitcasts, vector_bitcasts_supported
 from mixprec.optim.kernels import AUTO_COMPILE_MIN_NUMEL, resolve_mode
 
+from .checkpoint import reload
+
 # Two sizes (8192, 32x256) take int8 moments; the others fall back to fp32 moments.
 SHAPES = [(4096 + 13,), (7, 11), (3,), (300, 17), (8192,), (32, 256)]
+
+
+@pytest.fixture(autouse=True)
+def _inductor_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MIXPREC_NATIVE", "0")
 
 
 def _params(seed: int) -> list[torch.Tensor]:
@@ -29,19 +40,6 @@ def _steps(opt: AdamW, params: list[torch.Tensor], steps: range) -> None:
         for p in params:
             p.grad = torch.randn(p.shape, generator=gen).bfloat16()
         opt.step()
-
-
-def _reload(
-    opt: AdamW, params: list[torch.Tensor], **kw: object
-) -> tuple[AdamW, list[torch.Tensor]]:
-    buf = io.BytesIO()
-    torch.save({"opt": opt.state_dict(), "params": [p.detach() for p in params]}, buf)
-    buf.seek(0)
-    saved = torch.load(buf, weights_only=True)
-    fresh = [p.clone().requires_grad_() for p in saved["params"]]
-    new_opt = AdamW(fresh, **kw)  # type: ignore[arg-type]
-    new_opt.load_state_dict(saved["opt"])
-    return new_opt, fresh
 
 
 @pytest.mark.compile
@@ -61,7 +59,7 @@ def test_compiled_step_equals_eager_bitwise_with_one_graph_per_family(
     kernels._compiled_family_function.cache_clear()
     torch._dynamo.utils.counters.clear()
     _steps(comp, comp_p, range(2))
-    comp, comp_p = _reload(comp, comp_p, fused=True, **kw)
+    comp, comp_p = reload(comp, comp_p, fused=True, **kw)
     _steps(comp, comp_p, range(2, 4))
     families = {f"{a}_{b}" for a, b in comp.formats()}
     assert comp.kernels_compiled() == dict.fromkeys(families, True)

@@ -75,12 +75,15 @@ class AdamW(torch.optim.Optimizer):
             ``min_int8_numel`` elements, or a size that is not a multiple of
             ``block_size``, keep fp32 moments; see `formats`).
         maximize: maximize the objective instead of minimizing.
-        fused: ``True`` compiles the step with `torch.compile` (raises if that
-            fails), ``False`` runs eagerly, ``None`` compiles the param groups
-            worth it (on CUDA; on CPU groups of at least
-            `mixprec.optim.kernels.AUTO_COMPILE_MIN_NUMEL` elements) and runs
-            the others eagerly, falling back to eager with a `RuntimeWarning`
-            if compilation fails. Results are bitwise identical either way.
+        fused: ``True`` fuses every step: on CPU with the native C++ kernel
+            (`mixprec.optim.native`, built once per machine; fp16 params and
+            machines without a compiler use `torch.compile`), elsewhere with
+            `torch.compile` (a compile failure raises). ``False`` runs eagerly.
+            ``None`` fuses the param groups worth it (on CUDA; on CPU groups of
+            at least `mixprec.optim.kernels.AUTO_COMPILE_MIN_NUMEL` elements)
+            and runs the others eagerly, falling back to eager with a
+            `RuntimeWarning` if compilation fails. Results are bitwise
+            identical in every mode.
         seed: seed of the stochastic-rounding noise (``None``: drawn from
             torch's default generator, so `torch.manual_seed` makes it repeatable).
         block_size: elements per int8 quantization block.
@@ -285,11 +288,20 @@ class AdamW(torch.optim.Optimizer):
         ]
 
     def kernels_compiled(self) -> dict[str, bool]:
-        """For each family stepped so far, whether it runs compiled (for any group)."""
+        """For each family stepped so far, whether it runs fused (native or compiled)."""
         out: dict[str, bool] = {}
         for kernel in self._kernels.values():
             out[kernel.family.name] = out.get(kernel.family.name, False) or kernel.is_compiled
         return out
+
+    def kernel_backends(self) -> dict[str, str]:
+        """For each family stepped so far, how its groups run: a sorted ``+``-joined
+        subset of ``native``, ``compiled`` and ``eager`` (e.g. ``"native"``)."""
+        found: dict[str, set[str]] = {}
+        for kernel in self._kernels.values():
+            how = "native" if kernel.is_native else "compiled" if kernel.is_compiled else "eager"
+            found.setdefault(kernel.family.name, set()).add(how)
+        return {name: "+".join(sorted(hows)) for name, hows in found.items()}
 
     # -- checkpoints ------------------------------------------------------------------
 

@@ -1,9 +1,16 @@
 """The fused AdamW step: decode master and moments, update in fp32, encode, write in place.
 
 `adamw_step_` composes the pure pieces for one flattened parameter. `StepKernel`
-runs it compiled (Inductor, dim 0 marked dynamic: one graph per format family
-for every tensor size, see `mixprec.optim.inductor`) or eagerly; both give
-bitwise identical results. `resolve_mode` is the rule for ``fused=None``.
+runs it one of three ways, all bitwise identical:
+
+* native (CPU): the C++ kernel of `mixprec.optim.native`, one pass over memory;
+* compiled: `torch.compile` (Inductor; dim 0 marked dynamic, so one graph per
+  format family serves every tensor size, see `mixprec.optim.inductor`): the
+  fused path on CUDA, and on CPU for what the native kernel does not cover
+  (fp16) or when it cannot be built;
+* eager: the PyTorch ops themselves (the reference).
+
+`resolve_mode` is the rule that maps ``fused`` to one of them.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Literal
 
 import torch
 
+from mixprec.optim import native
 from mixprec.optim.functional import adamw_math
 from mixprec.optim.inductor import compile_fn
 from mixprec.optim.masters import MasterFormat
@@ -25,29 +33,37 @@ from mixprec.optim.rng import step_key, uniform16
 
 __all__ = ["AUTO_COMPILE_MIN_NUMEL", "StepFamily", "StepKernel", "adamw_step_", "resolve_mode"]
 
-KernelMode = Literal["auto", "compiled", "eager"]
+KernelMode = Literal["auto", "compiled", "eager", "native", "native-auto"]
 
-#: ``fused=None`` compiles the step of a CPU param group holding at least this
-#: many elements (2**20: above every built-in workload). The first compile of a
-#: family takes 10-30 s without Inductor's on-disk cache; at this size the
-#: compiled step saves 50-70 ms a step (1 thread), so it pays off within a few
-#: hundred steps, while small models would mostly wait for the compiler.
+#: ``fused=None`` fuses the step of a CPU param group holding at least this
+#: many elements (2**20: above every built-in workload). Below it the eager
+#: step costs little in absolute terms, and small models and tests need no
+#: compiler (the native kernel's one-time build takes about 5 s, an Inductor
+#: compile of a family 10-30 s).
 AUTO_COMPILE_MIN_NUMEL = 1 << 20
 
 
 def resolve_mode(fused: bool | None, *, device_type: str, numel: int) -> KernelMode:
-    """How one param group steps: ``"compiled"``, ``"auto"`` or ``"eager"``.
+    """How one param group steps.
 
-    ``fused=True`` is ``"compiled"`` (a compile failure raises) and ``False``
-    is ``"eager"``. ``None`` is ``"auto"`` (compile; on failure warn once and
-    run eagerly) on CUDA, and on other devices when the group has at least
-    `AUTO_COMPILE_MIN_NUMEL` elements; otherwise ``"eager"``.
+    * ``fused=False``: ``"eager"``.
+    * ``fused=True``: on CPU ``"native"`` (the native kernel; what it cannot
+      run goes to ``"compiled"``), elsewhere ``"compiled"`` (`torch.compile`;
+      a failure raises).
+    * ``fused=None``: on CUDA ``"auto"`` (compile; on failure warn once and
+      run eagerly); on CPU, for groups of at least `AUTO_COMPILE_MIN_NUMEL`
+      elements, ``"native-auto"`` (native, else ``"auto"``); otherwise ``"eager"``.
+
+    With ``MIXPREC_NATIVE=0`` CPU groups take the ``torch.compile`` modes instead.
     """
-    if fused is not None:
-        return "compiled" if fused else "eager"
-    if device_type == "cuda" or numel >= AUTO_COMPILE_MIN_NUMEL:
-        return "auto"
-    return "eager"
+    if fused is False:
+        return "eager"
+    large = numel >= AUTO_COMPILE_MIN_NUMEL
+    if device_type == "cpu" and native.enabled() and (fused or large):
+        return "native" if fused else "native-auto"
+    if fused:
+        return "compiled"
+    return "auto" if device_type == "cuda" or large else "eager"
 
 
 @dataclass(frozen=True)
@@ -149,26 +165,42 @@ def _compiled_family_function(family: StepFamily) -> StepFn:
 
 
 class StepKernel:
-    """The step for one family, compiled or eager.
+    """The step for one family: native, compiled or eager.
 
     Args:
         family: the formats.
-        mode: ``"compiled"`` (raise if compilation fails), ``"eager"``, or
-            ``"auto"`` (compile; on failure warn once and run eagerly).
+        mode: from `resolve_mode`: ``"native"`` / ``"native-auto"`` (the native
+            kernel; parameters it does not cover, or every parameter if it
+            cannot be built, go to ``"compiled"`` / ``"auto"``), ``"compiled"``
+            (raise if compilation fails), ``"auto"`` (compile; on failure warn
+            once and run eagerly) or ``"eager"``.
     """
 
     def __init__(self, family: StepFamily, *, mode: KernelMode) -> None:
         self.family = family
-        self.mode = mode
+        self._native: native.NativeLibrary | None = None
+        if mode in ("native", "native-auto"):
+            try:
+                self._native = native.library()
+            except native.NativeUnavailableError as exc:
+                _warn_native_unavailable(str(exc))
+            mode = "compiled" if mode == "native" else "auto"
+        self.mode: KernelMode = mode
         self._eager = _family_function(family)
         self._compiled: StepFn | None = (
             None if mode == "eager" else _compiled_family_function(family)
         )
+        self._block_size = int(getattr(family.moments, "block_size", 1))
+
+    @property
+    def is_native(self) -> bool:
+        """Whether steps run through the native CPU kernel (where it applies)."""
+        return self._native is not None
 
     @property
     def is_compiled(self) -> bool:
-        """Whether steps currently run through the compiled function."""
-        return self._compiled is not None
+        """Whether steps run fused: the native kernel or the compiled function."""
+        return self._native is not None or self._compiled is not None
 
     def __call__(
         self,
@@ -181,6 +213,31 @@ class StepKernel:
         step: torch.Tensor,
     ) -> None:
         """Run one step (see `adamw_step_`)."""
+        if self._native is not None:
+            grad = grad if grad.is_contiguous() else grad.contiguous()
+            if self._native.supports(
+                master=self.family.master.kind,
+                moments=self.family.moments.kind,
+                param=param,
+                grad=grad,
+                block_size=self._block_size,
+            ):
+                uses_noise = self.family.master.uses_noise
+                self._native.step(
+                    master=self.family.master.kind,
+                    moments=self.family.moments.kind,
+                    maximize=self.family.maximize,
+                    param=param,
+                    grad=grad,
+                    master_state=master_state,
+                    moment_state=moment_state,
+                    scalars=scalars,
+                    key=int(step_key(rng_seed, step).item()) if uses_noise else 0,
+                    block_size=self._block_size,
+                )
+                # Written through a pointer: tell autograd the parameter changed.
+                torch.autograd.graph.increment_version(param)
+                return
         args = (param, grad, tuple(master_state), tuple(moment_state), scalars, rng_seed, step)
         if self._compiled is not None:
             # Dim 0 (elements or blocks) is symbolic from the first compile, so one
@@ -202,3 +259,14 @@ class StepKernel:
                 )
                 self._compiled = None
         self._eager(*args)
+
+
+@functools.cache
+def _warn_native_unavailable(reason: str) -> None:
+    # Once per process and reason: every optimizer would otherwise repeat it.
+    warnings.warn(
+        f"mixprec AdamW: the native CPU kernel is unavailable ({reason}); "
+        "using torch.compile for fused steps instead (same results, slower on CPU).",
+        RuntimeWarning,
+        stacklevel=4,
+    )

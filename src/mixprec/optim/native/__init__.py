@@ -1,0 +1,288 @@
+"""The native CPU step: `adamw_cpu.cpp`, built with the system C++ compiler at first use.
+
+Why it exists: on CPU, Inductor's code for the mixed formats is limited by
+computation, not memory (16-lane loops, int8 blocks read in two passes; see
+docs/benchmarks.md). This kernel is plain C++ that GCC or Clang vectorizes
+for the machine it runs on: one pass over memory per step (int8 blocks are
+decoded, updated and re-encoded in L1), every storage format inlined, and
+OpenMP threads. It mirrors the eager formulation operation for operation, so
+its results are bitwise those of ``fused=False``; the tests check every family.
+
+Build: ``$CXX`` (else ``g++``, ``c++`` or ``clang++``) with ``-O3
+-march=native -fopenmp`` and IEEE-preserving flags (no fast-math, no FMA
+contraction), falling back to fewer flags where the compiler refuses some.
+The shared library is cached under `cache_dir` keyed by the source, the
+compiler, the flags and the CPU, so a machine builds it once (about 5 s).
+Setting ``MIXPREC_NATIVE=0`` turns the kernel off (steps then use
+`torch.compile`, as on other devices).
+
+Scope: CPU tensors, fp32 or bf16 params and grads (fp16 goes to Inductor),
+int8 blocks of at most `MAX_BLOCK` elements.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "MAX_BLOCK",
+    "NativeLibrary",
+    "NativeUnavailableError",
+    "cache_dir",
+    "enabled",
+    "library",
+]
+
+#: Largest int8 block the kernel handles (its per-block buffers live on the stack).
+MAX_BLOCK = 4096
+#: Must equal ``mixprec_abi_version()`` in the source.
+ABI_VERSION = 1
+
+SOURCE = Path(__file__).with_name("adamw_cpu.cpp")
+
+_MASTER_CODES = {"none": 0, "fp32": 1, "exact": 2, "remainder8": 3, "kahan": 4, "stochastic": 5}
+_MOMENT_CODES = {"fp32": 0, "bf16": 1, "int8": 2}
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+_COMMON_FLAGS = (
+    "-std=c++17",
+    "-O3",
+    "-fno-math-errno",  # lets sqrt vectorize; results are unchanged (IEEE sqrt)
+    "-fno-trapping-math",
+    "-ffp-contract=off",  # no FMA contraction: every product is rounded, as in eager
+    "-fPIC",
+    "-shared",
+)
+_X86 = platform.machine().lower() in ("x86_64", "amd64")
+#: Flag sets tried in order until one compiles.
+FLAG_SETS: tuple[tuple[str, ...], ...] = tuple(
+    flags + _COMMON_FLAGS
+    for flags in (
+        ("-march=native", "-mprefer-vector-width=512", "-fopenmp") if _X86 else None,
+        ("-march=native", "-fopenmp"),
+        ("-fopenmp",),
+        (),  # no OpenMP: one thread
+    )
+    if flags is not None
+)
+
+
+class NativeUnavailableError(RuntimeError):
+    """The native kernel cannot be built or loaded here (the message says why)."""
+
+
+def enabled() -> bool:
+    """False when ``MIXPREC_NATIVE=0`` (or ``false``/``off``) turns the kernel off."""
+    return os.environ.get("MIXPREC_NATIVE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def cache_dir() -> Path:
+    """Where built libraries live: ``$MIXPREC_CACHE_DIR``, else ``~/.cache/mixprec``, + /native."""
+    root = os.environ.get("MIXPREC_CACHE_DIR")
+    if root:
+        return Path(root) / "native"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "mixprec" / "native"
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    raise NativeUnavailableError(
+        "no C++ compiler found (set CXX, or install g++); steps use torch.compile or eager instead"
+    )
+
+
+def _cpu_signature() -> str:
+    # -march=native code is only valid on this CPU model: key the cache on it.
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features", "model name")):
+                    return line.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(compiler: str) -> str:
+    try:
+        out = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+        return out.stdout.splitlines()[0] if out.stdout else compiler
+    except (OSError, subprocess.SubprocessError):
+        return compiler
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """How the loaded library was made."""
+
+    path: Path
+    compiler: str
+    flags: tuple[str, ...]
+    build_seconds: float  # 0.0 when it came from the cache
+
+
+class NativeLibrary:
+    """The loaded kernel; `step` runs one parameter's AdamW step in place."""
+
+    def __init__(self, info: BuildInfo) -> None:
+        self.info = info
+        lib = ctypes.CDLL(str(info.path))
+        if lib.mixprec_abi_version() != ABI_VERSION:
+            raise NativeUnavailableError(f"{info.path} has ABI {lib.mixprec_abi_version()}")
+        fn = lib.mixprec_adamw_step
+        fn.restype = ctypes.c_int
+        fn.argtypes = (
+            [ctypes.c_int] * 5
+            + [ctypes.c_void_p] * 9
+            + [
+                ctypes.c_int64,
+                ctypes.c_int64,
+                ctypes.c_uint32,
+                ctypes.c_int,
+            ]
+        )
+        self._fn = fn
+        self._lib = lib
+
+    @staticmethod
+    def supports(
+        *, master: str, moments: str, param: torch.Tensor, grad: torch.Tensor, block_size: int
+    ) -> bool:
+        """Whether `step` handles this parameter (else the caller uses another kernel)."""
+        plain = all(
+            type(t) is torch.Tensor and t.device.type == "cpu" and t.is_contiguous()
+            for t in (param, grad)
+        )
+        if not plain or param.dtype not in _DTYPE_CODES or grad.dtype not in _DTYPE_CODES:
+            return False
+        if param.dtype == torch.float32 and master != "none":
+            return False
+        return moments != "int8" or (
+            1 <= block_size <= MAX_BLOCK and param.numel() % block_size == 0
+        )
+
+    def step(
+        self,
+        *,
+        master: str,
+        moments: str,
+        maximize: bool,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        master_state: Sequence[torch.Tensor],
+        moment_state: Sequence[torch.Tensor],
+        scalars: torch.Tensor,
+        key: int,
+        block_size: int,
+    ) -> None:
+        """One AdamW step for one flat parameter (see `mixprec.optim.kernels.adamw_step_`).
+
+        Every tensor must be a contiguous CPU tensor as laid out by the formats;
+        `supports` says which parameters qualify. `key` is the stochastic-rounding
+        key of this step (`mixprec.optim.rng.step_key`).
+        """
+        states = [*master_state, None, None][:2]
+        moms = [*moment_state, None, None, None, None][:4]
+        for t in (*master_state, *moment_state, scalars):
+            if not (t.device.type == "cpu" and t.is_contiguous()):
+                raise ValueError("native AdamW step needs contiguous CPU state tensors")
+        if scalars.dtype != torch.float32 or scalars.numel() != 7:
+            raise ValueError(f"scalars must be 7 fp32 values, got {scalars.dtype} {scalars.shape}")
+        rc = self._fn(
+            _MASTER_CODES[master],
+            _DTYPE_CODES[param.dtype],
+            _MOMENT_CODES[moments],
+            _DTYPE_CODES[grad.dtype],
+            int(maximize),
+            param.data_ptr(),
+            grad.data_ptr(),
+            *(None if t is None else t.data_ptr() for t in states),
+            *(None if t is None else t.data_ptr() for t in moms),
+            scalars.data_ptr(),
+            param.numel(),
+            block_size,
+            key & 0xFFFFFFFF,
+            torch.get_num_threads(),
+        )
+        if rc != 0:
+            raise RuntimeError(
+                f"native AdamW step refused master={master!r} moments={moments!r} "
+                f"param {param.dtype} grad {grad.dtype} block {block_size} (code {rc})"
+            )
+
+
+_lock = threading.Lock()
+
+
+def _build(target: Path, compiler: str, flag_sets: Sequence[tuple[str, ...]]) -> BuildInfo:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    errors = []
+    for flags in flag_sets:
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        t0 = time.perf_counter()
+        try:
+            out = subprocess.run(
+                [compiler, *flags, str(SOURCE), "-o", tmp],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            out = None
+            errors.append(f"{' '.join(flags)}: {exc}")
+        if out is not None and out.returncode == 0:
+            os.replace(tmp, target)  # atomic: concurrent builders write the same bytes
+            target.with_suffix(".flags").write_text(" ".join(flags))
+            return BuildInfo(target, compiler, flags, time.perf_counter() - t0)
+        Path(tmp).unlink(missing_ok=True)
+        if out is not None:
+            errors.append(f"{' '.join(flags)}: {out.stderr.strip()[-400:]}")
+    raise NativeUnavailableError(f"{compiler} could not build {SOURCE.name}: " + " | ".join(errors))
+
+
+@functools.cache
+def library() -> NativeLibrary:
+    """Build (once per machine) and load the kernel.
+
+    Raises:
+        NativeUnavailableError: turned off by ``MIXPREC_NATIVE=0``, no compiler, or
+            every flag set failed to build (the message has the compiler output).
+    """
+    if not enabled():
+        raise NativeUnavailableError("turned off by MIXPREC_NATIVE=0")
+    with _lock:
+        compiler = _compiler()
+        digest = hashlib.sha256()
+        for part in (SOURCE.read_bytes(), _version(compiler).encode(), _cpu_signature().encode()):
+            digest.update(part)
+        digest.update(repr(FLAG_SETS).encode())
+        target = cache_dir() / f"adamw_cpu-{digest.hexdigest()[:20]}.so"
+        if target.exists():
+            flags_file = target.with_suffix(".flags")
+            flags = tuple(flags_file.read_text().split()) if flags_file.exists() else ()
+            try:
+                return NativeLibrary(BuildInfo(target, compiler, flags, 0.0))
+            except OSError:
+                target.unlink(missing_ok=True)  # a truncated or foreign file: rebuild it
+        return NativeLibrary(_build(target, compiler, FLAG_SETS))

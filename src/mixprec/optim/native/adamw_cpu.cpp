@@ -1,0 +1,288 @@
+// mixprec native CPU AdamW step: one pass over memory per step.
+//
+// Built and loaded by mixprec.optim.native (g++ -O3 -march=native -fopenmp,
+// no fast-math, no FMA contraction). Every operation mirrors the eager
+// PyTorch formulation in mixprec.optim (functional.adamw_math, bits,
+// masters/*, moments/*) so results are bitwise identical to it for finite
+// values (tests/optim/test_native.py checks every family; NaN payloads, and
+// int8 codes computed from NaN moments, may differ: callers never apply a
+// non-finite step). Plain C++ that GCC vectorizes: no intrinsics, so it
+// builds on any CPU the compiler targets.
+//
+// Layout of the pointers (see mixprec/optim/native/__init__.py):
+//   master state s0, s1: fp32 master | exact: remainder_hi, remainder_lo (int8)
+//                        | remainder8: remainder (int8) | kahan: compensation
+//   moments mo0..mo3:    dense: exp_avg, exp_avg_sq (fp32 or bf16)
+//                        | int8: m codes (int8), m absmax (f32), v codes (uint8), sqrt(v) max (f32)
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+enum Master { M_NONE = 0, M_FP32 = 1, M_EXACT = 2, M_REM8 = 3, M_KAHAN = 4, M_STOCH = 5 };
+enum Moments { MO_FP32 = 0, MO_BF16 = 1, MO_INT8 = 2 };
+enum DType { DT_F32 = 0, DT_BF16 = 1 };
+
+constexpr int64_t kChunk = 4096;     // elements per parallel work item (dense moments)
+constexpr int64_t kMaxBlock = 4096;  // largest int8 block handled here
+
+inline uint32_t fbits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float bitsf(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline float bf2f(uint16_t h) { return bitsf(static_cast<uint32_t>(h) << 16); }
+// c10::BFloat16 round_to_nearest_even; NaN -> 0x7FC0.
+inline uint16_t f2bf(float f) {
+  uint32_t u = fbits(f);
+  uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return ((u & 0x7FFFFFFFu) > 0x7F800000u) ? static_cast<uint16_t>(0x7FC0) : static_cast<uint16_t>(r);
+}
+inline uint32_t canon(uint32_t u) { return ((u & 0x7FFFFFFFu) > 0x7F800000u) ? 0x7FC00000u : u; }
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16; x *= 0x21F0AAADu; x ^= x >> 15; x *= 0x735A2D97u; x ^= x >> 15;
+  return x;
+}
+
+struct Args {
+  void* param; const void* grad;
+  void* s0; void* s1;
+  void* mo0; void* mo1; void* mo2; void* mo3;
+  const float* scalars;
+  int64_t n; int64_t block; uint32_t key; float grad_sign; int threads;
+};
+
+template <int PDT> inline float load_p(const void* p, int64_t i) {
+  if constexpr (PDT == DT_F32) return static_cast<const float*>(p)[i];
+  else return bf2f(static_cast<const uint16_t*>(p)[i]);
+}
+template <int PDT> inline void store_p(void* p, int64_t i, float v) {
+  if constexpr (PDT == DT_F32) static_cast<float*>(p)[i] = v;
+  else static_cast<uint16_t*>(p)[i] = f2bf(v);
+}
+
+template <int MASTER, int PDT>
+inline float decode_master(const Args& a, int64_t i) {
+  if constexpr (MASTER == M_NONE || MASTER == M_STOCH) {
+    return load_p<PDT>(a.param, i);
+  } else if constexpr (MASTER == M_FP32) {
+    return static_cast<const float*>(a.s0)[i];
+  } else if constexpr (MASTER == M_EXACT) {
+    uint32_t hi = static_cast<uint32_t>(static_cast<const uint16_t*>(a.param)[i]) << 16;
+    int32_t rem = static_cast<int32_t>(static_cast<const int8_t*>(a.s0)[i]) * 256 +
+                  (static_cast<int32_t>(static_cast<const int8_t*>(a.s1)[i]) & 0xFF);
+    return bitsf(hi + static_cast<uint32_t>(rem));
+  } else if constexpr (MASTER == M_REM8) {
+    uint32_t hi = static_cast<uint32_t>(static_cast<const uint16_t*>(a.param)[i]) << 16;
+    int32_t rem = static_cast<int32_t>(static_cast<const int8_t*>(a.s0)[i]) * 256;
+    return bitsf(hi + static_cast<uint32_t>(rem));
+  } else {  // M_KAHAN
+    return bf2f(static_cast<const uint16_t*>(a.param)[i]) +
+           bf2f(static_cast<const uint16_t*>(a.s0)[i]);
+  }
+}
+
+template <int MASTER, int PDT>
+inline void encode_master(const Args& a, int64_t i, float value) {
+  if constexpr (MASTER == M_NONE) {
+    store_p<PDT>(a.param, i, value);
+  } else if constexpr (MASTER == M_FP32) {
+    static_cast<uint16_t*>(a.param)[i] = f2bf(value);
+    static_cast<float*>(a.s0)[i] = value;
+  } else if constexpr (MASTER == M_EXACT) {
+    uint32_t b = canon(fbits(value));
+    int32_t low = static_cast<int32_t>((b & 0xFFFFu) ^ 0x8000u) - 0x8000;
+    uint32_t high = b - static_cast<uint32_t>(low);
+    static_cast<uint16_t*>(a.param)[i] = static_cast<uint16_t>(high >> 16);
+    static_cast<int8_t*>(a.s0)[i] = static_cast<int8_t>(low >> 8);
+    static_cast<int8_t*>(a.s1)[i] = static_cast<int8_t>(low & 0xFF);
+  } else if constexpr (MASTER == M_REM8) {
+    uint32_t b = canon(fbits(value));
+    uint32_t r = (b + 127u + ((b >> 8) & 1u)) & ~0xFFu;  // nearest even at 15 mantissa bits
+    int32_t low = static_cast<int32_t>(((r >> 8) & 0xFFu) ^ 0x80u) - 0x80;
+    uint32_t high = r - static_cast<uint32_t>(low * 256);
+    static_cast<uint16_t*>(a.param)[i] = static_cast<uint16_t>(high >> 16);
+    static_cast<int8_t*>(a.s0)[i] = static_cast<int8_t>(low);
+  } else if constexpr (MASTER == M_KAHAN) {
+    uint16_t p = f2bf(value);
+    static_cast<uint16_t*>(a.param)[i] = p;
+    static_cast<uint16_t*>(a.s0)[i] = f2bf(value - bf2f(p));
+  } else {  // M_STOCH
+    uint32_t noise = mix32(static_cast<uint32_t>(i) + a.key) >> 16;
+    uint32_t r = (canon(fbits(value)) + noise) & 0xFFFF0000u;
+    static_cast<uint16_t*>(a.param)[i] = static_cast<uint16_t>(r >> 16);
+  }
+}
+
+// The AdamW arithmetic of functional.adamw_math, in its operation order.
+struct Math {
+  float decay, b1c, beta2, b2c, nss, ibc2, eps;
+  explicit Math(const float* s)
+      : decay(s[0]), b1c(s[1]), beta2(s[2]), b2c(s[3]), nss(s[4]), ibc2(s[5]), eps(s[6]) {}
+  // In: p (master), g, m, v. Out: new p, m, v and sqrt(v).
+  inline void apply(float& p, float g, float& m, float& v, float& u) const {
+    p = p * decay;
+    m = m + b1c * (g - m);
+    v = v * beta2 + (b2c * g) * g;
+    u = std::sqrt(v);
+    float denom = u * ibc2 + eps;
+    p = p + (nss * m) / denom;
+  }
+};
+
+template <int MASTER, int PDT, int MO, int GDT>
+void step_dense(const Args& args) {
+  const Math k(args.scalars);
+  const int64_t n = args.n;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) num_threads(args.threads)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const Args a = args;  // a private copy: stores through the data pointers cannot alias it
+    const int64_t lo = c * kChunk;
+    const int64_t hi = lo + kChunk < n ? lo + kChunk : n;
+#pragma GCC ivdep
+    for (int64_t i = lo; i < hi; ++i) {
+      float p = decode_master<MASTER, PDT>(a, i);
+      float g = load_p<GDT>(a.grad, i) * a.grad_sign;
+      float m, v, u;
+      if constexpr (MO == MO_FP32) {
+        m = static_cast<const float*>(a.mo0)[i];
+        v = static_cast<const float*>(a.mo1)[i];
+      } else {
+        m = bf2f(static_cast<const uint16_t*>(a.mo0)[i]);
+        v = bf2f(static_cast<const uint16_t*>(a.mo1)[i]);
+      }
+      k.apply(p, g, m, v, u);
+      encode_master<MASTER, PDT>(a, i, p);
+      if constexpr (MO == MO_FP32) {
+        static_cast<float*>(a.mo0)[i] = m;
+        static_cast<float*>(a.mo1)[i] = v;
+      } else {
+        static_cast<uint16_t*>(a.mo0)[i] = f2bf(m);
+        static_cast<uint16_t*>(a.mo1)[i] = f2bf(v);
+      }
+    }
+  }
+}
+
+// moments/int8.py: m as 127*sqrt(|m|/absmax) with sign, v through u = sqrt(v)
+// as 255*sqrt(u/umax); decode, update and re-encode one block at a time.
+template <int MASTER, int PDT, int GDT>
+void step_int8(const Args& args) {
+  const Math k(args.scalars);
+  const int64_t bs = args.block;
+  const int64_t blocks = args.n / bs;
+  int8_t* const mq = static_cast<int8_t*>(args.mo0);
+  float* const mmax = static_cast<float*>(args.mo1);
+  uint8_t* const vq = static_cast<uint8_t*>(args.mo2);
+  float* const umax = static_cast<float*>(args.mo3);
+  const float inv127sq = static_cast<float>(1.0 / (127.0 * 127.0));
+  const float inv255sq = static_cast<float>(1.0 / (255.0 * 255.0));
+#pragma omp parallel for schedule(static) num_threads(args.threads)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Args a = args;  // a private copy: stores through the data pointers cannot alias it
+    float mloc[kMaxBlock];
+    float uloc[kMaxBlock];
+    const int64_t base = b * bs;
+    const float ms = mmax[b] * inv127sq;
+    const float us = umax[b] * inv255sq;
+    // Decode, update and encode are three loops over the block; the block's fp32
+    // moments stay in L1 between them, so memory is read and written once.
+#pragma GCC ivdep
+    for (int64_t j = 0; j < bs; ++j) {
+      const float q = static_cast<float>(mq[base + j]);
+      mloc[j] = (q * std::fabs(q)) * ms;
+      const float qv = static_cast<float>(vq[base + j]);
+      const float ub = (qv * qv) * us;
+      uloc[j] = ub * ub;
+    }
+    uint32_t mbits = 0, ubits = 0;
+#pragma GCC ivdep
+    for (int64_t j = 0; j < bs; ++j) {
+      const int64_t i = base + j;
+      float p = decode_master<MASTER, PDT>(a, i);
+      float g = load_p<GDT>(a.grad, i) * a.grad_sign;
+      float m = mloc[j];
+      float v = uloc[j];
+      float u;
+      k.apply(p, g, m, v, u);
+      encode_master<MASTER, PDT>(a, i, p);
+      mloc[j] = m;
+      uloc[j] = u;
+      uint32_t mb = fbits(m) & 0x7FFFFFFFu;
+      uint32_t vb = fbits(u) & 0x7FFFFFFFu;
+      mbits = mb > mbits ? mb : mbits;
+      ubits = vb > ubits ? vb : ubits;
+    }
+    const float am = bitsf(mbits);
+    const float au = bitsf(ubits);
+    const float mf = (1.0f / (am > 0.0f ? am : 1.0f)) * (127.0f * 127.0f);
+    const float uf = (1.0f / (au > 0.0f ? au : 1.0f)) * (255.0f * 255.0f);
+#pragma GCC ivdep
+    for (int64_t j = 0; j < bs; ++j) {
+      const float m = mloc[j];
+      const float u = uloc[j];
+      float q = std::rint(std::sqrt(std::fabs(m) * mf));
+      mq[base + j] = static_cast<int8_t>(static_cast<int32_t>(m < 0.0f ? -q : q));
+      float qv = std::rint(std::sqrt(u * uf));
+      qv = (qv == 0.0f && u > 0.0f) ? 1.0f : qv;
+      vq[base + j] = static_cast<uint8_t>(static_cast<int32_t>(qv));
+    }
+    mmax[b] = am;
+    umax[b] = au;
+  }
+}
+
+using StepFn = void (*)(const Args&);
+
+template <int MASTER, int PDT, int MO, int GDT>
+constexpr StepFn pick() {
+  if constexpr (MO == MO_INT8) return &step_int8<MASTER, PDT, GDT>;
+  else return &step_dense<MASTER, PDT, MO, GDT>;
+}
+
+template <int MASTER, int PDT>
+StepFn lookup_grad(int mo, int gdt) {
+  static const StepFn table[3][2] = {
+      {pick<MASTER, PDT, MO_FP32, DT_F32>(), pick<MASTER, PDT, MO_FP32, DT_BF16>()},
+      {pick<MASTER, PDT, MO_BF16, DT_F32>(), pick<MASTER, PDT, MO_BF16, DT_BF16>()},
+      {pick<MASTER, PDT, MO_INT8, DT_F32>(), pick<MASTER, PDT, MO_INT8, DT_BF16>()},
+  };
+  return table[mo][gdt];
+}
+
+StepFn lookup(int master, int pdt, int mo, int gdt) {
+  if (mo < 0 || mo > 2 || gdt < 0 || gdt > 1) return nullptr;
+  if (pdt == DT_F32) return master == M_NONE ? lookup_grad<M_NONE, DT_F32>(mo, gdt) : nullptr;
+  if (pdt != DT_BF16) return nullptr;
+  switch (master) {
+    case M_NONE: return lookup_grad<M_NONE, DT_BF16>(mo, gdt);
+    case M_FP32: return lookup_grad<M_FP32, DT_BF16>(mo, gdt);
+    case M_EXACT: return lookup_grad<M_EXACT, DT_BF16>(mo, gdt);
+    case M_REM8: return lookup_grad<M_REM8, DT_BF16>(mo, gdt);
+    case M_KAHAN: return lookup_grad<M_KAHAN, DT_BF16>(mo, gdt);
+    case M_STOCH: return lookup_grad<M_STOCH, DT_BF16>(mo, gdt);
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// ABI version: bump with any change of the signature below.
+int mixprec_abi_version() { return 1; }
+
+// 0: done; 1: this combination is not built; 2: bad block size.
+int mixprec_adamw_step(int master, int param_dtype, int moments, int grad_dtype, int maximize,
+                       void* param, const void* grad, void* s0, void* s1, void* mo0, void* mo1,
+                       void* mo2, void* mo3, const float* scalars, int64_t n, int64_t block,
+                       uint32_t key, int threads) {
+  StepFn fn = lookup(master, param_dtype, moments, grad_dtype);
+  if (fn == nullptr) return 1;
+  if (moments == MO_INT8 && (block < 1 || block > kMaxBlock || n % block != 0)) return 2;
+  Args a{param, grad, s0, s1, mo0, mo1, mo2, mo3, scalars, n, block, key,
+         maximize ? -1.0f : 1.0f, threads < 1 ? 1 : threads};
+  fn(a);
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,218 @@
+"""The native CPU kernel: bitwise equal to eager for every family, build, cache and fallbacks."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, kernels, native
+from mixprec.optim.formats import moment_format, resolve_master
+from mixprec.optim.kernels import StepFamily, StepKernel, resolve_mode
+
+from .checkpoint import reload
+
+try:
+    native.library()
+    HAVE_NATIVE, WHY = True, ""
+except native.NativeUnavailableError as exc:  # pragma: no cover - machines without a compiler
+    HAVE_NATIVE, WHY = False, str(exc)
+
+needs_native = pytest.mark.skipif(not HAVE_NATIVE, reason=f"native kernel unavailable: {WHY}")
+
+# Tails of every length class, int8 blocks (8192 and 32x256 elements), tiny tensors.
+SHAPES = [(4096 + 13,), (7, 11), (3,), (300, 17), (8192,), (32, 256)]
+
+
+def _params(dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(s, generator=gen) * 3).to(dtype).requires_grad_() for s in SHAPES]
+
+
+def _steps(opt: AdamW, params: list[torch.Tensor], steps: range, grad_dtype: torch.dtype) -> None:
+    for step in steps:
+        for group in opt.param_groups:
+            group["lr"] = 1e-2 / (1 + step)
+        gen = torch.Generator().manual_seed(100 + step)
+        for p in params:
+            # gradient scales from 1e-6 to 1e2: underflowing squares, large moments
+            scale = 10.0 ** (step % 9 - 6)
+            p.grad_dtype = None  # allow fp32 gradients on bf16 params
+            p.grad = (torch.randn(p.shape, generator=gen) * scale).to(grad_dtype)
+        opt.step()
+
+
+def _assert_same(
+    a_opt: AdamW, a_params: list[torch.Tensor], b_opt: AdamW, b_params: list[torch.Tensor]
+) -> None:
+    for a, b in zip(a_params, b_params, strict=True):
+        assert torch.equal(a.detach().view(torch.uint8), b.detach().view(torch.uint8))
+        for key, value in a_opt.state[a].items():
+            other = b_opt.state[b][key]
+            assert value.dtype == other.dtype, key
+            flat, other_flat = value.reshape(-1), other.reshape(-1)
+            assert torch.equal(flat.view(torch.uint8), other_flat.view(torch.uint8)), key
+
+
+CASES = [
+    (master, moments, torch.bfloat16, grad_dtype, maximize)
+    for master in MASTER_KINDS
+    for moments in MOMENT_KINDS
+    for grad_dtype, maximize in ((torch.bfloat16, False), (torch.float32, True))
+] + [
+    ("none", moments, torch.float32, torch.float32, maximize)
+    for moments in MOMENT_KINDS
+    for maximize in (False, True)
+]
+
+
+@needs_native
+@pytest.mark.parametrize(("master", "moments", "dtype", "grad_dtype", "maximize"), CASES)
+def test_native_step_is_bitwise_the_eager_step(
+    master: str, moments: str, dtype: torch.dtype, grad_dtype: torch.dtype, maximize: bool
+) -> None:
+    kw: dict[str, object] = {
+        "master": master,
+        "moments": moments,
+        "maximize": maximize,
+        "seed": 3,
+        "weight_decay": 0.1,
+    }
+    ref_p, nat_p = _params(dtype), _params(dtype)
+    ref = AdamW(ref_p, fused=False, **kw)  # type: ignore[arg-type]
+    nat = AdamW(nat_p, fused=True, **kw)  # type: ignore[arg-type]
+    _steps(ref, ref_p, range(6), grad_dtype)
+    _steps(nat, nat_p, range(3), grad_dtype)
+    nat, nat_p = reload(nat, nat_p, fused=True, **kw)
+    _steps(nat, nat_p, range(3, 6), grad_dtype)
+    assert set(nat.kernel_backends().values()) == {"native"}
+    _assert_same(ref, ref_p, nat, nat_p)
+
+
+@needs_native
+def test_native_results_do_not_depend_on_the_thread_count() -> None:
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            params = _params(torch.bfloat16)
+            opt = AdamW(params, master="stochastic", moments="int8", seed=0, fused=True)
+            _steps(opt, params, range(3), torch.bfloat16)
+            runs.append((opt, params))
+    finally:
+        torch.set_num_threads(threads)
+    _assert_same(*runs[0], *runs[1])
+
+
+@needs_native
+def test_native_step_bumps_the_parameter_version() -> None:
+    p = torch.ones(4096, dtype=torch.bfloat16, requires_grad=True)
+    p.grad = torch.ones_like(p)
+    opt = AdamW([p], fused=True)
+    before = p._version
+    opt.step()
+    assert p._version > before
+    assert float(opt.master_weights()[0][0]) < 1.0  # the step ran (exact master)
+
+
+@needs_native
+def test_unsupported_params_take_the_fallback_kernel() -> None:
+    lib = native.library()
+    t16 = torch.zeros(8, dtype=torch.float16)
+    b16 = torch.zeros(8, dtype=torch.bfloat16)
+    assert not lib.supports(master="fp32", moments="fp32", param=t16, grad=t16, block_size=1)
+    assert not lib.supports(master="exact", moments="fp32", param=b16, grad=t16, block_size=1)
+    assert not lib.supports(
+        master="none", moments="fp32", param=torch.zeros(4, 4)[:, 0], grad=b16, block_size=1
+    )
+    big = torch.zeros(8192, dtype=torch.bfloat16)
+    assert not lib.supports(
+        master="exact", moments="int8", param=big, grad=big, block_size=native.MAX_BLOCK * 2
+    )
+    assert lib.supports(master="exact", moments="int8", param=big, grad=big, block_size=256)
+    # fp16 params on a native kernel: the step goes to the other kernel (here eager).
+    family = StepFamily(
+        master=resolve_master("fp32", torch.float16),
+        moments=moment_format("fp32", block_size=256),
+        maximize=False,
+    )
+    kernel = StepKernel(family, mode="native")
+    kernel._compiled = None  # fall back to eager instead of compiling in a unit test
+    p, ref = [torch.ones(8, dtype=torch.float16, requires_grad=True) for _ in range(2)]
+    opt, ref_opt = AdamW([p], master="fp32", fused=True), AdamW([ref], master="fp32", fused=False)
+    opt._kernels = {("fp32", "fp32", False, "native"): kernel}
+    for q in (p, ref):
+        q.grad = torch.full_like(q, 0.5)
+    opt.step()
+    ref_opt.step()
+    assert torch.equal(p, ref)
+
+
+def test_resolve_mode_with_and_without_the_native_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_mode(True, device_type="cpu", numel=10) == "native"
+    assert resolve_mode(None, device_type="cpu", numel=1 << 20) == "native-auto"
+    assert resolve_mode(True, device_type="cuda", numel=10) == "compiled"
+    monkeypatch.setenv("MIXPREC_NATIVE", "0")
+    assert resolve_mode(True, device_type="cpu", numel=10) == "compiled"
+    assert resolve_mode(None, device_type="cpu", numel=1 << 20) == "auto"
+    with pytest.raises(native.NativeUnavailableError, match="MIXPREC_NATIVE=0"):
+        native.library.__wrapped__()
+
+
+@pytest.fixture
+def fresh_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
+    native.library.cache_clear()
+    kernels._warn_native_unavailable.cache_clear()
+    yield tmp_path / "native"
+    native.library.cache_clear()
+    kernels._warn_native_unavailable.cache_clear()
+
+
+@needs_native
+@pytest.mark.slow
+def test_build_is_cached_and_a_corrupt_library_is_rebuilt(
+    fresh_library: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = native.library()
+    assert built.info.build_seconds > 0
+    assert built.info.path.parent == fresh_library
+    assert built.info.flags  # the flag set that compiled, recorded beside the library
+    native.library.cache_clear()
+    cached = native.library()
+    assert cached.info.build_seconds == 0.0
+    assert cached.info.path == built.info.path
+    assert cached.info.flags == built.info.flags
+    # A truncated file in another cache (the loader keeps libraries it has
+    # mapped by path, so the same path cannot be reused within one process).
+    other = fresh_library.parent / "other"
+    (other / "native").mkdir(parents=True)
+    (other / "native" / built.info.path.name).write_bytes(b"not a shared library")
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(other))
+    native.library.cache_clear()
+    rebuilt = native.library()
+    assert rebuilt.info.build_seconds > 0
+    assert rebuilt.info.path == other / "native" / built.info.path.name
+
+
+@pytest.mark.usefixtures("fresh_library")
+def test_no_compiler_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    with pytest.raises(native.NativeUnavailableError, match="no C\\+\\+ compiler"):
+        native.library()
+    p = torch.ones(64, dtype=torch.bfloat16, requires_grad=True)
+    opt = AdamW([p], master="exact", fused=True)
+    with pytest.warns(RuntimeWarning, match="native CPU kernel is unavailable"):
+        kernel = opt._kernel(opt._plans[p], False)
+    assert not kernel.is_native
+    assert kernel.mode == "compiled"  # fused=True: torch.compile instead
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        other = StepKernel(kernel.family, mode="native-auto")
+    assert not record  # said once per process
+    assert other.mode == "auto"

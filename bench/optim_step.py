@@ -13,24 +13,31 @@ the same window, so a neighbour's load shifts both. Columns:
 * GB/s: ``2 * (params + state) + grads`` bytes per step (every persistent byte
   read and written once, the gradient read) over the best ms, and that as a
   fraction of an in-place elementwise pass (``x.mul_(1.0)`` on fp32, 8 bytes
-  per element) measured at the same size in the same run, paired with the
-  reference in the same way;
-* first s: the first step (for compiled rows, compilation; Inductor's on-disk
-  cache makes a second run much faster).
+  per element) at the same size, timed in the same window as the row (the
+  reference, the pass and the row's step alternate);
+* first s: the first step (for the first native row it includes building
+  the native kernel unless it is cached; for ``(inductor)`` rows, compilation;
+  Inductor's on-disk cache makes a second run much faster).
+
+``mixprec`` rows use ``fused=True``: on CPU the native kernel
+(`mixprec.optim.native`). ``--inductor`` adds the same combinations stepped
+through ``torch.compile`` (``MIXPREC_NATIVE=0``) for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, training_state_bytes
+from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, native, training_state_bytes
 
 Factory = Callable[[torch.Tensor], torch.optim.Optimizer]
 
@@ -59,15 +66,19 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def _inplace_bandwidth(n: int, ref: Callable[[], object], steps: int) -> float:
-    """Bytes per second of ``x.mul_(1.0)`` on fp32 (read + write), paired with `ref`."""
-    x = torch.randn(n)
-    x.mul_(1.0)
-    best = float("inf")
-    for _ in range(2 * steps):
-        ref()
-        best = min(best, _timed(lambda: x.mul_(1.0)))
-    return 8 * n / best
+class InPlacePass:
+    """An in-place fp32 ``x.mul_(1.0)`` over N elements: 8 bytes moved per element."""
+
+    def __init__(self, n: int) -> None:
+        self.x = torch.randn(n)
+        self.x.mul_(1.0)
+
+    def __call__(self) -> None:
+        self.x.mul_(1.0)
+
+    def bandwidth(self, seconds: float) -> float:
+        """Bytes per second of one pass that took `seconds`."""
+        return 8 * self.x.numel() / seconds
 
 
 def _param(n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -83,26 +94,36 @@ def _moved_bytes(opt: torch.optim.Optimizer) -> int:
 
 
 def measure(
-    name: str, factory: Factory, dtype: torch.dtype, n: int, ref: Callable[[], object], **kw: int
+    name: str,
+    factory: Factory,
+    dtype: torch.dtype,
+    n: int,
+    ref: Callable[[], object],
+    inplace: InPlacePass,
+    steps: int,
 ) -> Row:
-    """Build `factory`'s optimizer on one parameter and time it paired with `ref`."""
-    steps, bandwidth = kw["steps"], kw["bandwidth"] / 1e9
+    """Build `factory`'s optimizer on one parameter and time it paired with `ref`.
+
+    The reference step, the in-place pass and our step alternate `steps` times,
+    so all three see the same neighbours' load; each is taken at its best.
+    """
     opt = factory(_param(n, dtype))
     first = _timed(opt.step)
-    ours, theirs = [], []
+    ours, theirs, passes = [], [], []
     for _ in range(steps):
         theirs.append(_timed(ref))
+        passes.append(_timed(inplace))
         ours.append(_timed(opt.step))
     best = min(ours)
-    gbs = _moved_bytes(opt) / best / 1e9
+    gbs = _moved_bytes(opt) / best
     row = Row(
         name=name,
         best_ms=best * 1e3,
         median_ms=statistics.median(ours) * 1e3,
         ratio=best / min(theirs),
         bytes_per_param=training_state_bytes(opt)["total"] / n,
-        gbs=gbs,
-        bandwidth_fraction=gbs / bandwidth,
+        gbs=gbs / 1e9,
+        bandwidth_fraction=gbs / inplace.bandwidth(min(passes)),
         first_s=first,
     )
     del opt
@@ -110,8 +131,20 @@ def measure(
     return row
 
 
-def _mixprec(master: str, moments: str) -> Factory:
-    return lambda p: AdamW([p], master=master, moments=moments, fused=True, seed=0)
+def _mixprec(master: str, moments: str, *, inductor: bool = False) -> Factory:
+    def build(p: torch.Tensor) -> torch.optim.Optimizer:
+        # The kernel is chosen when the param group is added: set the switch around it.
+        before = os.environ.get("MIXPREC_NATIVE")
+        os.environ["MIXPREC_NATIVE"] = "0" if inductor else "1"
+        try:
+            return AdamW([p], master=master, moments=moments, fused=True, seed=0)
+        finally:
+            if before is None:
+                del os.environ["MIXPREC_NATIVE"]
+            else:
+                os.environ["MIXPREC_NATIVE"] = before
+
+    return build
 
 
 def _peers() -> list[tuple[str, Factory, torch.dtype]]:
@@ -173,23 +206,40 @@ def main() -> None:
         help="comma-separated master+moments (e.g. exact+fp32), or 'all'",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip torchao and optimi rows")
+    parser.add_argument(
+        "--inductor",
+        default="",
+        help="comma-separated combinations (or 'all') also run through torch.compile",
+    )
     args = parser.parse_args()
-    if args.combos == "all":
-        combos = [(m, mo) for m in MASTER_KINDS for mo in MOMENT_KINDS]
-    else:
-        combos = [(c.split("+")[0], c.split("+")[1]) for c in args.combos.split(",")]
+    all_combos: list[tuple[str, str]] = [(m, mo) for m in MASTER_KINDS for mo in MOMENT_KINDS]
+
+    def parse(text: str) -> list[tuple[str, str]]:
+        if text == "all":
+            return all_combos
+        return [(c.split("+")[0], c.split("+")[1]) for c in text.split(",") if c]
+
+    combos, inductor_combos = parse(args.combos), parse(args.inductor)
     peers = [] if args.no_peers else _peers()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    try:
+        info = native.library().info
+        made = f"built in {info.build_seconds:.1f} s" if info.build_seconds else "cached"
+        print(f"native kernel: {info.compiler} {' '.join(info.flags)} ({made})")
+    except native.NativeUnavailableError as exc:
+        print(f"native kernel unavailable: {exc}")
     for n in (_size(s) for s in args.sizes.split(",")):
         ref_opt = torch.optim.AdamW([_param(n, torch.float32)], fused=True)
         ref_opt.step()
-        bandwidth = _inplace_bandwidth(n, ref_opt.step, args.steps)
-        print(f"\n## {n / 2**20:g}M params; in-place elementwise pass {bandwidth / 1e9:.1f} GB/s\n")
+        inplace = InPlacePass(n)
+        best_pass = min(_timed(inplace) for _ in range(2 * args.steps))
+        gbs = inplace.bandwidth(best_pass) / 1e9
+        print(f"\n## {n / 2**20:g}M params; in-place elementwise pass {gbs:.1f} GB/s\n")
         print(
             "| optimizer | ms best / median | ratio | bytes/param | GB/s (of in-place) | first s |"
         )
         print("| --- | --- | --- | --- | --- | --- |")
-        kw = {"steps": args.steps, "bandwidth": int(bandwidth)}
+        kw: dict[str, Any] = {"inplace": inplace, "steps": args.steps}
         ref_row = measure(
             "torch AdamW fused (fp32)",
             lambda p: torch.optim.AdamW([p], fused=True),
@@ -204,6 +254,10 @@ def main() -> None:
             _print_row(
                 measure(name, _mixprec(master, moments), torch.bfloat16, n, ref_opt.step, **kw)
             )
+        for master, moments in inductor_combos:
+            name = f"mixprec {master}+{moments} (inductor)"
+            factory = _mixprec(master, moments, inductor=True)
+            _print_row(measure(name, factory, torch.bfloat16, n, ref_opt.step, **kw))
         for name, factory, dtype in peers:
             try:
                 _print_row(measure(name, factory, dtype, n, ref_opt.step, **kw))

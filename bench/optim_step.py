@@ -131,6 +131,12 @@ def measure(
     return row
 
 
+def _torch_adamw(flag: str) -> Factory:
+    if flag == "fused":
+        return lambda p: torch.optim.AdamW([p], fused=True)
+    return lambda p: torch.optim.AdamW([p], foreach=True)
+
+
 def _mixprec(master: str, moments: str, *, inductor: bool = False) -> Factory:
     def build(p: torch.Tensor) -> torch.optim.Optimizer:
         # The kernel is chosen when the param group is added: set the switch around it.
@@ -240,15 +246,9 @@ def main() -> None:
         )
         print("| --- | --- | --- | --- | --- | --- |")
         kw: dict[str, Any] = {"inplace": inplace, "steps": args.steps}
-        ref_row = measure(
-            "torch AdamW fused (fp32)",
-            lambda p: torch.optim.AdamW([p], fused=True),
-            torch.float32,
-            n,
-            ref_opt.step,
-            **kw,
-        )
-        _print_row(ref_row)
+        for flag in ("fused", "foreach"):
+            name = f"torch AdamW {flag} (fp32)"
+            _print_row(measure(name, _torch_adamw(flag), torch.float32, n, ref_opt.step, **kw))
         for master, moments in combos:
             name = f"mixprec {master}+{moments}"
             _print_row(

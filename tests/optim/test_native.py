@@ -216,3 +216,10 @@ def test_no_compiler_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch) 
         other = StepKernel(kernel.family, mode="native-auto")
     assert not record  # said once per process
     assert other.mode == "auto"
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads /proc/cpuinfo")
+def test_cache_key_covers_the_cpu_model_and_its_feature_flags() -> None:
+    # -march=native code must not be loaded on a CPU (or VM) lacking an instruction.
+    signature = native._cpu_signature()
+    assert any(line.startswith(("flags", "Features")) for line in signature.splitlines())

@@ -109,15 +109,20 @@ def _compiler() -> str:
 
 
 def _cpu_signature() -> str:
-    # -march=native code is only valid on this CPU model: key the cache on it.
+    # -march=native code is only valid where the same instructions exist: key the
+    # cache on the CPU's model and feature flags (a VM may mask features of a model).
+    found: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith(("flags", "Features", "model name")):
-                    return line.strip()
+                key = line.split(":", 1)[0].strip()
+                if key in ("model name", "flags", "Features", "CPU part") and key not in found:
+                    found[key] = line.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    if found:
+        return "\n".join(found[k] for k in sorted(found))
+    return f"{platform.machine()} {platform.processor()}"
 
 
 def _version(compiler: str) -> str:

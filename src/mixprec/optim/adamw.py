@@ -16,13 +16,14 @@ import torch
 from torch.optim.optimizer import ParamsT
 
 from mixprec.dtypes import dtype_name
+from mixprec.optim import sharding
 from mixprec.optim.formats import moment_format, resolve_master
 from mixprec.optim.functional import adamw_scalars
 from mixprec.optim.kernels import KernelMode, StepFamily, StepKernel, resolve_mode
 from mixprec.optim.kinds import MASTER_KINDS, check_moments
 from mixprec.optim.masters import MasterFormat
 from mixprec.optim.moments import MomentFormat
-from mixprec.optim.rng import derive_seed
+from mixprec.optim.rng import derive_seed, step_key
 
 __all__ = ["AdamW"]
 
@@ -51,8 +52,21 @@ def _check_hyper(lr: float, betas: tuple[float, float], eps: float, weight_decay
 
 
 def _view_like(t: torch.Tensor, p: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    # Element state (shaped like the param) takes the kernel view; per-block state stays.
-    return t.view(shape) if t.shape == p.shape else t
+    # Element state (shaped like the param) takes the kernel view; per-block state is flat.
+    return t.view(shape) if t.shape == p.shape else t.view(-1)
+
+
+def _local_grad(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    if sharding.is_dtensor(p) != sharding.is_dtensor(grad) or (
+        sharding.is_dtensor(p) and grad.placements != p.placements  # type: ignore[attr-defined]
+    ):
+        got = getattr(grad, "placements", "a plain tensor")
+        want = getattr(p, "placements", "a plain tensor")
+        raise ValueError(
+            f"gradient of parameter {tuple(p.shape)} is {got} but the parameter is {want}; "
+            "mixprec AdamW steps each shard locally and needs them sharded alike"
+        )
+    return sharding.local(grad)
 
 
 class AdamW(torch.optim.Optimizer):
@@ -170,7 +184,8 @@ class AdamW(torch.optim.Optimizer):
         for offset, p in enumerate(params):
             if not p.is_floating_point():
                 raise ValueError(f"AdamW needs floating params, got {dtype_name(p.dtype)}")
-            if not p.is_contiguous():
+            lp = sharding.local(p.detach())  # the local shard of a DTensor param
+            if not lp.is_contiguous():
                 raise ValueError(
                     f"parameter of shape {tuple(p.shape)} is not contiguous; "
                     "mixprec AdamW updates flattened views (make it contiguous first)"
@@ -180,18 +195,21 @@ class AdamW(torch.optim.Optimizer):
             state: dict[str, torch.Tensor] = {
                 "step": torch.zeros((), dtype=torch.float32, device=p.device)
             }
-            state.update(plan.master.init_state(p))
-            state.update(plan.moments.init_state(p))
+            state.update(plan.master.init_state(lp))
+            state.update(plan.moments.init_state(lp))
             if plan.master.uses_noise:
                 seed = derive_seed(self._seed, first_index + offset)
                 state["rng_seed"] = torch.tensor(seed, dtype=torch.int64, device=p.device)
-            self.state[p] = state
+            # State of a DTensor param is sharded like it (`mixprec.optim.sharding`).
+            self.state[p] = {k: sharding.shard_like(v, p) for k, v in state.items()}
 
     def _plan(self, p: torch.Tensor, group: dict[str, Any], mode: KernelMode) -> _ParamPlan:
         master = resolve_master(group["master"], p.dtype)
         moments_kind = group["moments"]
         if moments_kind == "int8" and (
-            p.numel() < self._min_int8_numel or p.numel() % self._block_size != 0
+            p.numel() < self._min_int8_numel
+            or p.numel() % self._block_size != 0
+            or not sharding.int8_blocks_fit(p, self._block_size)
         ):
             moments_kind = "fp32"
         moments = moment_format(moments_kind, block_size=self._block_size)
@@ -248,17 +266,26 @@ class AdamW(torch.optim.Optimizer):
                     ).as_tensor(p.device)
                     scalars_by_step[step] = scalars
                 kernel = self._kernel(plan, bool(group["maximize"]))
-                shape = plan.moments.kernel_shape(p.numel())
+                lp = sharding.local(p.detach())
+                local_state = {k: sharding.local(v) for k, v in state.items()}
+                shape = plan.moments.kernel_shape(lp.numel())
                 kernel(
-                    p.detach().view(shape),
-                    grad.reshape(shape),
-                    [state[k].view(shape) for k in plan.master.state_keys],
-                    [_view_like(state[k], p, shape) for k in plan.moments.state_keys],
+                    lp.view(shape),
+                    _local_grad(p, grad).reshape(shape),
+                    [local_state[k].view(shape) for k in plan.master.state_keys],
+                    [_view_like(local_state[k], lp, shape) for k in plan.moments.state_keys],
                     scalars,
-                    state.get("rng_seed", self._unused_seed),
-                    step_t,
+                    self._noise_key(p, state) if plan.master.uses_noise else self._unused_seed,
                 )
         return loss
+
+    @staticmethod
+    def _noise_key(p: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        # Element i of the local tensor draws its noise at global position
+        # offset + i, so a sharded parameter rounds exactly as an unsharded one.
+        offset = sharding.global_flat_offset(p)
+        key = step_key(state["rng_seed"], state["step"])
+        return (key + (offset or 0)) & 0xFFFFFFFF
 
     # -- views of the state -----------------------------------------------------------
 
@@ -267,16 +294,19 @@ class AdamW(torch.optim.Optimizer):
         """The fp32 master value of every parameter, in parameter order (new tensors).
 
         Remainder formats are reconstructed; ``kahan`` gives ``param + compensation``;
-        ``none`` and ``stochastic`` give the parameter upcast.
+        ``none`` and ``stochastic`` give the parameter upcast. A DTensor parameter
+        gets a DTensor sharded like it (``.full_tensor()`` gathers it).
         """
         out: list[torch.Tensor] = []
         for group in self.param_groups:
             for p in group["params"]:
                 plan = self._plans[p]
                 state = self.state[p]
-                flat_state = [state[k].view(-1) for k in plan.master.state_keys]
-                value = plan.master.decode(p.detach().view(-1), flat_state)
-                out.append(value.to(torch.float32).view(p.shape).clone())
+                lp = sharding.local(p.detach())
+                flat_state = [sharding.local(state[k]).view(-1) for k in plan.master.state_keys]
+                value = plan.master.decode(lp.view(-1), flat_state)
+                value = value.to(torch.float32).view(lp.shape).clone()
+                out.append(sharding.shard_like(value, p))
         return out
 
     def formats(self) -> list[tuple[str, str]]:

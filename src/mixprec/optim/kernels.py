@@ -29,7 +29,7 @@ from mixprec.optim.functional import adamw_math
 from mixprec.optim.inductor import compile_fn
 from mixprec.optim.masters import MasterFormat
 from mixprec.optim.moments import MomentFormat
-from mixprec.optim.rng import step_key, uniform16
+from mixprec.optim.rng import uniform16
 
 __all__ = ["AUTO_COMPILE_MIN_NUMEL", "StepFamily", "StepKernel", "adamw_step_", "resolve_mode"]
 
@@ -87,8 +87,7 @@ def adamw_step_(
     master_state: Sequence[torch.Tensor],
     moment_state: Sequence[torch.Tensor],
     scalars: torch.Tensor,
-    rng_seed: torch.Tensor,
-    step: torch.Tensor,
+    noise_key: torch.Tensor,
     *,
     family: StepFamily,
 ) -> None:
@@ -101,8 +100,10 @@ def adamw_step_(
         master_state: master state tensors (same shape), in ``family.master.state_keys`` order.
         moment_state: moment state tensors, in ``family.moments.state_keys`` order.
         scalars: fp32 vector from `AdamWScalars.as_tensor`.
-        rng_seed: int64 0-d seed (used by stochastic rounding only).
-        step: 0-d step count after the increment (used by stochastic rounding only).
+        noise_key: int64 0-d key of this step's stochastic-rounding noise: element
+            ``i`` draws ``uniform16`` at ``i + noise_key`` (`AdamW` passes
+            `step_key` of its seed and step, plus the shard's global offset);
+            ignored by the other masters.
         family: the formats.
     """
     value = family.master.decode(param, master_state)
@@ -113,7 +114,7 @@ def adamw_step_(
     value, exp_avg, exp_avg_sq = adamw_math(
         param=value, grad=grad32, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, scalars=scalars
     )
-    noise = uniform16(param.shape, step_key(rng_seed, step)) if family.master.uses_noise else None
+    noise = uniform16(param.shape, noise_key) if family.master.uses_noise else None
     new_param, new_master = family.master.encode(value, dtype=param.dtype, noise=noise)
     param.copy_(new_param)
     for dst, src in zip(master_state, new_master, strict=True):
@@ -130,7 +131,6 @@ StepFn = Callable[
         Sequence[torch.Tensor],
         torch.Tensor,
         torch.Tensor,
-        torch.Tensor,
     ],
     None,
 ]
@@ -144,10 +144,9 @@ def _family_function(family: StepFamily) -> StepFn:
         master_state: Sequence[torch.Tensor],
         moment_state: Sequence[torch.Tensor],
         scalars: torch.Tensor,
-        rng_seed: torch.Tensor,
-        step: torch.Tensor,
+        noise_key: torch.Tensor,
     ) -> None:
-        adamw_step_(param, grad, master_state, moment_state, scalars, rng_seed, step, family=family)
+        adamw_step_(param, grad, master_state, moment_state, scalars, noise_key, family=family)
 
     # Dynamo keeps its compile cache (and its recompile limit) per code object;
     # a renamed copy gives each family its own budget instead of sharing one.
@@ -209,8 +208,7 @@ class StepKernel:
         master_state: Sequence[torch.Tensor],
         moment_state: Sequence[torch.Tensor],
         scalars: torch.Tensor,
-        rng_seed: torch.Tensor,
-        step: torch.Tensor,
+        noise_key: torch.Tensor,
     ) -> None:
         """Run one step (see `adamw_step_`)."""
         if self._native is not None:
@@ -232,13 +230,13 @@ class StepKernel:
                     master_state=master_state,
                     moment_state=moment_state,
                     scalars=scalars,
-                    key=int(step_key(rng_seed, step).item()) if uses_noise else 0,
+                    key=int(noise_key.item()) if uses_noise else 0,
                     block_size=self._block_size,
                 )
                 # Written through a pointer: tell autograd the parameter changed.
                 torch.autograd.graph.increment_version(param)
                 return
-        args = (param, grad, tuple(master_state), tuple(moment_state), scalars, rng_seed, step)
+        args = (param, grad, tuple(master_state), tuple(moment_state), scalars, noise_key)
         if self._compiled is not None:
             # Dim 0 (elements or blocks) is symbolic from the first compile, so one
             # graph serves every tensor size; the block dim stays static.

@@ -96,15 +96,32 @@ class Int8Moments:
         "exp_avg_sq_absmax",
     )
 
+    def scale_shape(self, shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
+        """Shape of the per-block scales of a parameter of `shape`.
+
+        Blocks run along the flattened parameter. When every row (dim 0) holds
+        whole blocks the scales are ``(rows, blocks_per_row)``, so they shard
+        with the parameter's rows (FSDP2, `mixprec.optim.sharding`); otherwise
+        they are flat, ``(numel // block_size,)``. Either way scale ``b`` (in
+        row-major order) belongs to elements ``[b * block_size, (b + 1) * block_size)``.
+        """
+        numel = 1
+        for size in shape:
+            numel *= size
+        row = numel // shape[0] if len(shape) >= 2 and shape[0] else 0
+        if len(shape) >= 2 and row % self.block_size == 0 and row > 0:
+            return (shape[0], row // self.block_size)
+        return (numel // self.block_size,)
+
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Zero codes shaped like `param` and zero scales, one per block of the flat param."""
-        num_blocks = param.numel() // self.block_size
+        """Zero codes shaped like `param` and zero scales, one per block (`scale_shape`)."""
+        scales = self.scale_shape(param.shape)
         dev = param.device
         return {
             "exp_avg_i8": torch.zeros(param.shape, dtype=torch.int8, device=dev),
-            "exp_avg_absmax": torch.zeros(num_blocks, dtype=torch.float32, device=dev),
+            "exp_avg_absmax": torch.zeros(scales, dtype=torch.float32, device=dev),
             "exp_avg_sq_u8": torch.zeros(param.shape, dtype=torch.uint8, device=dev),
-            "exp_avg_sq_absmax": torch.zeros(num_blocks, dtype=torch.float32, device=dev),
+            "exp_avg_sq_absmax": torch.zeros(scales, dtype=torch.float32, device=dev),
         }
 
     def kernel_shape(self, numel: int) -> tuple[int, ...]:

@@ -15,8 +15,13 @@ CASES = [
     ("stochastic", "int8", False),
     ("stochastic", "bf16", True),
 ]
-#: Shapes: whole int8 blocks per row, rows split unevenly (4/3), 1-D, tiny.
-SHAPES = [(64, 256), (7, 512), (33,), (5, 3)]
+#: Shapes: int8 with per-row scales (one block per row; two per row, rows split
+#: 4/3), int8 with flat scales whose blocks fall on the 4/4 row split (8 x 64:
+#: one 256-element block per shard), 1-D and tiny (fp32 moments).
+SHAPES = [(64, 256), (7, 512), (8, 64), (33,), (5, 3)]
+#: Flat scales whose blocks straddle the 6/6 row split (768 elements, 3 blocks):
+#: int8 unsharded, fp32 moments when sharded on 2 ranks.
+UNALIGNED_SHAPE = (12, 64)
 STEPS = 4
 SAVE_AT = 2
 BLOCK = 256
@@ -45,3 +50,31 @@ def make_optimizer(case: tuple[str, str, bool], params: list[torch.Tensor]) -> A
         block_size=BLOCK,
         min_int8_numel=0,
     )
+
+
+def fsdp_model() -> torch.nn.Module:
+    """The small bf16 MLP of the fully_shard case (same weights on every rank)."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)]
+    return torch.nn.Sequential(*layers).to(torch.bfloat16)
+
+
+def fsdp_batch(step: int) -> torch.Tensor:
+    """The batch of `step`: the same on every rank, so averaged gradients equal local ones."""
+    return torch.randn(16, 64, generator=torch.Generator().manual_seed(step)).bfloat16()
+
+
+def fsdp_optimizer(params: list[torch.Tensor]) -> AdamW:
+    # Weights (256 x 64: flat scales, 64 x 256: per-row scales) get int8 moments.
+    return AdamW(params, lr=1e-2, master="exact", moments="int8", fused=True)
+
+
+def fsdp_train(model: torch.nn.Module, opt: AdamW, steps: int) -> list[float]:
+    losses = []
+    for step in range(steps):
+        loss = model(fsdp_batch(step)).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sharded_cases import CASES, SAVE_AT, STEPS, full_grads, full_params, make_optimizer
+import sharded_cases as cases
 
 
 class Holder(nn.Module):
@@ -31,13 +31,13 @@ class Holder(nn.Module):
 def sharded_model(mesh: object, case: tuple) -> Holder:
     params = [
         nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)]))  # type: ignore[arg-type]
-        for p in full_params(case)
+        for p in cases.full_params(case)
     ]
     return Holder(params)
 
 
 def set_grads(model: Holder, mesh: object, case: tuple, step: int) -> None:
-    for p, g in zip(model.ps, full_grads(case, step), strict=True):
+    for p, g in zip(model.ps, cases.full_grads(case, step), strict=True):
         p.grad = distribute_tensor(g, mesh, [Shard(0)])  # type: ignore[arg-type]
 
 
@@ -51,11 +51,11 @@ def main() -> None:
     try:
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         results = {}
-        for index, case in enumerate(CASES):
+        for index, case in enumerate(cases.CASES):
             model = sharded_model(mesh, case)
-            opt = make_optimizer(case, list(model.ps))
+            opt = cases.make_optimizer(case, list(model.ps))
             kinds = {type(v).__name__ for s in opt.state.values() for v in s.values() if v.dim()}
-            for step in range(SAVE_AT):
+            for step in range(cases.SAVE_AT):
                 set_grads(model, mesh, case, step)
                 opt.step()
             msd, osd = get_state_dict(model, opt)
@@ -66,14 +66,14 @@ def main() -> None:
             with torch.no_grad():
                 for p in model.ps:
                     p.zero_()
-            opt = make_optimizer(case, list(model.ps))
+            opt = cases.make_optimizer(case, list(model.ps))
             msd, osd = get_state_dict(model, opt)
             loaded = {"model": msd, "optim": osd}
             dcp.load(loaded, checkpoint_id=where)
             set_state_dict(
                 model, opt, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"]
             )
-            for step in range(SAVE_AT, STEPS):
+            for step in range(cases.SAVE_AT, cases.STEPS):
                 set_grads(model, mesh, case, step)
                 opt.step()
             results[case] = {
@@ -83,6 +83,24 @@ def main() -> None:
                 "state": [{k: gather(v) for k, v in opt.state[p].items()} for p in model.ps],
                 "formats": opt.formats(),
             }
+        # A real FSDP2 model: gradients arrive reduce-scattered as Shard(0) DTensors.
+        from torch.distributed.fsdp import fully_shard
+
+        model = cases.fsdp_model()
+        fully_shard(model, mesh=mesh)
+        opt = cases.fsdp_optimizer(list(model.parameters()))
+        losses = cases.fsdp_train(model, opt, cases.STEPS)
+        results["fsdp"] = {
+            "losses": losses,
+            "params": [gather(p.detach()) for p in model.parameters()],
+            "backends": opt.kernel_backends(),
+        }
+        unaligned = nn.Parameter(
+            distribute_tensor(
+                torch.zeros(cases.UNALIGNED_SHAPE, dtype=torch.bfloat16), mesh, [Shard(0)]
+            )
+        )
+        results["unaligned_formats"] = cases.make_optimizer(cases.CASES[0], [unaligned]).formats()
         if dist.get_rank() == 0:
             torch.save(results, out)
     finally:

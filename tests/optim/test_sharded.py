@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .sharded_cases import CASES, STEPS, full_grads, full_params, make_optimizer
+from . import sharded_cases as cases
 
 WORKER = Path(__file__).with_name("sharded_worker.py")
 
@@ -58,10 +58,10 @@ def sharded_results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple, dic
 
 
 def _reference(case: tuple[str, str, bool]) -> dict[str, list]:
-    params = [p.requires_grad_() for p in full_params(case)]
-    opt = make_optimizer(case, params)
-    for step in range(STEPS):
-        for p, g in zip(params, full_grads(case, step), strict=True):
+    params = [p.requires_grad_() for p in cases.full_params(case)]
+    opt = cases.make_optimizer(case, params)
+    for step in range(cases.STEPS):
+        for p, g in zip(params, cases.full_grads(case, step), strict=True):
             p.grad = g
         opt.step()
     return {
@@ -79,15 +79,15 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-fused{int(c[2])}")
+@pytest.mark.parametrize("case", cases.CASES, ids=lambda c: f"{c[0]}-{c[1]}-fused{int(c[2])}")
 def test_sharded_steps_equal_unsharded_bitwise_through_a_dcp_reload(
     sharded_results: dict[tuple, dict], case: tuple[str, str, bool]
 ) -> None:
     got, want = sharded_results[case], _reference(case)
     assert got["state_types"] == ["DTensor"]  # every non-scalar state tensor is sharded
     assert got["formats"] == want["formats"]
-    if case[1] == "int8":  # int8 where rows hold whole blocks; the 1-D and tiny params fall back
-        assert [m for _, m in got["formats"]] == ["int8", "int8", "fp32", "fp32"]
+    if case[1] == "int8":  # the 1-D and tiny params keep fp32 moments (sharded or not)
+        assert [m for _, m in got["formats"]] == ["int8", "int8", "int8", "fp32", "fp32"]
     for a, b in zip(got["params"], want["params"], strict=True):
         assert _same_bits(a, b)
     for a, b in zip(got["masters"], want["masters"], strict=True):
@@ -96,3 +96,42 @@ def test_sharded_steps_equal_unsharded_bitwise_through_a_dcp_reload(
         assert set(got_state) == set(want_state)
         for key, value in want_state.items():
             assert _same_bits(got_state[key], value), key
+
+
+@pytest.mark.slow
+def test_fully_shard_training_equals_single_process_bitwise(
+    sharded_results: dict[object, dict],
+) -> None:
+    got = sharded_results["fsdp"]
+    model = cases.fsdp_model()
+    opt = cases.fsdp_optimizer(list(model.parameters()))
+    losses = cases.fsdp_train(model, opt, cases.STEPS)
+    assert got["losses"] == losses
+    assert losses[-1] < losses[0]
+    assert set(got["backends"].values()) == {"native"}  # local shards on the native kernel
+    for a, b in zip(got["params"], model.parameters(), strict=True):
+        assert _same_bits(a, b.detach())
+
+
+@pytest.mark.slow
+def test_int8_blocks_straddling_shards_fall_back_to_fp32_moments(
+    sharded_results: dict[object, dict],
+) -> None:
+    plain = cases.make_optimizer(
+        cases.CASES[0], [torch.zeros(cases.UNALIGNED_SHAPE, dtype=torch.bfloat16)]
+    )
+    assert plain.formats() == [("exact", "int8")]
+    assert sharded_results["unaligned_formats"] == [("exact", "fp32")]
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 7, 8, 33])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+def test_row_split_follows_torch_chunk(n: int, parts: int) -> None:
+    # DTensor's Shard(0) splits rows as torch.chunk does, with empty trailing shards.
+    from mixprec.optim.sharding import _chunks
+
+    sizes = [c.numel() for c in torch.arange(n).chunk(parts)] if n else []
+    sizes += [0] * (parts - len(sizes))
+    assert [size for _, size in _chunks(n, parts)] == sizes
+    starts = [start for start, size in _chunks(n, parts) if size]
+    assert starts == [sum(sizes[:i]) for i in range(parts) if sizes[i]]

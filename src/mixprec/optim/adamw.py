@@ -22,7 +22,7 @@ from mixprec.optim.functional import adamw_scalars
 from mixprec.optim.kernels import KernelMode, StepFamily, StepKernel, resolve_mode
 from mixprec.optim.kinds import MASTER_KINDS, check_moments
 from mixprec.optim.masters import MasterFormat
-from mixprec.optim.moments import MomentFormat
+from mixprec.optim.moments import Int8Moments, MomentFormat
 from mixprec.optim.rng import derive_seed, step_key
 
 __all__ = ["AdamW"]
@@ -200,8 +200,15 @@ class AdamW(torch.optim.Optimizer):
             if plan.master.uses_noise:
                 seed = derive_seed(self._seed, first_index + offset)
                 state["rng_seed"] = torch.tensor(seed, dtype=torch.int64, device=p.device)
-            # State of a DTensor param is sharded like it (`mixprec.optim.sharding`).
-            self.state[p] = {k: sharding.shard_like(v, p) for k, v in state.items()}
+            if sharding.is_dtensor(p):
+                # Sharded like the param, with the shapes an unsharded param's state has.
+                whole = torch.empty(p.shape, dtype=p.dtype, device="meta")
+                shapes = {**plan.master.init_state(whole), **plan.moments.init_state(whole)}
+                state = {
+                    k: sharding.shard_like(v, p, shapes[k].shape) if k in shapes else v
+                    for k, v in state.items()
+                }
+            self.state[p] = state
 
     def _plan(self, p: torch.Tensor, group: dict[str, Any], mode: KernelMode) -> _ParamPlan:
         master = resolve_master(group["master"], p.dtype)
@@ -209,7 +216,9 @@ class AdamW(torch.optim.Optimizer):
         if moments_kind == "int8" and (
             p.numel() < self._min_int8_numel
             or p.numel() % self._block_size != 0
-            or not sharding.int8_blocks_fit(p, self._block_size)
+            or not sharding.int8_blocks_fit(
+                p, self._block_size, Int8Moments(self._block_size).scale_shape(p.shape)
+            )
         ):
             moments_kind = "fp32"
         moments = moment_format(moments_kind, block_size=self._block_size)
@@ -306,7 +315,7 @@ class AdamW(torch.optim.Optimizer):
                 flat_state = [sharding.local(state[k]).view(-1) for k in plan.master.state_keys]
                 value = plan.master.decode(lp.view(-1), flat_state)
                 value = value.to(torch.float32).view(lp.shape).clone()
-                out.append(sharding.shard_like(value, p))
+                out.append(sharding.shard_like(value, p, p.shape))
         return out
 
     def formats(self) -> list[tuple[str, str]]:

@@ -1,16 +1,19 @@
 """Parameters sharded as `DTensor` (FSDP2): state sharded with them, steps on local shards.
 
 `AdamW` allocates the state of a DTensor parameter from its local shard and
-wraps every element-shaped state tensor (remainders, compensation, fp32
-master, moments, int8 codes) as a DTensor with the parameter's mesh and
-placements, so ``state_dict()`` holds DTensors that
-`torch.distributed.checkpoint` saves and reshards like the parameters. The
-int8 per-block scales are shaped ``(rows, row_numel // block)`` and sharded
-the same way, which needs whole blocks per row and sharding on dim 0 only
-(FSDP2's layout); other params keep fp32 moments. A step runs the kernel on
-each rank's local tensors (every format is elementwise or per block), and the
-stochastic-rounding noise is indexed by global element position, so a sharded
-run equals an unsharded one bitwise.
+wraps every state tensor (remainders, compensation, fp32 master, moments, int8
+codes and scales) as a DTensor on the parameter's mesh with its placements and
+with the global shape an unsharded parameter's state has, so ``state_dict()``
+holds DTensors that `torch.distributed.checkpoint` saves and reshards like the
+parameters. A step runs the kernel on each rank's local tensors (every format
+is elementwise or per block) and draws stochastic-rounding noise by global
+element position, so a sharded run equals an unsharded one bitwise.
+
+int8 blocks run along the flattened parameter. Per-row scales (rows made of
+whole blocks) always shard with the rows; flat scales need every shard
+boundary on a block boundary (`int8_blocks_fit`). A parameter whose blocks
+would straddle shards keeps fp32 moments, and only sharding on dim 0 (FSDP2's
+layout) is supported for int8.
 """
 
 from __future__ import annotations
@@ -72,40 +75,57 @@ def global_flat_offset(t: torch.Tensor) -> int | None:
     return int(offsets[0]) * row if offsets else 0
 
 
-def int8_blocks_fit(param: torch.Tensor, block_size: int) -> bool:
-    """Whether a DTensor param's shards hold whole int8 blocks (always true for plain params).
+def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
+    # (start, size) of each part of `n` rows under torch.chunk, as DTensor's Shard does.
+    step = -(-n // parts) if n else 0
+    return [(min(i * step, n), max(0, min(step, n - i * step))) for i in range(parts)]
 
-    Needs sharding on dim 0 only and rows made of whole blocks, so every
-    shard is a run of complete rows and the scales shard along with them.
+
+def int8_blocks_fit(param: torch.Tensor, block_size: int, scale_shape: tuple[int, ...]) -> bool:
+    """Whether every shard of DTensor `param` holds whole int8 blocks (true for plain params).
+
+    The scales (`Int8Moments.scale_shape`) are sharded like the parameter. Per-row
+    scales ``(rows, k)`` always split with the rows. Flat scales ``(blocks,)`` do
+    when, on every rank, the parameter's rows and the scales' blocks cover the
+    same elements (one mesh dim sharding dim 0); otherwise int8 moments do not
+    fit this sharding and the parameter keeps fp32 moments.
     """
     if not is_dtensor(param):
         return True
-    row = 1
-    for size in param.shape[1:]:
-        row *= size
-    return param.dim() >= 2 and row % block_size == 0 and _dim0_only(param)
+    if not _dim0_only(param):
+        return False
+    if len(scale_shape) == 2:
+        return True
+    mesh = param.device_mesh  # type: ignore[attr-defined]
+    sharded = [i for i, p in enumerate(param.placements) if isinstance(p, Shard)]  # type: ignore[attr-defined]
+    if not sharded:
+        return True
+    if len(sharded) > 1:
+        return False
+    parts = mesh.size(sharded[0])
+    row = param.numel() // param.shape[0] if param.shape[0] else 0
+    rows = _chunks(param.shape[0], parts)
+    blocks = _chunks(scale_shape[0], parts)
+    return all(
+        r0 * row == b0 * block_size and rn * row == bn * block_size
+        for (r0, rn), (b0, bn) in zip(rows, blocks, strict=True)
+    )
 
 
-def shard_like(state: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """Wrap a local state tensor of DTensor `param` as a DTensor sharded like it.
+def shard_like(state: torch.Tensor, param: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Wrap a local state tensor of DTensor `param` as a DTensor of global `shape`
+    sharded like the parameter (0-d state and state of plain params stay as they are).
 
-    Element-shaped state takes the parameter's global shape; per-row state
-    (int8 scales, local shape ``(local_rows, k)``) takes ``(rows, k)``.
-    0-d state (step counts, seeds) stays a plain tensor.
+    `shape` is the state's shape for the whole parameter (what the format
+    allocates for an unsharded one).
     """
     if not is_dtensor(param) or state.dim() == 0:
         return state
-    local_param = local(param)
-    if state.shape == local_param.shape:
-        shape, stride = param.shape, param.stride()
-    else:
-        shape = torch.Size((param.shape[0], *state.shape[1:]))
-        stride = torch.empty(shape, device="meta").stride()
     return DTensor.from_local(
         state,
         param.device_mesh,  # type: ignore[attr-defined]
         param.placements,  # type: ignore[attr-defined]
         run_check=False,
         shape=shape,
-        stride=stride,
+        stride=torch.empty(shape, device="meta").stride(),
     )

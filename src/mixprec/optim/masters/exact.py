@@ -4,8 +4,11 @@ The fp32 master's bit pattern is split into its upper 16 bits rounded to
 nearest with ties away from zero (the bf16 parameter) and the signed 16-bit
 difference (the remainder), see `mixprec.optim.bits`. The remainder is kept as
 two int8 planes, ``remainder_hi`` (the signed high byte) and ``remainder_lo``
-(the low byte's bits, read back with ``& 0xFF``): Inductor's C++ backend does
-not vectorize int16 at all, and converts int32 to uint8 one element at a time.
+(the low byte's bits, read back with ``& 0xFF``), not one int16 tensor:
+collectives have no int16 type (NCCL's types stop at int8/int32; gloo raises
+"Invalid scalar type"), so an int16 state could not be gathered into a full
+state dict of a sharded run, and Inductor's C++ backend does not vectorize
+int16 at all.
 """
 
 from __future__ import annotations

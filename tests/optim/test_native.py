@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -223,3 +226,16 @@ def test_cache_key_covers_the_cpu_model_and_its_feature_flags() -> None:
     # -march=native code must not be loaded on a CPU (or VM) lacking an instruction.
     signature = native._cpu_signature()
     assert any(line.startswith(("flags", "Features")) for line in signature.splitlines())
+
+
+@needs_native
+@pytest.mark.slow
+def test_processes_starting_together_build_once(tmp_path: Path) -> None:
+    code = "from mixprec.optim import native; print(native.library().info.build_seconds > 0)"
+    env = {**os.environ, "MIXPREC_CACHE_DIR": str(tmp_path)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    built = [proc.communicate(timeout=300)[0].strip() for proc in procs]
+    assert sorted(built) == ["False", "False", "True"]  # one built, two waited and loaded it

@@ -32,7 +32,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -283,11 +284,31 @@ def library() -> NativeLibrary:
             digest.update(part)
         digest.update(repr(FLAG_SETS).encode())
         target = cache_dir() / f"adamw_cpu-{digest.hexdigest()[:20]}.so"
-        if target.exists():
-            flags_file = target.with_suffix(".flags")
-            flags = tuple(flags_file.read_text().split()) if flags_file.exists() else ()
-            try:
-                return NativeLibrary(BuildInfo(target, compiler, flags, 0.0))
-            except OSError:
-                target.unlink(missing_ok=True)  # a truncated or foreign file: rebuild it
-        return NativeLibrary(_build(target, compiler, FLAG_SETS))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Processes starting together (torchrun ranks) wait for one build.
+        with _file_lock(target.with_suffix(".lock")):
+            if target.exists():
+                flags_file = target.with_suffix(".flags")
+                flags = tuple(flags_file.read_text().split()) if flags_file.exists() else ()
+                try:
+                    return NativeLibrary(BuildInfo(target, compiler, flags, 0.0))
+                except OSError:
+                    target.unlink(missing_ok=True)  # a truncated or foreign file: rebuild it
+            return NativeLibrary(_build(target, compiler, FLAG_SETS))
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on `path` (POSIX ``flock``; elsewhere no lock:
+    builds still rename atomically, they may only be repeated)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

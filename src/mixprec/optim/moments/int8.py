@@ -103,8 +103,9 @@ class Int8Moments:
         whole blocks the scales are ``(rows, blocks_per_row)``, so they always
         shard with the parameter's rows (FSDP2, `mixprec.optim.sharding`);
         otherwise they are flat, ``(numel // block_size,)``. The shape depends
-        on the parameter's shape only, never on how it is sharded. Either way scale ``b`` (in
-        row-major order) belongs to elements ``[b * block_size, (b + 1) * block_size)``.
+        on the parameter's shape only, never on how it is sharded. Either way
+        scale ``b`` (in row-major order) belongs to elements
+        ``[b * block_size, (b + 1) * block_size)``.
         """
         numel = 1
         for size in shape:

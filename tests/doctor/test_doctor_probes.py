@@ -250,3 +250,22 @@ def test_a_healthy_scaled_run_has_no_collapse() -> None:
 def test_probe_arguments_are_validated(kwargs: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Probe(**kwargs)  # type: ignore[arg-type]
+
+
+def test_nonfinite_hunter_ignores_a_fake_tensor_forward() -> None:
+    """memory.estimate runs a fake-tensor forward; with the hunter's hooks in place it
+    raised DataDependentOutputException (an fp16 run that overflowed at step 0)."""
+    from mixprec.doctor.hooks import NonfiniteHunter
+    from mixprec.memory import estimate
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
+    hunter = NonfiniteHunter(model)
+    hunter.install()
+    try:
+        x = torch.randn(4, 8)
+        predicted = estimate(model, "amp_fp16", inputs=x, loss_fn=lambda o, t: o.float().mean())
+        assert predicted.bytes.activations > 0 and hunter.hit is None
+        model(torch.full((4, 8), float("inf")))  # real tensors are still hunted
+        assert hunter.hit is not None and hunter.hit.module == "0"
+    finally:
+        hunter.remove()

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 __all__ = ["CLIP_FUNCTIONS", "ClipCall", "ClipWatch", "NonfiniteHit", "NonfiniteHunter"]
 
@@ -154,8 +155,13 @@ class NonfiniteHunter:
     def _hook(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         if self.hit is not None:
             return
+        outputs = _tensors(output)
+        # A fake-tensor forward (memory.estimate, torch.compile tracing) has no values
+        # to test: reading them would raise a data-dependent error.
+        if any(is_fake(t) for t in outputs):
+            return
         with torch.no_grad():
-            for out in _tensors(output):
+            for out in outputs:
                 bad = ~torch.isfinite(out)
                 count = int(bad.sum())
                 if count == 0:

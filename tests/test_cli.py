@@ -34,6 +34,8 @@ PINNED: dict[str, set[str]] = {
         "--policies",
         "--steps",
         "--seeds",
+        "--max-seeds",
+        "--allow",
         "--lr",
         "--min-lr",
         "--batch-size",

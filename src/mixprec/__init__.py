@@ -10,6 +10,7 @@ from mixprec.device import DeviceCaps, device_caps
 from mixprec.dtypes import FormatInfo, dtype_name, format_info, parse_dtype
 from mixprec.engine import Precision, PrecisionStats, StepObserver, StepReport
 from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
+from mixprec.experiment.compare import Results, compare
 from mixprec.policy import (
     ALIASES,
     PRESET_NAMES,
@@ -32,8 +33,10 @@ __all__ = [
     "PrecisionError",
     "PrecisionStats",
     "PrecisionWarning",
+    "Results",
     "StepObserver",
     "StepReport",
+    "compare",
     "device_caps",
     "dtype_name",
     "format_info",

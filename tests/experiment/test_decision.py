@@ -1,38 +1,61 @@
+"""The decision on constructed records: paired gaps, intervals, the update path, length."""
+
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import pytest
 
 from mixprec.experiment.contract import Contract, Gates
-from mixprec.experiment.decision import decide
+from mixprec.experiment.decision import decide, tail_start
 from mixprec.experiment.records import RunRecord
+
+STEPS = 100
+
+#: Relative improvement of the baseline over its last fifth in `rec`'s default curve
+#: (well under the default limit of 1.5 x 0.5%).
+SETTLED_TAIL = 0.001
 
 
 def rec(policy: str, seed: int, loss: float, **kw: Any) -> RunRecord:
+    """A run record; its eval curve shows a settled last fifth unless given."""
+    steps = kw.pop("steps", STEPS)
     base: dict[str, Any] = dict(
         workload="w",
         size="s",
         policy=policy,
         policy_fields={},
         seed=seed,
-        steps=kw.pop("steps", 100),
+        steps=steps,
         fingerprint="f",
         heldout_loss=loss,
-        metric=1.0 / loss,
+        metric=1.0 / loss if loss else math.nan,
         metric_name="m",
         bytes={"total": kw.pop("total", 1000)},
         throughput={"steps_per_s": kw.pop("speed", 10.0)},
+        eval_curve=[[tail_start(steps), loss * (1 + SETTLED_TAIL)], [steps, loss]],
     )
     base.update(kw)
     return RunRecord(**base)
 
 
 def contract(**kw: Any) -> Contract:
-    return Contract(
-        workload="digits", baseline="fp32", candidates=("amp_bf16", "bf16_master", "amp_fp16"), **kw
-    )
+    kw.setdefault("candidates", ("amp_bf16", "bf16_master", "amp_fp16"))
+    return Contract(workload="digits", baseline="fp32", **kw)
+
+
+def paired(
+    candidate: str, base_losses: list[float], gaps: list[float], **kw: Any
+) -> list[RunRecord]:
+    """Baseline records with `base_losses` and `candidate` records `gaps` above them."""
+    out = [rec("fp32", i, b) for i, b in enumerate(base_losses)]
+    out += [
+        rec(candidate, i, b * (1 + g), **kw)
+        for i, (b, g) in enumerate(zip(base_losses, gaps, strict=True))
+    ]
+    return out
 
 
 def test_small_gap_is_eligible_and_cheapest_is_recommended() -> None:
@@ -50,42 +73,112 @@ def test_small_gap_is_eligible_and_cheapest_is_recommended() -> None:
     assert d.baseline_ok and d.eligible == ("amp_bf16", "bf16_master", "amp_fp16")
     assert d.recommended == "bf16_master"
     assert d.success
+    assert "<= 0.50%" in d.verdicts["bf16_master"].reason
 
 
-def test_gap_beyond_threshold_and_noise_rejects() -> None:
-    records = [
-        rec("fp32", 0, 1.000),
-        rec("fp32", 1, 1.002),
-        rec("amp_bf16", 0, 1.011),
-        rec("amp_bf16", 1, 1.013),  # +1.1%, noise 0.1%
-        rec("bf16_master", 0, 1.0002),
-        rec("bf16_master", 1, 1.0022),
-        rec("amp_fp16", 0, 1.0),
-        rec("amp_fp16", 1, 1.002),
+@pytest.mark.parametrize("spread", [0.0, 0.05, 0.17, 0.5])
+def test_worse_on_every_seed_is_rejected_whatever_the_absolute_spread(spread: float) -> None:
+    """The issue's digits case: the old gate read the spread of absolute losses (+-17%)."""
+    base = [1.0 * (1 - spread), 1.0, 1.0 * (1 + spread)]
+    records = paired("amp_bf16", base, [0.030, 0.035, 0.040])
+    d = decide(records, contract(candidates=("amp_bf16",)), higher_is_better=True)
+    v = d.verdicts["amp_bf16"]
+    assert v.status == "rejected" and v.gate == "loss-gap", v
+    assert d.recommended is None
+    s = d.summary("amp_bf16")
+    assert s.gap.low > 0.005 and s.gap.n == 3
+    # The baseline's own spread is reported beside the gap, not used as its noise.
+    assert d.summary("fp32").baseline_spread == pytest.approx(spread, rel=1e-6, abs=1e-12)
+
+
+def test_issue_digits_gaps_are_never_eligible() -> None:
+    """bf16_pure's gaps seen on digits with 3 seeds: +6.2%, +6.1%, +1.9%."""
+    records = paired("amp_bf16", [0.080, 0.104, 0.113], [0.062, 0.061, 0.019])
+    d = decide(records, contract(candidates=("amp_bf16",)), higher_is_better=True)
+    assert d.verdicts["amp_bf16"].status == "rejected"
+    assert "amp_bf16" not in d.eligible
+
+
+def test_straddling_interval_is_inconclusive_and_never_recommended() -> None:
+    records = paired("amp_bf16", [1.0, 1.0, 1.0], [-0.01, 0.004, 0.02])
+    c = contract(candidates=("amp_bf16",), seeds=3, max_seeds=3)
+    d = decide(records, c, higher_is_better=True)
+    v = d.verdicts["amp_bf16"]
+    assert v.status == "inconclusive" and "max_seeds=3 reached" in v.reason
+    assert d.inconclusive == {"amp_bf16": v.reason}
+    assert d.recommended is None and not d.success
+    more = decide(records, contract(candidates=("amp_bf16",), seeds=3), higher_is_better=True)
+    assert "more seeds needed" in more.verdicts["amp_bf16"].reason
+
+
+def test_one_seed_gives_no_interval_so_no_eligibility() -> None:
+    records = paired("amp_bf16", [1.0], [0.0])
+    d = decide(records, contract(candidates=("amp_bf16",), seeds=1), higher_is_better=True)
+    assert d.verdicts["amp_bf16"].status == "inconclusive"
+    assert "(1 seed)" in d.verdicts["amp_bf16"].reason
+
+
+def test_better_candidate_is_eligible() -> None:
+    records = paired("amp_bf16", [1.0, 1.1], [-0.02, -0.021])
+    d = decide(records, contract(candidates=("amp_bf16",)), higher_is_better=True)
+    assert d.eligible == ("amp_bf16",)
+
+
+def _update_error(rule: str) -> dict[str, Any]:
+    return {"rule": rule, "severity": "error", "where": "w", "message": f"{rule} happened"}
+
+
+def test_update_path_error_rejects_unless_acknowledged() -> None:
+    doctor = [_update_error("optimizer-state-16bit"), _update_error("vanishing-updates")]
+    records = paired("bf16_pure", [1.0, 1.2], [0.0, 0.0], doctor=doctor)
+    c = contract(candidates=("bf16_pure",))
+    v = decide(records, c, higher_is_better=True).verdicts["bf16_pure"]
+    assert v.status == "rejected" and v.gate == "update-path"
+    assert "optimizer-state-16bit (error)" in v.reason and "vanishing-updates" in v.reason
+    partly = contract(candidates=("bf16_pure",), allow=("optimizer-state-16bit",))
+    v = decide(records, partly, higher_is_better=True).verdicts["bf16_pure"]
+    assert v.gate == "update-path" and v.reason.startswith("doctor vanishing-updates")
+    assert v.acknowledged == ("optimizer-state-16bit",)
+    both = contract(candidates=("bf16_pure",), allow="optimizer-state-16bit,vanishing-updates")
+    d = decide(records, both, higher_is_better=True)
+    assert d.verdicts["bf16_pure"].status == "eligible"
+    assert "acknowledged" in d.notes["bf16_pure"]
+
+
+def test_warnings_and_other_rules_do_not_reject() -> None:
+    doctor = [
+        {"rule": "vanishing-updates", "severity": "warning", "message": "some"},
+        {"rule": "format-not-accelerated", "severity": "error", "message": "slow"},
     ]
-    d = decide(records, contract(gates=Gates(max_rel_loss_gap=0.005)), higher_is_better=True)
-    assert "amp_bf16" in d.rejected and "+1.10%" in d.rejected["amp_bf16"]
-    assert d.eligible == ("bf16_master", "amp_fp16")
+    records = paired("bf16_pure", [1.0, 1.2], [0.0, 0.0], doctor=doctor)
+    d = decide(records, contract(candidates=("bf16_pure",)), higher_is_better=True)
+    assert d.eligible == ("bf16_pure",)
 
 
-def test_gap_within_seed_noise_is_not_called_a_regression() -> None:
+def test_too_short_recommends_nothing() -> None:
+    fast = [[tail_start(STEPS), 1.10], [STEPS, 1.0]]  # still falling 10% over the last fifth
     records = [
-        rec("fp32", 0, 1.00),
-        rec("fp32", 1, 1.10),  # 4.8% half-range noise
-        rec("amp_bf16", 0, 1.02),
-        rec("amp_bf16", 1, 1.12),  # +2% gap
-        rec("bf16_master", 0, 1.0),
-        rec("bf16_master", 1, 1.1),
-        rec("amp_fp16", 0, 1.0),
-        rec("amp_fp16", 1, 1.1),
+        rec("fp32", 0, 1.0, eval_curve=fast),
+        rec("fp32", 1, 1.0, eval_curve=fast),
+        rec("amp_bf16", 0, 1.0),
+        rec("amp_bf16", 1, 1.0),
+        rec("amp_fp16", 0, 1.0, nonfinite_steps=3),
+        rec("amp_fp16", 1, 1.0),
     ]
-    d = decide(
-        records,
-        contract(gates=Gates(max_rel_loss_gap=0.005, noise_multiplier=2.0)),
-        higher_is_better=True,
-    )
-    assert "amp_bf16" in d.eligible
-    assert "within" in d.notes["amp_bf16"]
+    c = contract(candidates=("amp_bf16", "amp_fp16"))
+    d = decide(records, c, higher_is_better=True)
+    assert "10.00%" in d.too_short and d.recommended is None and not d.success
+    assert d.verdicts["amp_bf16"].status == "too_short"
+    assert d.verdicts["amp_fp16"].status == "rejected"  # hard gates still reject
+    # A larger tail limit accepts the same runs.
+    loose = contract(candidates=("amp_bf16", "amp_fp16"), gates=Gates(max_tail_improvement=0.2))
+    assert decide(records, loose, higher_is_better=True).recommended == "amp_bf16"
+
+
+def test_missing_tail_evaluation_is_too_short() -> None:
+    records = [rec("fp32", 0, 1.0, eval_curve=[]), rec("amp_bf16", 0, 1.0)]
+    d = decide(records, contract(candidates=("amp_bf16",), seeds=1), higher_is_better=True)
+    assert "no held-out evaluation" in d.too_short and d.recommended is None
 
 
 @pytest.mark.parametrize(
@@ -98,12 +191,11 @@ def test_gap_within_seed_noise_is_not_called_a_regression() -> None:
 )
 def test_gates_reject_with_reason(kw: dict[str, Any], fragment: str) -> None:
     records = [
-        rec("fp32", 0, 1.0),
-        rec("amp_bf16", 0, 1.0),
-        rec("bf16_master", 0, 1.0),
+        *paired("amp_bf16", [1.0, 1.0], [0.0, 0.0]),
         rec("amp_fp16", 0, 1.0, **kw),
+        rec("amp_fp16", 1, 1.0),
     ]
-    d = decide(records, contract(seeds=1), higher_is_better=True)
+    d = decide(records, contract(candidates=("amp_bf16", "amp_fp16")), higher_is_better=True)
     assert fragment in d.rejected["amp_fp16"]
     assert "amp_fp16" not in d.eligible
 
@@ -111,15 +203,17 @@ def test_gates_reject_with_reason(kw: dict[str, Any], fragment: str) -> None:
 def test_metric_threshold_respects_direction() -> None:
     records = [
         rec("fp32", 0, 1.0, metric=0.9),
+        rec("fp32", 1, 1.0, metric=0.9),
         rec("amp_bf16", 0, 1.0, metric=0.5),
+        rec("amp_bf16", 1, 1.0, metric=0.5),
         rec("bf16_master", 0, 1.0, metric=0.95),
-        rec("amp_fp16", 0, 1.0, metric=0.91),
+        rec("bf16_master", 1, 1.0, metric=0.95),
     ]
-    d = decide(records, contract(seeds=1, gates=Gates(metric_threshold=0.8)), higher_is_better=True)
+    c = contract(candidates=("amp_bf16", "bf16_master"), gates=Gates(metric_threshold=0.8))
+    d = decide(records, c, higher_is_better=True)
     assert "misses >= 0.8" in d.rejected["amp_bf16"]
-    d2 = decide(
-        records, contract(seeds=1, gates=Gates(metric_threshold=0.8)), higher_is_better=False
-    )
+    assert d.eligible == ("bf16_master",)
+    d2 = decide(records, c, higher_is_better=False)
     assert not d2.baseline_ok and "misses <= 0.8" in d2.baseline_reason
 
 
@@ -135,22 +229,15 @@ def test_failed_baseline_fails_everything() -> None:
     assert all("baseline failed" in v for v in d.rejected.values())
 
 
-def test_no_eligible_candidate() -> None:
-    records = [rec("fp32", 0, 1.0)] + [
-        rec(p, 0, 2.0) for p in ("amp_bf16", "bf16_master", "amp_fp16")
-    ]
-    d = decide(records, contract(seeds=1), higher_is_better=True)
-    assert d.baseline_ok and not d.eligible and d.recommended is None and not d.success
-
-
 def test_speed_breaks_memory_ties() -> None:
     records = [
         rec("fp32", 0, 1.0),
-        rec("amp_bf16", 0, 1.0, total=700, speed=5.0),
-        rec("bf16_master", 0, 1.0, total=705, speed=9.0),
-        rec("amp_fp16", 0, 1.0, total=900, speed=20.0),
+        rec("fp32", 1, 1.0),
+        *[rec("amp_bf16", s, 1.0, total=700, speed=5.0) for s in (0, 1)],
+        *[rec("bf16_master", s, 1.0, total=705, speed=9.0) for s in (0, 1)],
+        *[rec("amp_fp16", s, 1.0, total=900, speed=20.0) for s in (0, 1)],
     ]
-    d = decide(records, contract(seeds=1), higher_is_better=True)
+    d = decide(records, contract(), higher_is_better=True)
     assert d.recommended == "bf16_master"
 
 
@@ -163,22 +250,46 @@ def test_contract_validation() -> None:
         Contract.from_dict({"stepz": 3})
     with pytest.raises(ValueError, match="unknown gate keys"):
         Contract.from_dict({"gates": {"max_gap": 1}})
+    with pytest.raises(ValueError, match="replaced by 'confidence'"):
+        Contract.from_dict({"gates": {"noise_multiplier": 2}})
+    with pytest.raises(ValueError, match="max_seeds must be an int >= seeds"):
+        Contract(seeds=3, max_seeds=2)
+    with pytest.raises(ValueError, match="allow names unknown doctor rules \\['nope'\\]"):
+        Contract(allow=("nope",))
+    with pytest.raises(ValueError, match="confidence must be in"):
+        Gates(confidence=1.0)
+    with pytest.raises(ValueError, match="max_rel_loss_gap"):
+        Gates(max_rel_loss_gap=math.nan)
     c = Contract.from_dict(
-        {"candidates": "amp_bf16, bf16_master", "gates": {"max_rel_loss_gap": 0.01}}
+        {
+            "candidates": "amp_bf16, bf16_master",
+            "allow": ["vanishing-updates"],
+            "max_seeds": 4,
+            "gates": {"max_rel_loss_gap": 0.01, "confidence": 0.8},
+        }
     )
     assert c.candidates == ("amp_bf16", "bf16_master") and c.gates.max_rel_loss_gap == 0.01
+    assert c.allow == ("vanishing-updates",) and c.seed_limit == 4
+    assert c.gates.tail_limit == pytest.approx(0.015)
     assert Contract.from_dict(c.to_dict()) == c
+    assert Contract(seeds=7).seed_limit == 7 and Contract().seed_limit == 5
     assert c.run_fingerprint("amp_bf16", 0) != c.run_fingerprint("amp_bf16", 1)
     assert c.run_fingerprint("amp_bf16", 0) == Contract.from_dict(c.to_dict()).run_fingerprint(
         "amp_bf16", 0
     )
+    # Seeds, allow and gates do not change what a run computes: records stay reusable.
+    assert c.run_fingerprint("amp_bf16", 0) == dataclasses.replace(
+        c, max_seeds=9, allow=(), gates=Gates()
+    ).run_fingerprint("amp_bf16", 0)
 
 
 def test_capped_run_is_compared_at_its_own_step() -> None:
-    curve0, curve1 = [[100, 1.50], [500, 1.0]], [[100, 1.52], [500, 1.01]]
+    def base_curve(at100: float, final: float) -> list[list[float]]:
+        return [[80, at100 * 1.001], [100, at100], [400, final * 1.001], [500, final]]
+
     records = [
-        rec("fp32", 0, 1.00, eval_curve=curve0, steps=500),
-        rec("fp32", 1, 1.01, eval_curve=curve1, steps=500),
+        rec("fp32", 0, 1.00, eval_curve=base_curve(1.50, 1.0), steps=500),
+        rec("fp32", 1, 1.01, eval_curve=base_curve(1.52, 1.01), steps=500),
         rec("amp_bf16", 0, 1.0, steps=500),
         rec("amp_bf16", 1, 1.01, steps=500),
         rec("bf16_master", 0, 1.0, steps=500),
@@ -188,11 +299,34 @@ def test_capped_run_is_compared_at_its_own_step() -> None:
         rec("amp_fp16", 1, 1.521, steps=100),
     ]
     d = decide(records, contract(), higher_is_better=True)
-    fp16 = next(s for s in d.summaries if s.policy == "amp_fp16")
+    fp16 = d.summary("amp_fp16")
     assert fp16.steps == 100 and abs(fp16.rel_gap) < 1e-3
     assert "amp_fp16" in d.eligible
     worse = [*records[:6], rec("amp_fp16", 0, 1.60, steps=100), rec("amp_fp16", 1, 1.62, steps=100)]
     assert "amp_fp16" in decide(worse, contract(), higher_is_better=True).rejected
+    # A capped run is judged too short by the baseline's pace at its own step.
+    short = [
+        rec("fp32", s, final, eval_curve=[[80, 1.8], [100, 1.5], [400, final], [500, final]])
+        for s, final in ((0, 1.0), (1, 1.01))
+    ]
+    short = [dataclasses.replace(r, steps=500) for r in short] + records[2:]
+    d = decide(short, contract(), higher_is_better=True)
+    assert d.verdicts["amp_fp16"].status == "too_short" and "steps 80-100" in (
+        d.verdicts["amp_fp16"].reason
+    )
+    assert not d.too_short and d.recommended is not None
+
+
+def test_decision_json_has_per_policy_figures() -> None:
+    records = paired("amp_bf16", [1.0, 1.1, 0.9], [0.001, 0.002, 0.0015])
+    d = decide(records, contract(candidates=("amp_bf16",), seeds=3), higher_is_better=True)
+    out = d.to_dict()["policies"]
+    cand = out["amp_bf16"]
+    assert cand["gaps"] == pytest.approx([0.001, 0.002, 0.0015])
+    assert cand["gap_low"] < cand["gap_mean"] < cand["gap_high"]
+    assert cand["paired_seeds"] == 3 and cand["seeds"] == [0, 1, 2]
+    assert cand["verdict"]["status"] == "eligible" and cand["confidence"] == 0.9
+    assert out["fp32"]["baseline_spread"] > 0 and "verdict" not in out["fp32"]
 
 
 def test_step_caps_validation() -> None:

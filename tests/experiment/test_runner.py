@@ -37,6 +37,7 @@ def every_preset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Contra
         baseline="fp32",
         candidates=tuple(p for p in PRESET_NAMES if p != "fp32"),
         seeds=1,
+        max_seeds=1,
         steps=12,
         eval_every=6,
         probe_every=4,
@@ -71,7 +72,8 @@ def test_runner_trains_every_preset_with_full_records(
         for comp in ("params", "fp32_islands", "grads", "master", "moments"):
             assert r.bytes[comp] == r.predicted_bytes[comp], (r.policy, comp)
         assert r.predicted_bytes["activations"] == pytest.approx(r.bytes["activations"], rel=0.15)
-        assert len(r.eval_curve) == 2
+        # Every eval_every steps, the start of the last fifth (for the length check), the end.
+        assert [int(step) for step, _ in r.eval_curve] == [6, 9, 12]
     by = {r.policy: r for r in records}
     assert by["amp_fp16"].loss_scale_trace and not by["fp32"].loss_scale_trace
     assert by["bf16_master"].bytes["master"] > 0 and by["fp32"].bytes["master"] == 0
@@ -100,6 +102,7 @@ def test_resume_skips_finished_runs(
             baseline="fp32",
             candidates=("amp_bf16",),
             seeds=1,
+            max_seeds=1,
             steps=13,
         ),
         out,
@@ -140,6 +143,8 @@ def test_cli_compare_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
             "--steps",
             "8",
             "--seeds",
+            "1",
+            "--max-seeds",
             "1",
             "--out",
             str(out),
@@ -199,7 +204,12 @@ def test_fp16_runs_are_capped_where_fp16_is_emulated(
 
     runner = sys.modules["mixprec.experiment.runner"]
     contract = Contract(
-        workload="digits", size="tiny", candidates=("amp_bf16", "amp_fp16"), seeds=1, steps=10
+        workload="digits",
+        size="tiny",
+        candidates=("amp_bf16", "amp_fp16"),
+        seeds=1,
+        max_seeds=1,
+        steps=10,
     )
     monkeypatch.setattr(runner, "device_caps", lambda device=None: caps(True))
     assert step_caps_for(contract, 10, "cpu") == {}
@@ -214,3 +224,5 @@ def test_fp16_runs_are_capped_where_fp16_is_emulated(
     assert by["amp_fp16"].steps == 2 and by["amp_fp16"].schedule_steps == 10
     assert by["fp32"].steps == 10 and [2, by["fp32"].heldout_at(2)] in by["fp32"].eval_curve
     assert math.isfinite(by["fp32"].heldout_at(2))
+    # The training-length check reads the baseline at the start of each last fifth.
+    assert math.isfinite(by["fp32"].heldout_at(8)) and math.isfinite(by["fp32"].heldout_at(1))

@@ -18,6 +18,7 @@ __all__ = [
     "RUNTIME_RULES",
     "SEVERITIES",
     "STATIC_RULES",
+    "UPDATE_PATH_RULES",
     "Finding",
     "RuleInfo",
     "Severity",
@@ -124,6 +125,18 @@ STATIC_RULES: tuple[str, ...] = tuple(r.id for r in _RULE_LIST if r.kind == "sta
 
 #: Ids of the rules measured during a run, in documentation order.
 RUNTIME_RULES: tuple[str, ...] = tuple(r.id for r in _RULE_LIST if r.kind == "runtime")
+
+#: Rules about how updates reach the weights, or the state that computes them. At
+#: error severity they mean the run's weights do not follow its gradients (lost
+#: updates, a collapsing scale, flushed gradients, moments that cannot hold the
+#: update), whatever its loss says: `mixprec compare` rejects such a candidate
+#: unless the contract acknowledges the rule (``allow``).
+UPDATE_PATH_RULES: tuple[str, ...] = (
+    "optimizer-state-16bit",
+    "vanishing-updates",
+    "loss-scale-collapse",
+    "gradient-underflow",
+)
 
 
 @dataclass(frozen=True, kw_only=True)

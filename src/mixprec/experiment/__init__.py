@@ -1,7 +1,8 @@
 """Precision experiments: the same workload under several policies, gates, a decision, a report."""
 
+from mixprec.experiment.compare import Results, compare, run_contract
 from mixprec.experiment.contract import DEFAULT_CANDIDATES, Contract, Gates
-from mixprec.experiment.decision import Decision, PolicySummary, decide, summarize
+from mixprec.experiment.decision import Decision, PolicySummary, Verdict, decide, summarize
 from mixprec.experiment.records import RunRecord, read_records
 from mixprec.experiment.report import Report, render, terminal_table
 from mixprec.experiment.runner import RunSettings, run_experiment, run_one, settings_for
@@ -13,11 +14,15 @@ __all__ = [
     "Gates",
     "PolicySummary",
     "Report",
+    "Results",
     "RunRecord",
     "RunSettings",
+    "Verdict",
+    "compare",
     "decide",
     "read_records",
     "render",
+    "run_contract",
     "run_experiment",
     "run_one",
     "settings_for",

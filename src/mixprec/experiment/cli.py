@@ -30,6 +30,18 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--policies", default=None, help="comma-separated candidate policies")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default 2)")
+    p.add_argument(
+        "--max-seeds",
+        type=int,
+        default=None,
+        help="most seeds for candidates whose gap is inconclusive (default max(seeds, 5))",
+    )
+    p.add_argument(
+        "--allow",
+        default=None,
+        help="comma-separated doctor rule ids acknowledged: their update-path errors no "
+        "longer reject a candidate (shown in the report)",
+    )
     p.add_argument("--lr", type=float, default=None, help="peak learning rate")
     p.add_argument(
         "--min-lr", type=float, default=None, help="final learning rate of the cosine decay"
@@ -80,6 +92,8 @@ def _contract_from_args(args: argparse.Namespace) -> Any:
         ("baseline", "baseline"),
         ("steps", "steps"),
         ("seeds", "seeds"),
+        ("max_seeds", "max_seeds"),
+        ("allow", "allow"),
         ("lr", "lr"),
         ("min_lr", "min_lr"),
         ("batch_size", "batch_size"),
@@ -99,9 +113,8 @@ def _contract_from_args(args: argparse.Namespace) -> Any:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from mixprec.experiment.decision import decide
-    from mixprec.experiment.report import render, terminal_table
-    from mixprec.experiment.runner import run_experiment, settings_for
+    from mixprec.experiment.compare import run_contract
+    from mixprec.experiment.report import terminal_table
 
     contract = _contract_from_args(args)
     allow_import = args.workload is not None and ":" in args.workload
@@ -125,10 +138,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(
             f"mixprec compare: {contract.workload} ({contract.size or 'default size'}), "
             f"baseline {contract.baseline}, "
-            f"candidates {', '.join(contract.candidates)}, {contract.seeds} seed(s) -> {out}",
+            f"candidates {', '.join(contract.candidates)}, {contract.seeds} seed(s) "
+            f"(up to {contract.seed_limit}) -> {out}",
             file=stream,
         )
-    workload, records = run_experiment(
+    results = run_contract(
         contract,
         out,
         device=args.device,
@@ -136,36 +150,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         stream=stream,
         on_record=on_record,
     )
-    decision = decide(records, contract, higher_is_better=workload.higher_is_better)
-    settings = settings_for(contract, workload)
-    report = render(
-        out,
-        contract,
-        records,
-        decision,
-        workload_description=workload.description,
-        metric_name=workload.metric_name,
-        higher_is_better=workload.higher_is_better,
-        settings=_settings_dict(settings),
-    )
+    decision = results.decision
     if args.json:
-        sys.stdout.write(report.results_json.read_text(encoding="utf-8"))
+        sys.stdout.write(results.report.results_json.read_text(encoding="utf-8"))
     else:
-        print(terminal_table(decision, workload.metric_name, records))
+        print(terminal_table(decision, results.workload.metric_name, results.records))
         print()
         print(
             f"recommended: {decision.recommended or 'none'}  "
-            f"({time.perf_counter() - started:.0f}s)  report: {report.html}"
+            f"({time.perf_counter() - started:.0f}s)  report: {results.report.html}"
         )
     return 0 if decision.success else 1
-
-
-def _settings_dict(settings: Any) -> dict[str, Any]:
-    import dataclasses
-
-    d = dataclasses.asdict(settings)
-    d["betas"] = list(d["betas"])
-    return d
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -201,5 +196,5 @@ def _cmd_report(args: argparse.Namespace) -> int:
         sys.stdout.write(report.results_json.read_text(encoding="utf-8"))
     else:
         print(terminal_table(decision, str(stored.get("metric_name", "metric")), records))
-        print(f"\nreport: {report.html}")
+        print(f"\nrecommended: {decision.recommended or 'none'}  report: {report.html}")
     return 0 if decision.success else 1

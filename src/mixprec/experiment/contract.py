@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,11 @@ from typing import Any
 from mixprec.policy import policy as get_policy
 
 __all__ = ["DEFAULT_CANDIDATES", "Contract", "Gates"]
+
+#: Bumped when runs record something new that the decision reads (version 2: held-out
+#: evaluations at the start of each compared step's last fifth), so that older
+#: records are re-run instead of reused.
+RECORD_VERSION = 2
 
 #: The candidates `mixprec compare` tries against the fp32 baseline by default.
 DEFAULT_CANDIDATES: tuple[str, ...] = (
@@ -34,11 +40,16 @@ class Gates:
 
     Attributes:
         max_rel_loss_gap: largest accepted relative held-out loss gap to the
-            baseline, ``(candidate - baseline) / baseline``, averaged over seeds.
-        noise_multiplier: a gap counts as a regression only if it is also larger
-            than this many times the seed noise (the half-range of held-out loss
-            between seeds, relative, of baseline or candidate, whichever is larger),
-            so that noise is not called a regression.
+            baseline, ``(candidate - baseline) / baseline`` for the same seed.
+        confidence: two-sided confidence of the Student-t interval of the mean
+            paired gap: eligible when the whole interval is at most
+            `max_rel_loss_gap`, rejected when all of it is above, inconclusive
+            otherwise. 0.90 makes each bound a one-sided 95% test (the two
+            one-sided tests convention of equivalence testing).
+        max_tail_improvement: longest-enough check: the largest relative
+            improvement of the baseline's held-out loss over the last fifth of
+            the compared steps for the run to count as trained enough to judge a
+            gap. None: 1.5 x `max_rel_loss_gap`.
         metric_threshold: the held-out metric every seed must reach (at least this
             when higher is better, at most this when lower is better); None: no gate.
         max_nonfinite_steps: most steps with a non-finite loss allowed per run.
@@ -47,24 +58,52 @@ class Gates:
     """
 
     max_rel_loss_gap: float = 0.005
-    noise_multiplier: float = 2.0
+    confidence: float = 0.90
+    max_tail_improvement: float | None = None
     metric_threshold: float | None = None
     max_nonfinite_steps: int = 0
     max_skipped_fraction: float = 0.05
 
     def __post_init__(self) -> None:
-        if not self.max_rel_loss_gap >= 0:
-            raise ValueError(f"max_rel_loss_gap must be >= 0, got {self.max_rel_loss_gap!r}")
-        if not self.noise_multiplier >= 0:
-            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier!r}")
-        if not (isinstance(self.max_nonfinite_steps, int) and self.max_nonfinite_steps >= 0):
+        if not (_is_number(self.max_rel_loss_gap) and self.max_rel_loss_gap >= 0):
+            raise ValueError(
+                f"max_rel_loss_gap must be a number >= 0 (e.g. 0.005), got "
+                f"{self.max_rel_loss_gap!r}"
+            )
+        if not (_is_number(self.confidence) and 0 < self.confidence < 1):
+            raise ValueError(f"confidence must be in (0, 1) (e.g. 0.9), got {self.confidence!r}")
+        tail = self.max_tail_improvement
+        if tail is not None and not (_is_number(tail) and tail >= 0):
+            raise ValueError(f"max_tail_improvement must be a number >= 0 or null, got {tail!r}")
+        if self.metric_threshold is not None and not (
+            _is_number(self.metric_threshold) and math.isfinite(self.metric_threshold)
+        ):
+            raise ValueError(
+                f"metric_threshold must be a finite number or null, got {self.metric_threshold!r}"
+            )
+        if not (
+            isinstance(self.max_nonfinite_steps, int)
+            and not isinstance(self.max_nonfinite_steps, bool)
+            and self.max_nonfinite_steps >= 0
+        ):
             raise ValueError(
                 f"max_nonfinite_steps must be an int >= 0, got {self.max_nonfinite_steps!r}"
             )
-        if not 0 <= self.max_skipped_fraction <= 1:
+        if not (_is_number(self.max_skipped_fraction) and 0 <= self.max_skipped_fraction <= 1):
             raise ValueError(
                 f"max_skipped_fraction must be in [0, 1], got {self.max_skipped_fraction!r}"
             )
+
+    @property
+    def tail_limit(self) -> float:
+        """The effective `max_tail_improvement`."""
+        if self.max_tail_improvement is not None:
+            return float(self.max_tail_improvement)
+        return 1.5 * self.max_rel_loss_gap
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,8 +118,14 @@ class Contract:
             workload's own default otherwise (user workloads get no ``size``).
         baseline: the reference policy (a preset name or alias).
         candidates: policies judged against the baseline.
-        seeds: how many seeds (0..seeds-1); each seed fixes initial weights and
-            data order, the same for every policy.
+        seeds: how many seeds (0..seeds-1) every policy runs; each seed fixes
+            initial weights and data order, the same for every policy.
+        max_seeds: the most seeds a candidate whose gap is inconclusive (and the
+            baseline) may run: `compare` adds one seed at a time until its interval
+            settles or this is reached. None: ``max(seeds, 5)``.
+        allow: doctor rule ids acknowledged for this experiment: an error of
+            an update-path rule (`mixprec.doctor.UPDATE_PATH_RULES`) with one of
+            these ids no longer rejects a candidate; the report shows it.
         steps, batch_size, lr, min_lr, warmup_steps, weight_decay, grad_clip_norm:
             training settings; None takes the workload's default.
         eval_every: steps between held-out evaluations for the curves (the final
@@ -99,6 +144,8 @@ class Contract:
     baseline: str = "fp32"
     candidates: tuple[str, ...] = DEFAULT_CANDIDATES
     seeds: int = 2
+    max_seeds: int | None = None
+    allow: tuple[str, ...] = ()
     steps: int | None = None
     batch_size: int | None = None
     lr: float | None = None
@@ -121,8 +168,27 @@ class Contract:
             raise ValueError(f"candidates repeat a policy: {list(self.candidates)}")
         if self.baseline in self.candidates:
             raise ValueError(f"the baseline {self.baseline!r} is also listed as a candidate")
-        if not (isinstance(self.seeds, int) and self.seeds >= 1):
+        if not (
+            isinstance(self.seeds, int) and not isinstance(self.seeds, bool) and self.seeds >= 1
+        ):
             raise ValueError(f"seeds must be an int >= 1, got {self.seeds!r}")
+        if self.max_seeds is not None and not (
+            isinstance(self.max_seeds, int)
+            and not isinstance(self.max_seeds, bool)
+            and self.max_seeds >= self.seeds
+        ):
+            raise ValueError(
+                f"max_seeds must be an int >= seeds ({self.seeds}) or None, got {self.max_seeds!r}"
+            )
+        if isinstance(self.allow, str) or not isinstance(self.allow, tuple):
+            object.__setattr__(self, "allow", tuple(_split(self.allow)))
+        from mixprec.doctor.findings import RULES
+
+        unknown_rules = [r for r in self.allow if r not in RULES]
+        if unknown_rules:
+            raise ValueError(
+                f"allow names unknown doctor rules {unknown_rules}; valid: {sorted(RULES)}"
+            )
         for name in ("steps", "batch_size", "warmup_steps"):
             v = getattr(self, name)
             if v is not None and not (
@@ -149,6 +215,11 @@ class Contract:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
 
     @property
+    def seed_limit(self) -> int:
+        """The effective `max_seeds`."""
+        return max(self.seeds, 5) if self.max_seeds is None else self.max_seeds
+
+    @property
     def policies(self) -> tuple[str, ...]:
         """Baseline first, then the candidates."""
         return (self.baseline, *self.candidates)
@@ -157,6 +228,7 @@ class Contract:
         """Plain data (for results.json and re-judging)."""
         out = dataclasses.asdict(self)
         out["candidates"] = list(self.candidates)
+        out["allow"] = list(self.allow)
         out["step_caps"] = None if self.step_caps is None else dict(self.step_caps)
         return out
 
@@ -175,6 +247,11 @@ class Contract:
             if not isinstance(raw, Mapping):
                 raise ValueError(f"gates must be a mapping, got {raw!r}")
             gate_keys = {f.name for f in dataclasses.fields(Gates)}
+            if "noise_multiplier" in raw:
+                raise ValueError(
+                    "gate key 'noise_multiplier' was replaced by 'confidence' (a paired "
+                    "t-interval over seeds; see docs/compare.md): remove it"
+                )
             bad = sorted(set(raw) - gate_keys)
             if bad:
                 raise ValueError(f"unknown gate keys {bad}; valid keys: {sorted(gate_keys)}")
@@ -186,12 +263,18 @@ class Contract:
     def run_fingerprint(self, policy_name: str, seed: int, run_steps: int | None = None) -> str:
         """A hash of everything that determines one run's result (for resuming)."""
         settings = self.to_dict()
-        for key in ("baseline", "candidates", "seeds", "gates", "step_caps"):
+        for key in ("baseline", "candidates", "seeds", "max_seeds", "allow", "gates", "step_caps"):
             settings.pop(key)
         pol = get_policy_quiet(policy_name).to_dict()
         pol.pop("note", None)
         blob = json.dumps(
-            {"settings": settings, "policy": pol, "seed": seed, "run_steps": run_steps},
+            {
+                "settings": settings,
+                "policy": pol,
+                "seed": seed,
+                "run_steps": run_steps,
+                "record_version": RECORD_VERSION,
+            },
             sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

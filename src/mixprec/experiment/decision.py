@@ -1,7 +1,12 @@
-"""The decision: which candidates pass the gates, and which one to recommend.
+"""The decision: a verdict for every candidate, and which one to recommend.
 
 Pure functions over run records and the contract, so a decision can be tested
-on constructed records and re-judged from stored ones.
+on constructed records and re-judged from stored ones. Each candidate gets one
+`Verdict`: the first gate it fails rejects it (a failed run, non-finite losses,
+skipped steps, an error about its update path, the metric threshold); a run too
+short to judge is said so; otherwise its paired loss gap decides: eligible when
+the whole confidence interval is within the limit, rejected when all of it is
+beyond, inconclusive in between (never eligible). See docs/compare.md.
 """
 
 from __future__ import annotations
@@ -10,12 +15,34 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from mixprec.doctor.findings import UPDATE_PATH_RULES
 from mixprec.experiment.contract import Contract, Gates
 from mixprec.experiment.records import RunRecord
+from mixprec.experiment.stats import GapInterval, paired_interval
 
-__all__ = ["Decision", "PolicySummary", "decide", "summarize"]
+__all__ = [
+    "Decision",
+    "PolicySummary",
+    "Verdict",
+    "VerdictStatus",
+    "decide",
+    "format_interval",
+    "summarize",
+    "tail_start",
+]
+
+VerdictStatus = Literal["eligible", "rejected", "inconclusive", "too_short"]
+
+#: The runner evaluates every run after this share of a compared step, so the
+#: training-length check can read the baseline's improvement over the last fifth.
+TAIL_FRACTION = 0.2
+
+
+def tail_start(step: int) -> int:
+    """The step that opens the last fifth of a run compared at `step`."""
+    return step - math.ceil(step * TAIL_FRACTION)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,16 +56,20 @@ class PolicySummary:
         heldout_loss: mean held-out loss over seeds.
         heldout_losses: held-out loss per seed, in seed order.
         metric: mean held-out metric.
-        rel_gap: mean over seeds of ``(loss - baseline loss) / baseline loss`` for the
-            same seed (0 for the baseline).
-        noise: the seed noise the gap is judged against (relative half-range of
-            held-out loss between seeds, the larger of baseline's and this policy's).
+        gap: the paired relative gaps ``(loss - baseline loss) / baseline loss``
+            for each seed both ran, and their t-interval (empty for the baseline).
+        baseline_spread: the baseline's own seed noise at `steps`: the relative
+            standard deviation of its held-out loss across seeds (reported, not
+            gated on: seeds move baseline and candidate together).
+        tail_improvement: the baseline's relative held-out improvement over the
+            last fifth of `steps` (mean over seeds; NaN when not evaluated there).
         total_bytes: mean measured training memory (all components).
         steps_per_s: mean training throughput.
         skipped_fraction: the worst seed's fraction of skipped steps.
         nonfinite_steps: the worst seed's count of non-finite-loss steps.
         frozen_fraction: mean share of parameter elements never changed.
         doctor_rules: union of the doctor's rule ids over seeds.
+        update_errors: ``rule: message`` of error findings of update-path rules.
         failed: error messages of runs that did not finish.
     """
 
@@ -48,15 +79,78 @@ class PolicySummary:
     heldout_loss: float
     heldout_losses: tuple[float, ...]
     metric: float
-    rel_gap: float
-    noise: float
+    gap: GapInterval
+    baseline_spread: float
+    tail_improvement: float
     total_bytes: float
     steps_per_s: float
     skipped_fraction: float
     nonfinite_steps: int
     frozen_fraction: float
     doctor_rules: tuple[str, ...]
+    update_errors: Mapping[str, str] = field(default_factory=dict)
     failed: tuple[str, ...] = ()
+
+    @property
+    def rel_gap(self) -> float:
+        """The mean paired gap (NaN without pairs)."""
+        return self.gap.mean
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready figures of this summary."""
+        return {
+            "seeds": list(self.seeds),
+            "steps": self.steps,
+            "heldout_loss": self.heldout_loss,
+            "heldout_losses": list(self.heldout_losses),
+            "metric": self.metric,
+            "gaps": list(self.gap.gaps),
+            "gap_mean": self.gap.mean,
+            "gap_low": self.gap.low,
+            "gap_high": self.gap.high,
+            "gap_sd": self.gap.sd,
+            "confidence": self.gap.confidence,
+            "paired_seeds": self.gap.n,
+            "baseline_spread": self.baseline_spread,
+            "tail_improvement": self.tail_improvement,
+            "total_bytes": self.total_bytes,
+            "steps_per_s": self.steps_per_s,
+            "skipped_fraction": self.skipped_fraction,
+            "nonfinite_steps": self.nonfinite_steps,
+            "frozen_fraction": self.frozen_fraction,
+            "doctor_rules": list(self.doctor_rules),
+            "update_errors": dict(self.update_errors),
+            "failed": list(self.failed),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """What the gates made of one candidate.
+
+    Attributes:
+        status: ``eligible``, ``rejected``, ``inconclusive`` or ``too_short``.
+        gate: the gate that decided: ``run``, ``non-finite``, ``skipped``,
+            ``update-path``, ``metric``, ``training-length``, ``loss-gap``, or
+            ``baseline`` (not judged: the baseline failed).
+        reason: one sentence with the figures that decided.
+        acknowledged: update-path rules that fired at error severity but are
+            listed in the contract's ``allow``.
+    """
+
+    status: VerdictStatus
+    gate: str
+    reason: str
+    acknowledged: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {
+            "status": self.status,
+            "gate": self.gate,
+            "reason": self.reason,
+            "acknowledged": list(self.acknowledged),
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,68 +161,143 @@ class Decision:
         baseline: the baseline policy.
         baseline_ok: the baseline passed its own gates (if not, nothing can be judged).
         baseline_reason: why the baseline failed, or empty.
-        eligible: candidates that passed every gate, in contract order.
-        rejected: candidate -> the gate that rejected it (first failing gate).
-        notes: candidate -> remarks that did not reject it (e.g. a gap within noise).
+        too_short: why the full-length runs are too short to judge a gap (the
+            baseline's figures), or empty; when set, nothing is recommended.
+        verdicts: candidate -> its verdict, in contract order.
         recommended: the cheapest eligible candidate by measured memory, then speed;
-            None when none is eligible.
+            None when none is eligible or the runs are too short.
+        max_seeds: the seed limit the inconclusive candidates were judged under.
         summaries: per-policy summaries, baseline first.
     """
 
     baseline: str
     baseline_ok: bool
     baseline_reason: str
-    eligible: tuple[str, ...]
-    rejected: Mapping[str, str]
-    notes: Mapping[str, str]
+    verdicts: Mapping[str, Verdict]
     recommended: str | None
-    summaries: tuple[PolicySummary, ...] = field(default=())
+    too_short: str = ""
+    max_seeds: int = 0
+    summaries: tuple[PolicySummary, ...] = ()
+
+    def _with(self, status: VerdictStatus) -> dict[str, str]:
+        return {n: v.reason for n, v in self.verdicts.items() if v.status == status}
+
+    @property
+    def eligible(self) -> tuple[str, ...]:
+        """Candidates that passed every gate, in contract order."""
+        return tuple(self._with("eligible"))
+
+    @property
+    def rejected(self) -> dict[str, str]:
+        """Candidate -> why it was rejected."""
+        return self._with("rejected")
+
+    @property
+    def inconclusive(self) -> dict[str, str]:
+        """Candidate -> why its gap is not settled (its interval straddles the limit)."""
+        return self._with("inconclusive")
+
+    @property
+    def notes(self) -> dict[str, str]:
+        """Candidate -> remarks beside the verdict (acknowledged doctor errors)."""
+        return {
+            n: "acknowledged (allow): " + ", ".join(v.acknowledged)
+            for n, v in self.verdicts.items()
+            if v.acknowledged
+        }
 
     @property
     def success(self) -> bool:
-        """The baseline passed and at least one candidate is eligible."""
+        """The baseline passed and a candidate is recommended."""
         return self.baseline_ok and self.recommended is not None
+
+    def summary(self, policy: str) -> PolicySummary:
+        """The summary of `policy`."""
+        for s in self.summaries:
+            if s.policy == policy:
+                return s
+        raise KeyError(policy)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``decision`` object of results.json."""
+        policies: dict[str, Any] = {}
+        for s in self.summaries:
+            entry = s.to_dict()
+            if s.policy in self.verdicts:
+                entry["verdict"] = self.verdicts[s.policy].to_dict()
+            policies[s.policy] = entry
         return {
             "baseline": self.baseline,
             "baseline_ok": self.baseline_ok,
             "baseline_reason": self.baseline_reason,
+            "too_short": self.too_short,
             "eligible": list(self.eligible),
-            "rejected": dict(self.rejected),
-            "notes": dict(self.notes),
+            "rejected": self.rejected,
+            "inconclusive": self.inconclusive,
+            "notes": self.notes,
             "recommended": self.recommended,
+            "max_seeds": self.max_seeds,
+            "policies": policies,
         }
-
-
-def _half_range(values: Sequence[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    if len(finite) < 2:
-        return 0.0
-    mean = statistics.fmean(finite)
-    return (max(finite) - min(finite)) / 2 / abs(mean) if mean else 0.0
 
 
 def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
+def _relative_sd(values: Sequence[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    if len(finite) < 2:
+        return math.nan
+    mean = statistics.fmean(finite)
+    return statistics.stdev(finite) / abs(mean) if mean else math.nan
+
+
+def _tail_improvement(base: Sequence[RunRecord], step: int) -> float:
+    """Mean relative improvement of `base`'s held-out loss over the last fifth of `step`."""
+    start = tail_start(step)
+    values = []
+    for r in base:
+        before, after = r.heldout_at(start), r.heldout_at(step)
+        if start < 1 or not (math.isfinite(before) and math.isfinite(after)) or after == 0:
+            return math.nan
+        values.append((before - after) / abs(after))
+    return _mean(values)
+
+
+def _update_errors(records: Sequence[RunRecord]) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    for r in records:
+        for f in r.doctor:
+            rule = str(f.get("rule", ""))
+            if f.get("severity") == "error" and rule in UPDATE_PATH_RULES and rule not in errors:
+                errors[rule] = str(f.get("message", "")).strip()
+    return errors
+
+
 def summarize(
-    records: Sequence[RunRecord], policy: str, baseline: Sequence[RunRecord]
+    records: Sequence[RunRecord],
+    policy: str,
+    baseline: Sequence[RunRecord],
+    *,
+    confidence: float = 0.90,
 ) -> PolicySummary:
-    """Summarize `policy`'s records, with gaps taken per seed against `baseline`'s."""
+    """Summarize `policy`'s records, with gaps paired per seed against `baseline`'s."""
     mine = sorted((r for r in records if r.policy == policy), key=lambda r: r.seed)
     ok = [r for r in mine if r.ok]
-    base_by_seed = {r.seed: r for r in baseline if r.ok}
+    base_ok = sorted((r for r in baseline if r.ok), key=lambda r: r.seed)
+    base_by_seed = {r.seed: r for r in base_ok}
     # A capped run is compared with the baseline evaluated after the same step.
-    at = ok[0].steps if ok else 0
+    at = ok[0].steps if ok else (mine[0].steps if mine else 0)
+    is_baseline = any(r.policy == policy for r in baseline)
     gaps = []
-    for r in ok:
-        base = base_by_seed.get(r.seed)
-        ref = base.heldout_at(r.steps) if base is not None else math.nan
-        gaps.append((r.heldout_loss - ref) / ref if ref else math.nan)
-    base_noise = _half_range([b.heldout_at(at) for b in base_by_seed.values()])
+    if not is_baseline:
+        for r in ok:
+            base = base_by_seed.get(r.seed)
+            if base is None:
+                continue
+            ref = base.heldout_at(r.steps)
+            gaps.append((r.heldout_loss - ref) / ref if ref else math.nan)
     losses = tuple(r.heldout_loss for r in ok)
     return PolicySummary(
         policy=policy,
@@ -136,34 +305,53 @@ def summarize(
         heldout_loss=_mean(losses),
         heldout_losses=losses,
         metric=_mean([r.metric for r in ok]),
-        rel_gap=_mean(gaps) if gaps else math.nan,
+        gap=paired_interval(gaps, confidence),
         steps=at,
-        noise=max(base_noise, _half_range(losses)),
+        baseline_spread=_relative_sd([b.heldout_at(at) for b in base_ok]),
+        tail_improvement=_tail_improvement(base_ok, at),
         total_bytes=_mean([float(r.bytes.get("total", math.nan)) for r in ok]),
         steps_per_s=_mean([float(r.throughput.get("steps_per_s", math.nan)) for r in ok]),
         skipped_fraction=max((r.skipped_steps / r.steps for r in mine if r.steps), default=0.0),
         nonfinite_steps=max((r.nonfinite_steps for r in mine), default=0),
         frozen_fraction=_mean([float(r.frozen_fraction.get("all", math.nan)) for r in ok]),
         doctor_rules=tuple(dict.fromkeys(rule for r in mine for rule in r.doctor_rules)),
+        update_errors=_update_errors(mine),
         failed=tuple(f"seed {r.seed}: {r.error}" for r in mine if not r.ok),
     )
 
 
-def _gate_failure(
+def _pct(value: float) -> str:
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "+inf" if value > 0 else "-inf"
+    return f"{value:+.2%}"
+
+
+def format_interval(gap: GapInterval) -> str:
+    """``+0.12% [-0.05%, +0.29%]``, or the mean alone when no interval exists."""
+    if gap.n == 0:
+        return "-"
+    if gap.n == 1:
+        return f"{_pct(gap.mean)} (1 seed)"
+    return f"{_pct(gap.mean)} [{_pct(gap.low)}, {_pct(gap.high)}]"
+
+
+def _hard_gate(
     s: PolicySummary, gates: Gates, higher_is_better: bool, records: Sequence[RunRecord]
-) -> str:
-    """The first gate `s` fails, as a sentence, or empty."""
+) -> tuple[str, str]:
+    """The first hard gate `s` fails, as ``(gate, sentence)``, or ``("", "")``."""
     if s.failed:
-        return f"run failed ({s.failed[0]})"
+        return "run", f"run failed ({s.failed[0]})"
     if not s.seeds:
-        return "no runs"
+        return "run", "no runs"
     if s.nonfinite_steps > gates.max_nonfinite_steps:
-        return (
+        return "non-finite", (
             f"{s.nonfinite_steps} non-finite-loss steps > "
             f"max_nonfinite_steps={gates.max_nonfinite_steps}"
         )
     if s.skipped_fraction > gates.max_skipped_fraction:
-        return (
+        return "skipped", (
             f"{s.skipped_fraction:.1%} of steps skipped > max_skipped_fraction="
             f"{gates.max_skipped_fraction:.1%}"
         )
@@ -178,71 +366,143 @@ def _gate_failure(
             )
             if bad or not math.isfinite(r.metric):
                 op = ">=" if higher_is_better else "<="
-                return (
+                return "metric", (
                     f"{r.metric_name} {r.metric:.4g} (seed {r.seed}) misses "
                     f"{op} {gates.metric_threshold:g}"
                 )
+    return "", ""
+
+
+def _too_short_reason(s: PolicySummary, baseline: str, gates: Gates) -> str:
+    """Why a comparison at `s.steps` is too short to judge, or empty."""
+    if math.isnan(s.tail_improvement):
+        return (
+            f"no held-out evaluation of {baseline} at step "
+            f"{tail_start(s.steps)} and {s.steps} to tell whether it has settled"
+        )
+    if s.tail_improvement > gates.tail_limit:
+        return (
+            f"{baseline}'s held-out loss still fell "
+            f"{s.tail_improvement:.2%} over steps {tail_start(s.steps)}-{s.steps} "
+            f"(> {gates.tail_limit:.2%}): a gap this early measures pace, not outcome; "
+            "train longer"
+        )
     return ""
+
+
+def _judge(
+    s: PolicySummary,
+    contract: Contract,
+    higher_is_better: bool,
+    records: Sequence[RunRecord],
+) -> Verdict:
+    gates = contract.gates
+    gate, reason = _hard_gate(s, gates, higher_is_better, records)
+    if gate:
+        return Verdict(status="rejected", gate=gate, reason=reason)
+    acknowledged = tuple(r for r in s.update_errors if r in contract.allow)
+    blocking = {r: m for r, m in s.update_errors.items() if r not in contract.allow}
+    if blocking:
+        first, message = next(iter(blocking.items()))
+        more = [r for r in blocking if r != first]
+        return Verdict(
+            status="rejected",
+            gate="update-path",
+            reason=f"doctor {first} (error): {message}"
+            + (f"; also {', '.join(more)} (error)" if more else "")
+            + " (acknowledge with allow: [rule-id])",
+            acknowledged=acknowledged,
+        )
+    gap = s.gap
+    limit = gates.max_rel_loss_gap
+    if gap.n == 0:
+        return Verdict(
+            status="rejected",
+            gate="loss-gap",
+            reason=f"no seed shared with {contract.baseline} to pair with",
+            acknowledged=acknowledged,
+        )
+    if not math.isfinite(gap.mean):
+        return Verdict(
+            status="rejected",
+            gate="loss-gap",
+            reason="held-out loss is not finite",
+            acknowledged=acknowledged,
+        )
+    short = _too_short_reason(s, contract.baseline, gates)
+    if short:
+        return Verdict(
+            status="too_short", gate="training-length", reason=short, acknowledged=acknowledged
+        )
+    interval = f"{format_interval(gap)} ({gap.confidence:.0%} t-interval, {gap.n} seeds)"
+    if gap.high <= limit:
+        return Verdict(
+            status="eligible",
+            gate="loss-gap",
+            reason=f"gap {interval} <= {limit:.2%}",
+            acknowledged=acknowledged,
+        )
+    if gap.low > limit:
+        return Verdict(
+            status="rejected",
+            gate="loss-gap",
+            reason=f"gap {interval} > {limit:.2%} on the whole interval",
+            acknowledged=acknowledged,
+        )
+    settled = (
+        f"max_seeds={contract.seed_limit} reached"
+        if gap.n >= contract.seed_limit
+        else "more seeds needed"
+    )
+    return Verdict(
+        status="inconclusive",
+        gate="loss-gap",
+        reason=f"gap {interval} straddles {limit:.2%}: {settled}",
+        acknowledged=acknowledged,
+    )
 
 
 def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better: bool) -> Decision:
     """Judge every candidate against the baseline under the contract's gates.
 
-    A candidate is rejected by the first gate it fails: a failed run, non-finite
-    losses, too many skipped steps, the metric threshold, or a held-out loss gap
-    larger than both ``max_rel_loss_gap`` and ``noise_multiplier`` x seed noise.
-    A gap above ``max_rel_loss_gap`` but within noise is eligible with a note.
     The recommendation is the eligible candidate with the least measured memory;
-    candidates within 2% of that memory are ordered by throughput.
+    candidates within 2% of that memory are ordered by throughput. Nothing is
+    recommended when the full-length runs are too short to judge.
     """
     gates = contract.gates
     base_records = [r for r in records if r.policy == contract.baseline]
-    base = summarize(records, contract.baseline, base_records)
-    base_reason = _gate_failure(base, gates, higher_is_better, records)
+    base = summarize(records, contract.baseline, base_records, confidence=gates.confidence)
+    base_gate, base_reason = _hard_gate(base, gates, higher_is_better, records)
     summaries = [base]
-    eligible: list[str] = []
-    rejected: dict[str, str] = {}
-    notes: dict[str, str] = {}
+    verdicts: dict[str, Verdict] = {}
     for name in contract.candidates:
-        s = summarize(records, name, base_records)
+        s = summarize(records, name, base_records, confidence=gates.confidence)
         summaries.append(s)
-        if base_reason:
-            rejected[name] = "not judged: the baseline failed its gates"
+        if base_gate:
+            verdicts[name] = Verdict(
+                status="rejected",
+                gate="baseline",
+                reason="not judged: the baseline failed its gates",
+            )
             continue
-        reason = _gate_failure(s, gates, higher_is_better, records)
-        if not reason and math.isfinite(s.rel_gap) and s.rel_gap > gates.max_rel_loss_gap:
-            threshold = gates.noise_multiplier * s.noise
-            if s.rel_gap > threshold:
-                reason = (
-                    f"held-out loss {s.rel_gap:+.2%} vs {contract.baseline} > max gap "
-                    f"{gates.max_rel_loss_gap:.2%} and > {gates.noise_multiplier:g} x seed noise "
-                    f"({s.noise:.2%})"
-                )
-            else:
-                notes[name] = (
-                    f"held-out loss {s.rel_gap:+.2%} exceeds {gates.max_rel_loss_gap:.2%} but is "
-                    f"within {gates.noise_multiplier:g} x seed noise ({s.noise:.2%}): more seeds "
-                    "would tell"
-                )
-        elif not reason and not math.isfinite(s.rel_gap):
-            reason = "held-out loss is not finite"
-        if reason:
-            rejected[name] = reason
-        else:
-            eligible.append(name)
+        verdicts[name] = _judge(s, contract, higher_is_better, records)
+    too_short = ""
+    if not base_gate:
+        too_short = _too_short_reason(base, contract.baseline, gates)
+    eligible = [n for n, v in verdicts.items() if v.status == "eligible"]
     recommended = None
-    if eligible:
+    if eligible and not too_short:
         by_name = {s.policy: s for s in summaries}
         least = min(by_name[n].total_bytes for n in eligible)
         close = [n for n in eligible if by_name[n].total_bytes <= least * 1.02]
         recommended = max(close, key=lambda n: by_name[n].steps_per_s)
     return Decision(
         baseline=contract.baseline,
-        baseline_ok=not base_reason,
+        baseline_ok=not base_gate,
         baseline_reason=base_reason,
-        eligible=tuple(eligible),
-        rejected=rejected,
-        notes=notes,
+        verdicts=verdicts,
         recommended=recommended,
+        too_short=too_short,
+        max_seeds=contract.seed_limit,
         summaries=tuple(summaries),
     )

@@ -21,10 +21,18 @@ from typing import Any
 import torch
 
 from mixprec.experiment.contract import Contract
-from mixprec.experiment.decision import Decision
+from mixprec.experiment.decision import Decision, PolicySummary, format_interval, tail_start
 from mixprec.experiment.records import RunRecord, write_json_atomic
 
-__all__ = ["Report", "render", "results_dict", "terminal_table"]
+__all__ = [
+    "Report",
+    "headline",
+    "render",
+    "results_dict",
+    "terminal_table",
+    "verdict_label",
+    "verdict_reason",
+]
 
 _MiB = 2.0**20
 _COMPONENT_COLORS = {
@@ -85,16 +93,45 @@ def _fmt(v: float, spec: str) -> str:
     return "-" if v is None or not math.isfinite(v) else format(v, spec)
 
 
-def _verdict(name: str, decision: Decision) -> str:
+_STATUS_WORDS = {
+    "eligible": "eligible",
+    "rejected": "rejected",
+    "inconclusive": "inconclusive",
+    "too_short": "too short to judge",
+}
+
+
+def verdict_label(name: str, decision: Decision) -> str:
+    """A short verdict: ``RECOMMENDED``, ``eligible``, ``rejected (gate)``, ``inconclusive``..."""
     if name == decision.baseline:
-        return (
-            "baseline" if decision.baseline_ok else f"baseline FAILED: {decision.baseline_reason}"
-        )
+        if not decision.baseline_ok:
+            return "baseline FAILED"
+        return "baseline (too short to judge)" if decision.too_short else "baseline"
     if name == decision.recommended:
         return "RECOMMENDED"
-    if name in decision.eligible:
-        return "eligible"
-    return f"rejected: {decision.rejected.get(name, '?')}"
+    v = decision.verdicts.get(name)
+    if v is None:
+        return "?"
+    word = _STATUS_WORDS[v.status]
+    return f"{word} ({v.gate})" if v.status == "rejected" else word
+
+
+def verdict_reason(name: str, decision: Decision) -> str:
+    """The sentence behind the verdict, with acknowledged doctor rules."""
+    if name == decision.baseline:
+        if not decision.baseline_ok:
+            return decision.baseline_reason
+        return decision.too_short
+    v = decision.verdicts.get(name)
+    if v is None:
+        return ""
+    note = decision.notes.get(name, "")
+    return v.reason + (f"; {note}" if note else "")
+
+
+def _verdict(name: str, decision: Decision) -> str:
+    reason = verdict_reason(name, decision)
+    return verdict_label(name, decision) + (f": {reason}" if reason else "")
 
 
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
@@ -114,17 +151,24 @@ def _doctor_cell(policy: str, records: Sequence[RunRecord]) -> str:
     return ", ".join(f"{rule} ({sev})" for rule, sev in ordered) or "-"
 
 
+def _gap_cell(s: PolicySummary, decision: Decision) -> str:
+    if s.policy == decision.baseline:
+        spread = s.baseline_spread
+        return f"seed spread {spread:.2%} (sd)" if math.isfinite(spread) else "-"
+    return format_interval(s.gap)
+
+
 def _rows(decision: Decision, records: Sequence[RunRecord]) -> list[list[str]]:
     full = decision.summaries[0].steps if decision.summaries else 0
     rows = []
     for s in decision.summaries:
-        spread = f" +-{s.noise:.1%}" if len(s.heldout_losses) > 1 else ""
         rows.append(
             [
                 s.policy,
                 str(s.steps) if s.steps == full else f"{s.steps} of {full}",
-                _fmt(s.heldout_loss, ".4f") + spread,
-                "-" if s.policy == decision.baseline else _fmt(s.rel_gap * 100, "+.2f") + "%",
+                str(len(s.heldout_losses)),
+                _fmt(s.heldout_loss, ".4f"),
+                _gap_cell(s, decision),
                 _fmt(s.metric, ".4f"),
                 f"{s.skipped_fraction:.1%}",
                 _fmt(s.total_bytes / _MiB, ".2f"),
@@ -140,8 +184,9 @@ def _rows(decision: Decision, records: Sequence[RunRecord]) -> list[list[str]]:
 _HEADERS = [
     "policy",
     "steps",
+    "seeds",
     "held-out loss",
-    "gap",
+    "gap to baseline [interval]",
     "metric",
     "skipped",
     "memory MiB",
@@ -155,18 +200,26 @@ _HEADERS = [
 def terminal_table(
     decision: Decision, metric_name: str = "metric", records: Sequence[RunRecord] = ()
 ) -> str:
-    """A compact plain-text decision table (without the doctor column)."""
+    """A plain-text decision table (without the doctor column), then every reason."""
     headers = [h if h != "metric" else metric_name for h in _HEADERS]
-    rows = [[*r[:9], r[10]] for r in _rows(decision, records)]
-    headers = headers[:9] + headers[10:]
+    doctor = _HEADERS.index("doctor")
+    rows = [
+        [*r[:doctor], verdict_label(s.policy, decision)]
+        for r, s in zip(_rows(decision, records), decision.summaries, strict=True)
+    ]
+    headers = headers[:doctor] + headers[doctor + 1 :]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    widths[-1] = min(widths[-1], 70)
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
     for r in rows:
-        cells = [c.ljust(w) for c, w in zip(r, widths, strict=True)]
-        cells[-1] = r[-1]
-        lines.append("  ".join(cells).rstrip())
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    reasons = [
+        f"  {s.policy}: {verdict_label(s.policy, decision)}: {verdict_reason(s.policy, decision)}"
+        for s in decision.summaries
+        if verdict_reason(s.policy, decision)
+    ]
+    if reasons:
+        lines += ["", "why:", *reasons]
     return "\n".join(lines)
 
 
@@ -241,7 +294,8 @@ def _plot_loss(records: Sequence[RunRecord], colors: Mapping[str, Any], plt: Any
         top = sorted(finite)[int(0.98 * (len(finite) - 1))]
         ax.set_ylim(min(finite) * 0.98, top * 1.05)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     return fig
 
@@ -259,20 +313,22 @@ def _plot_heldout(
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     ax = axes[0]
     cands = decision.summaries[1:]
-    base_by_seed = {r.seed: r for r in records if r.policy == decision.baseline and r.ok}
     for i, s in enumerate(cands):
-        gaps = []
-        for r in records:
-            if r.policy != s.policy or not r.ok or r.seed not in base_by_seed:
-                continue
-            ref = base_by_seed[r.seed].heldout_at(r.steps)
-            if ref and math.isfinite(ref):
-                gaps.append(100 * (r.heldout_loss - ref) / ref)
-        if math.isfinite(s.rel_gap):
-            ax.bar(i, 100 * s.rel_gap, color=colors[s.policy], alpha=0.8)
-        ax.scatter([i] * len(gaps), gaps, color="black", s=12, zorder=3)
-        if math.isfinite(s.noise):
-            ax.errorbar(i, 0, yerr=100 * s.noise, color="grey", capsize=4, lw=1, zorder=2)
+        gap = s.gap
+        if math.isfinite(gap.mean):
+            ax.bar(i, 100 * gap.mean, color=colors[s.policy], alpha=0.8)
+        if math.isfinite(gap.low) and math.isfinite(gap.high):
+            ax.errorbar(
+                i,
+                100 * gap.mean,
+                yerr=[[100 * (gap.mean - gap.low)], [100 * (gap.high - gap.mean)]],
+                color="black",
+                capsize=4,
+                lw=1,
+                zorder=2,
+            )
+        finite = [100 * g for g in gap.gaps if math.isfinite(g)]
+        ax.scatter([i] * len(finite), finite, color="black", s=12, zorder=3)
     ax.axhline(0, color="black", lw=0.8)
     ax.axhline(100 * gap_limit, color="#c33", lw=1, ls="--", label=f"gate: +{gap_limit:.2%}")
     ax.set_xticks(
@@ -287,7 +343,8 @@ def _plot_heldout(
     )
     ax.set_ylabel(f"held-out loss vs {decision.baseline} (%)")
     ax.set_title(
-        "Gap to the baseline at the same step\n(dots: seeds; grey: seed noise)", fontsize=9
+        "Paired gap to the baseline at the same step\n(dots: seeds; bars: t-interval)",
+        fontsize=9,
     )
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
@@ -413,15 +470,24 @@ def _observations(records: Sequence[RunRecord], decision: Decision) -> list[str]
     """Plain statements read off the data; nothing here is asserted without it."""
     notes: list[str] = []
     base = decision.summaries[0] if decision.summaries else None
+    if base is not None and math.isfinite(base.baseline_spread):
+        notes.append(
+            f"`{base.policy}` alone varies by {base.baseline_spread:.2%} (relative sd of "
+            f"held-out loss over {len(base.heldout_losses)} seeds); gaps are judged per seed, "
+            "paired on the same weights and batches, so this spread is not the noise of a gap"
+        )
+    if base is not None and math.isfinite(base.tail_improvement):
+        notes.append(
+            f"`{base.policy}` improved {base.tail_improvement:.2%} over its last fifth "
+            f"(steps {tail_start(base.steps)}-{base.steps})"
+        )
     for s in decision.summaries[1:]:
         if base is None or not math.isfinite(s.rel_gap):
             continue
-        within = abs(s.rel_gap) <= 2 * s.noise
         where = "" if s.steps == base.steps else f" at step {s.steps}"
         notes.append(
-            f"`{s.policy}`: held-out loss {s.rel_gap:+.2%} vs `{base.policy}`{where} "
-            + ("(within seed noise " if within else "(seed noise ")
-            + f"{s.noise:.2%}); {s.frozen_fraction:.1%} of parameter elements never changed"
+            f"`{s.policy}`: paired gap {format_interval(s.gap)} vs `{base.policy}`{where} over "
+            f"{s.gap.n} seed(s); {s.frozen_fraction:.1%} of parameter elements never changed"
         )
     capped = sorted(
         {
@@ -450,11 +516,27 @@ def _observations(records: Sequence[RunRecord], decision: Decision) -> list[str]
                 f"`{r.policy}`: {r.frozen_fraction['norm']:.1%} of norm-layer parameters "
                 "never left their initial value"
             )
-    if base is not None and all(
-        abs(s.rel_gap) <= 2 * s.noise for s in decision.summaries[1:] if math.isfinite(s.rel_gap)
-    ):
-        notes.append("no candidate's held-out loss differs from the baseline beyond seed noise")
     return notes
+
+
+def headline(decision: Decision) -> str:
+    """One sentence: the recommendation, or why there is none."""
+    if not decision.baseline_ok:
+        return f"The baseline failed its own gates: {decision.baseline_reason}"
+    if decision.too_short:
+        return f"No recommendation, too short to judge: {decision.too_short}."
+    if decision.recommended:
+        return (
+            f"Recommended: **{decision.recommended}** (the eligible candidate with the least "
+            "measured memory; the table says why each other candidate was not)"
+        )
+    if decision.inconclusive:
+        return (
+            "No recommendation: no candidate is settled within the gap limit "
+            f"(inconclusive: {', '.join(decision.inconclusive)}, "
+            f"after up to {decision.max_seeds} seeds)."
+        )
+    return "No candidate passed the gates."
 
 
 def render(
@@ -512,19 +594,16 @@ def render(
     }
     observations = _observations(records, decision)
     title = f"mixprec compare: {contract.workload}"
-    verdict = (
-        f"Recommended: **{decision.recommended}** (the eligible candidate with the least "
-        "measured memory; see the table for why the others were rejected)"
-        if decision.recommended
-        else "No candidate passed the gates."
-        if decision.baseline_ok
-        else f"The baseline failed its own gates: {decision.baseline_reason}"
-    )
+    verdict = headline(decision)
     gates = contract.gates
     gate_text = (
-        f"held-out loss gap <= {gates.max_rel_loss_gap:.2%} unless within "
-        f"{gates.noise_multiplier:g} x "
-        f"seed noise; non-finite-loss steps <= {gates.max_nonfinite_steps}; skipped steps <= "
+        f"held-out loss gap per seed, paired with {contract.baseline}: eligible when its "
+        f"{gates.confidence:.0%} t-interval lies at or below {gates.max_rel_loss_gap:.2%}, "
+        "rejected when above, inconclusive otherwise (more seeds, up to "
+        f"{contract.seed_limit}); long enough when {contract.baseline}'s last fifth improved "
+        f"<= {gates.tail_limit:.2%}; doctor errors on the update path reject"
+        + (f" (acknowledged: {', '.join(contract.allow)})" if contract.allow else "")
+        + f"; non-finite-loss steps <= {gates.max_nonfinite_steps}; skipped steps <= "
         f"{gates.max_skipped_fraction:.0%}"
         + (
             f"; {metric_name} threshold {gates.metric_threshold:g}"
@@ -535,7 +614,12 @@ def render(
     setting_text = ", ".join(f"{k} {v}" for k, v in (settings or {}).items())
 
     md = [f"# {title}", "", workload_description, "", verdict, ""]
-    md += [f"Settings: {setting_text}; seeds {contract.seeds}.", "", f"Gates: {gate_text}.", ""]
+    md += [
+        f"Settings: {setting_text}; seeds {contract.seeds} (up to {contract.seed_limit}).",
+        "",
+        f"Gates: {gate_text}.",
+        "",
+    ]
     md += ["## Decision", "", _md_table(headers, rows), ""]
     md += [
         "Memory is measured on one training step (parameters, gradients, master, moments, "
@@ -595,7 +679,8 @@ h1{font-size:1.5em;margin-bottom:.2em}
 h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.85em;width:100%}
 th,td{border:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}
-th{background:#f4f4f4}tr.rec td{background:#e8f6e8;font-weight:600}tr.rej td{color:#777}
+th{background:#f4f4f4}tr.rec td{background:#e8f6e8;font-weight:600}
+tr.rejected td{color:#777}tr.inconclusive td,tr.too_short td{background:#fdf6e3}
 tr.base td{background:#f4f7fc}.verdict{font-size:1.15em;margin:.6em 0;padding:.5em .8em;
 background:#eef6ee;border-left:4px solid #3a3}.fail{background:#fbeeee;border-left-color:#c33}
 .muted{color:#666;font-size:.9em}img{max-width:100%;border:1px solid #eee;margin:.4em 0}
@@ -626,26 +711,26 @@ def _html(
         f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{e(title)}</h1><p class='muted'>{e(description)}</p>",
         f"<div class='{cls}'>{verdict_html}</div>",
-        f"<p class='muted'>Settings: {e(setting_text)}; seeds {contract.seeds}.<br>"
+        f"<p class='muted'>Settings: {e(setting_text)}; seeds {contract.seeds} "
+        f"(up to {contract.seed_limit}).<br>"
         f"Gates: {e(gate_text)}.</p>",
         "<h2>Decision</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>",
     ]
     for s, r in zip(decision.summaries, rows, strict=True):
+        v = decision.verdicts.get(s.policy)
         klass = (
             "base"
             if s.policy == decision.baseline
             else "rec"
             if s.policy == decision.recommended
-            else "rej"
-            if s.policy in decision.rejected
-            else ""
+            else (v.status if v is not None else "")
         )
         out.append(f"<tr class='{klass}'>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>")
     out.append(
         "</table><p class='muted'>gap: mean over seeds of the relative held-out loss "
-        "difference to the baseline on the same seed; +- is the seed spread (half-range). "
-        "Memory: measured on one training step. frozen: parameter elements still at their "
-        "initial value at the end.</p>"
+        "difference to the baseline on the same seed, with its t-interval in brackets; the "
+        "baseline row gives its own seed spread. Memory: measured on one training step. "
+        "frozen: parameter elements still at their initial value at the end.</p>"
     )
     if observations:
         out.append("<h2>What the data show</h2><ul>")

@@ -4,7 +4,9 @@ For each seed, every policy starts from bitwise the same fp32 initial weights
 (`Workload.make_model(seed)`) and sees the same batches in the same order
 (`Workload.train_batch(step=, seed=)`), so differences between runs are the
 policy's alone. Each run writes its record as soon as it finishes; a rerun into
-the same folder skips runs whose record exists with the same fingerprint.
+the same folder skips runs whose record exists with the same fingerprint. When
+a candidate's gap is inconclusive after the contract's seeds, the runner adds
+seeds to it and to the baseline, one at a time, up to ``max_seeds``.
 """
 
 from __future__ import annotations
@@ -26,12 +28,21 @@ from mixprec.device import device_caps
 from mixprec.engine import Precision
 from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
 from mixprec.experiment.contract import Contract, get_policy_quiet
+from mixprec.experiment.decision import decide, tail_start
 from mixprec.experiment.records import RunRecord, read_records, record_path, write_json_atomic
 from mixprec.memory import MemoryBreakdown, estimate, measure
 from mixprec.policy import DEFAULT_FP32_MODULES, Policy, matches_fp32_module
 from mixprec.workloads import Workload, load_workload
 
-__all__ = ["RunSettings", "lr_at", "run_experiment", "run_one", "settings_for", "step_caps_for"]
+__all__ = [
+    "RunSettings",
+    "evaluation_steps",
+    "lr_at",
+    "run_experiment",
+    "run_one",
+    "settings_for",
+    "step_caps_for",
+]
 
 _MAX_CURVE_POINTS = 400
 
@@ -93,6 +104,13 @@ def step_caps_for(contract: Contract, steps: int, device: str) -> dict[str, int]
         for name in contract.candidates
         if get_policy_quiet(name).compute_dtype == torch.float16
     }
+
+
+def evaluation_steps(steps: int, caps: dict[str, int]) -> frozenset[int]:
+    """Extra held-out evaluations: every compared step and the start of its last fifth
+    (the decision's training-length check reads the baseline's improvement there)."""
+    compared = {steps, *caps.values()}
+    return frozenset({*compared, *(tail_start(c) for c in compared)} - {0})
 
 
 def lr_at(step: int, s: RunSettings) -> float:
@@ -230,10 +248,9 @@ def run_one(
             x, y = workload.train_batch(
                 step=step, seed=seed, batch_size=settings.batch_size, device=device
             )
-            t0 = time.perf_counter()
             if step == 0:
-                loss_t, mem = measured_step(x, y)
-                measured = mem.bytes.to_dict()
+                # Before the first step: a probe may hook the model after a non-finite
+                # step, and the estimate's fake-tensor forward must not run through it.
                 predicted = estimate(
                     model,
                     pol,
@@ -242,6 +259,10 @@ def run_one(
                     targets=y,
                     device_type=torch.device(device).type,
                 ).bytes.to_dict()
+            t0 = time.perf_counter()
+            if step == 0:
+                loss_t, mem = measured_step(x, y)
+                measured = mem.bytes.to_dict()
             else:
                 loss_t = train_step(x, y)
                 train_time += time.perf_counter() - t0
@@ -320,33 +341,43 @@ def run_experiment(
     allow_import: bool = False,
     stream: TextIO | None = sys.stderr,
     on_record: Callable[[RunRecord, bool], None] | None = None,
+    workload: Workload | None = None,
 ) -> tuple[Workload, list[RunRecord]]:
     """Run (or resume) every run of `contract`, writing records under `out_dir/runs`.
+
+    Every policy runs seeds ``0..contract.seeds-1``. While a candidate's gap is
+    inconclusive (`decide`), the baseline and the inconclusive candidates run
+    one more seed, up to ``contract.seed_limit``.
 
     Args:
         contract: what to run.
         out_dir: the output folder (created).
         device: the device to train on.
         allow_import: the workload may be a ``module:function`` spec (command line only).
-        stream: where progress bars go (None: silent).
+        stream: where progress goes (None: silent).
         on_record: called with each record and whether it was reused from disk.
+        workload: the workload object (for a library call); default: loaded from
+            ``contract.workload``.
 
     Returns:
-        The workload and the records, baseline first, in contract order per seed.
+        The workload and the records, in the order they ran (baseline first per seed).
     """
-    workload = load_workload(
-        contract.workload, allow_import=allow_import, **workload_options(contract)
-    )
+    if workload is None:
+        workload = load_workload(
+            contract.workload, allow_import=allow_import, **workload_options(contract)
+        )
     settings = settings_for(contract, workload)
     caps = step_caps_for(contract, settings.steps, device)
-    eval_at = frozenset(caps.values())
+    eval_at = evaluation_steps(settings.steps, caps)
     out_dir.mkdir(parents=True, exist_ok=True)
     existing = {}
     with contextlib.suppress(ValueError):
         existing = {(r.policy, r.seed): r for r in read_records(out_dir)}
     records: list[RunRecord] = []
-    for seed in range(contract.seeds):
-        for name in contract.policies:
+
+    def run_seed(seed: int, names: tuple[str, ...]) -> None:
+        assert workload is not None
+        for name in names:
             run_steps = caps.get(name, settings.steps)
             fingerprint = contract.run_fingerprint(name, seed, run_steps)
             old = existing.get((name, seed))
@@ -371,4 +402,19 @@ def run_experiment(
             records.append(record)
             if on_record is not None:
                 on_record(record, False)
+
+    for seed in range(contract.seeds):
+        run_seed(seed, contract.policies)
+    for seed in range(contract.seeds, contract.seed_limit):
+        decision = decide(records, contract, higher_is_better=workload.higher_is_better)
+        pending = tuple(decision.inconclusive)
+        if not pending:
+            break
+        if stream is not None:
+            print(
+                f"  inconclusive: {', '.join(pending)}; adding seed {seed} "
+                f"(max_seeds {contract.seed_limit})",
+                file=stream,
+            )
+        run_seed(seed, (contract.baseline, *pending))
     return workload, records

@@ -1,0 +1,165 @@
+"""`mixprec.compare`: the precision experiment as one library call.
+
+Run (or resume) every run of a contract, add seeds while a candidate is
+inconclusive, decide, and render the report. `mixprec compare` is this call
+plus argument parsing and printing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from mixprec.experiment.contract import Contract, Gates
+from mixprec.experiment.decision import Decision, decide
+from mixprec.experiment.records import RunRecord
+from mixprec.experiment.report import Report, render
+from mixprec.experiment.runner import run_experiment, settings_for
+from mixprec.workloads import Workload
+
+__all__ = ["Results", "compare", "run_contract"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Results:
+    """What an experiment produced.
+
+    Attributes:
+        contract: the contract that ran.
+        workload: the workload object.
+        records: every run record, in the order the runs happened.
+        decision: the verdicts and the recommendation.
+        report: paths of results.json, report.md, report.html and the plots.
+        out_dir: the folder holding all of it.
+    """
+
+    contract: Contract
+    workload: Workload
+    records: tuple[RunRecord, ...]
+    decision: Decision
+    report: Report
+    out_dir: Path
+
+    @property
+    def recommended(self) -> str | None:
+        """The recommended policy, or None."""
+        return self.decision.recommended
+
+
+def run_contract(
+    contract: Contract,
+    out_dir: Path,
+    *,
+    device: str = "cpu",
+    allow_import: bool = False,
+    stream: TextIO | None = sys.stderr,
+    on_record: Callable[[RunRecord, bool], None] | None = None,
+    workload: Workload | None = None,
+) -> Results:
+    """Run `contract` into `out_dir`, decide, and render the report."""
+    wl, records = run_experiment(
+        contract,
+        out_dir,
+        device=device,
+        allow_import=allow_import,
+        stream=stream,
+        on_record=on_record,
+        workload=workload,
+    )
+    decision = decide(records, contract, higher_is_better=wl.higher_is_better)
+    settings = dataclasses.asdict(settings_for(contract, wl))
+    settings["betas"] = list(settings["betas"])
+    report = render(
+        out_dir,
+        contract,
+        records,
+        decision,
+        workload_description=wl.description,
+        metric_name=wl.metric_name,
+        higher_is_better=wl.higher_is_better,
+        settings=settings,
+    )
+    return Results(
+        contract=contract,
+        workload=wl,
+        records=tuple(records),
+        decision=decision,
+        report=report,
+        out_dir=out_dir,
+    )
+
+
+def compare(
+    workload: str | Workload = "shakespeare",
+    policies: Sequence[str] | str | None = None,
+    *,
+    seeds: int = 2,
+    steps: int | None = None,
+    out: str | Path | None = None,
+    device: str = "cpu",
+    progress: bool = True,
+    **contract: Any,
+) -> Results:
+    """Train a baseline and candidate policies on `workload`, judge them, and report.
+
+    Args:
+        workload: a built-in workload name, a ``module:function`` spec (imported:
+            this call is a person asking), or a `Workload` object.
+        policies: candidate policies (a list or a comma-separated string); the
+            baseline is dropped from it. None: the default candidates.
+        seeds: seeds every policy runs; inconclusive candidates get more, up to
+            ``max_seeds``.
+        steps: optimizer steps per run (None: the workload's default).
+        out: the output folder (None: a new temporary folder).
+        device: the device to train on.
+        progress: show progress bars and per-run lines on stderr.
+        **contract: any other `Contract` field (``baseline``, ``size``, ``lr``,
+            ``max_seeds``, ``allow``, ``step_caps``...) and ``gates`` (a `Gates`
+            or a mapping of its fields).
+
+    Returns:
+        The `Results`; ``results.recommended`` is the policy to promote, or None.
+
+    Raises:
+        ValueError: an invalid contract, naming the value and the valid choices.
+    """
+    fields: dict[str, Any] = dict(contract)
+    gates = fields.get("gates")
+    if gates is not None and not isinstance(gates, Gates):
+        if not isinstance(gates, Mapping):
+            raise ValueError(f"gates must be a Gates or a mapping, got {gates!r}")
+        fields["gates"] = dict(gates)
+    if isinstance(workload, Workload):
+        fields["workload"] = workload.name
+        workload_obj: Workload | None = workload
+    else:
+        fields["workload"] = workload
+        workload_obj = None
+    fields["seeds"] = seeds
+    fields["steps"] = steps
+    if policies is not None:
+        names = [p.strip() for p in policies.split(",")] if isinstance(policies, str) else policies
+        baseline = fields.get("baseline", "fp32")
+        fields["candidates"] = [n for n in names if n and n != baseline]
+        if not fields["candidates"]:
+            raise ValueError(f"policies {policies!r} name no candidate besides the baseline")
+    plain = {k: v for k, v in fields.items() if k != "gates"}
+    if "gates" in fields and isinstance(fields["gates"], Gates):
+        built = Contract.from_dict(plain)
+        built = dataclasses.replace(built, gates=fields["gates"])
+    else:
+        built = Contract.from_dict(fields)
+    out_dir = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="mixprec-compare-"))
+    return run_contract(
+        built,
+        out_dir,
+        device=device,
+        allow_import=workload_obj is None and ":" in str(workload),
+        stream=sys.stderr if progress else None,
+        workload=workload_obj,
+    )

@@ -1,0 +1,249 @@
+"""`compare` end to end: extra seeds, the update-path gate, training length, visible reasons."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mixprec
+from mixprec.cli import main
+from mixprec.experiment import Contract, RunRecord
+from mixprec.experiment.decision import tail_start
+from mixprec.experiment.report import terminal_table, verdict_reason
+from mixprec.policy import PRESET_NAMES
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+# ------------------------------------------------------------ extra seeds
+
+
+#: Scripted paired gaps per seed: one never settles, one settles at 3 seeds, one at 2.
+SCRIPTED_GAPS = {
+    "amp_bf16": [0.0, 0.01, 0.0, 0.01, 0.0],
+    "amp_fp16": [0.0, 0.002, 0.001, 0.0, 0.0],
+    "bf16_master": [0.001, 0.002, 0.0015, 0.001, 0.001],
+}
+
+
+def _scripted_run_one(workload: Any, name: str, seed: int, settings: Any, **kw: Any) -> RunRecord:
+    """A run whose held-out loss follows `SCRIPTED_GAPS` (the baseline: 1 + seed / 10)."""
+    steps = kw["run_steps"]
+    base = 1.0 + seed / 10
+    loss = base * (1 + SCRIPTED_GAPS[name][seed]) if name in SCRIPTED_GAPS else base
+    return RunRecord(
+        workload=workload.name,
+        size="tiny",
+        policy=name,
+        policy_fields={},
+        seed=seed,
+        steps=steps,
+        fingerprint=kw["fingerprint"],
+        heldout_loss=loss,
+        metric=1.0,
+        metric_name="macro_f1",
+        eval_curve=[[tail_start(steps), loss], [steps, loss]],
+        bytes={"total": 100},
+        throughput={"steps_per_s": 1.0},
+    )
+
+
+def test_inconclusive_candidates_get_more_seeds_up_to_max(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = sys.modules["mixprec.experiment.runner"]
+    monkeypatch.setattr(runner, "run_one", _scripted_run_one)
+    contract = Contract(
+        workload="digits",
+        size="tiny",
+        candidates=("amp_bf16", "amp_fp16", "bf16_master"),
+        seeds=2,
+        steps=10,
+        step_caps={},
+    )
+    results = mixprec.experiment.run_contract(contract, tmp_path, stream=None)
+    ran = {(r.policy, r.seed) for r in results.records}
+    assert {s for p, s in ran if p == "fp32"} == {0, 1, 2, 3, 4}
+    assert {s for p, s in ran if p == "amp_bf16"} == {0, 1, 2, 3, 4}  # never settles
+    assert {s for p, s in ran if p == "amp_fp16"} == {0, 1, 2}  # settles at 3 seeds
+    assert {s for p, s in ran if p == "bf16_master"} == {0, 1}  # settled at 2
+    d = results.decision
+    assert d.verdicts["amp_bf16"].status == "inconclusive"
+    assert "max_seeds=5 reached" in d.verdicts["amp_bf16"].reason
+    assert d.verdicts["amp_fp16"].status == "eligible" and d.summary("amp_fp16").gap.n == 3
+    assert d.recommended in ("amp_fp16", "bf16_master")
+    stored = json.loads(results.report.results_json.read_text())
+    assert stored["decision"]["policies"]["amp_bf16"]["paired_seeds"] == 5
+    assert "max_seeds=5 reached" in results.report.markdown.read_text()
+
+
+# ----------------------------------------------------- real workloads
+
+
+def test_low_lr_bf16_pure_within_the_gap_is_rejected_for_its_update_path(
+    tmp_path: Path,
+) -> None:
+    """At a low learning rate most bf16 updates round away: the loss gap (limit 5% here)
+    does not catch it, the doctor's update-path errors do."""
+    kw: dict[str, Any] = dict(
+        seeds=2,
+        max_seeds=2,
+        steps=60,
+        size="tiny",
+        lr=1e-4,
+        min_lr=1e-4,
+        warmup_steps=0,
+        gates={"max_rel_loss_gap": 0.05},
+        progress=False,
+    )
+    results = mixprec.compare("digits", ["bf16_pure"], out=tmp_path / "a", **kw)
+    v = results.decision.verdicts["bf16_pure"]
+    assert v.status == "rejected" and v.gate == "update-path", v
+    gap = results.decision.summary("bf16_pure").gap
+    assert gap.high <= 0.05, gap  # the loss alone would have passed it
+    vanishing = [
+        f
+        for r in results.records
+        if r.policy == "bf16_pure"
+        for f in r.doctor
+        if f["rule"] == "vanishing-updates"
+    ]
+    assert vanishing and all(f["severity"] == "error" for f in vanishing)
+    allowed = mixprec.compare(
+        "digits",
+        ["bf16_pure"],
+        out=tmp_path / "a",
+        allow=["optimizer-state-16bit"],
+        **kw,
+    )
+    v = allowed.decision.verdicts["bf16_pure"]
+    assert v.gate == "update-path" and "vanishing-updates" in v.reason
+    assert v.acknowledged == ("optimizer-state-16bit",)
+    md = allowed.report.markdown.read_text()
+    assert "acknowledged: optimizer-state-16bit" in md
+
+
+def test_issue_digits_command_never_makes_bf16_pure_eligible(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "compare",
+        "--workload",
+        "digits",
+        "--policies",
+        "amp_bf16,bf16_pure,bf16_sr,bf16_kahan",
+        "--steps",
+        "100",
+        "--seeds",
+        "3",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+    ]
+    code = main(argv)
+    printed = capsys.readouterr().out
+    data = json.loads((tmp_path / "results.json").read_text())
+    decision = data["decision"]
+    assert "bf16_pure" not in decision["eligible"] and decision["recommended"] != "bf16_pure"
+    verdict = decision["policies"]["bf16_pure"]["verdict"]
+    assert verdict["status"] == "rejected" and verdict["gate"] == "update-path"
+    # 100 digits steps are too short for a 0.5% gate: the baseline still falls fast.
+    assert decision["too_short"] and decision["recommended"] is None and code == 1
+    assert "too short to judge" in printed and "bf16_pure: rejected (update-path)" in printed
+
+
+def test_too_short_run_recommends_nothing(tmp_path: Path) -> None:
+    results = mixprec.compare(
+        "digits", "amp_bf16", seeds=2, max_seeds=2, steps=15, size="tiny", out=tmp_path
+    )
+    d = results.decision
+    assert d.too_short and d.recommended is None
+    assert d.verdicts["amp_bf16"].status == "too_short"
+    assert "No recommendation, too short to judge" in results.report.html.read_text()
+
+
+def _docs_workload_module(tmp_path: Path) -> str:
+    text = (DOCS / "workloads.md").read_text()
+    match = re.search(r"```python\n(# my_tasks\.py\n.*?)```", text, re.S)
+    assert match, "docs/workloads.md lost its my_tasks.py example"
+    (tmp_path / "my_tasks.py").write_text(match.group(1))
+    return "my_tasks:make_workload"
+
+
+def test_docs_example_workload_runs_every_preset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """amp_fp16 overflows at step 0 here (scale 65536 -> 32768) with the probe on."""
+    spec = _docs_workload_module(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    contract = Contract(
+        workload=spec,
+        candidates=tuple(p for p in PRESET_NAMES if p != "fp32"),
+        seeds=1,
+        max_seeds=1,
+        steps=10,
+        step_caps={},
+    )
+    results = mixprec.experiment.run_contract(
+        contract, tmp_path / "out", allow_import=True, stream=None
+    )
+    by = {r.policy: r for r in results.records}
+    assert all(r.ok for r in results.records), {r.policy: r.error for r in results.records}
+    assert by["amp_fp16"].skipped_steps >= 1
+    assert by["amp_fp16"].loss_scale_trace[0][0] == 0
+    assert by["amp_fp16"].predicted_bytes["total"] > 0
+    monkeypatch.delitem(sys.modules, "my_tasks", raising=False)
+
+
+# ------------------------------------------------------------ reasons
+
+
+def test_every_reason_is_printed_and_rendered(tmp_path: Path) -> None:
+    results = mixprec.compare(
+        "digits",
+        "amp_bf16,bf16_pure,fp16_unscaled",
+        seeds=2,
+        max_seeds=2,
+        steps=40,
+        size="tiny",
+        out=tmp_path,
+        progress=False,
+    )
+    d = results.decision
+    table = terminal_table(d, "macro_f1", results.records)
+    md = results.report.markdown.read_text()
+    page = results.report.html.read_text()
+    for name in d.verdicts:
+        reason = verdict_reason(name, d)
+        assert reason
+        assert reason in table and reason in md.replace("\\|", "|")
+        assert html.escape(reason) in page
+    base = d.summary("fp32")
+    assert f"seed spread {base.baseline_spread:.2%}" in table
+    stored = json.loads(results.report.results_json.read_text())["decision"]["policies"]
+    for name in d.verdicts:
+        assert {"gaps", "gap_low", "gap_high", "baseline_spread", "seeds", "verdict"} <= set(
+            stored[name]
+        )
+
+
+def test_compare_validates_like_the_contract(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown precision policy"):
+        mixprec.compare("digits", ["nope"], out=tmp_path)
+    with pytest.raises(ValueError, match="name no candidate besides the baseline"):
+        mixprec.compare("digits", "fp32", out=tmp_path)
+    with pytest.raises(ValueError, match="allow names unknown doctor rules"):
+        mixprec.compare("digits", "amp_bf16", allow=["no-such-rule"], out=tmp_path)
+
+
+def test_cli_flags_reach_the_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "--seeds", "3", "--max-seeds", "2", "--out", str(tmp_path)]) == 2
+    assert "max_seeds must be an int >= seeds" in capsys.readouterr().err
+    assert main(["compare", "--allow", "nope", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "allow names unknown doctor rules" in capsys.readouterr().err

@@ -64,7 +64,11 @@ class StepReport:
         next_scale: the loss scale for the next step (None without loss scaling).
         grad_norm: the true (unscaled, pre-clip) total gradient norm; inf or NaN
             when gradients were non-finite.
-        nonfinite_grads: how many gradient elements were inf or NaN.
+        nonfinite_grads: how many gradient elements were inf or NaN, over every
+            gradient of every optimizer of the step (whatever clipping saw).
+        stepped: for each optimizer of the step, in the order given, whether it
+            applied an update (False for all on a skipped step; False for one
+            whose parameters had no gradient).
     """
 
     step: int
@@ -73,6 +77,7 @@ class StepReport:
     next_scale: float | None
     grad_norm: float
     nonfinite_grads: int
+    stepped: tuple[bool, ...] = ()
 
     @property
     def skipped(self) -> bool:
@@ -152,6 +157,25 @@ class _NonFiniteInClosureError(Exception):
 
 def _floating_params(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return [p for p in params if p.grad is not None]
+
+
+def _has_grads(optimizer: torch.optim.Optimizer) -> bool:
+    return any(p.grad is not None for p in _optimizer_params(optimizer))
+
+
+_SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+
+
+def _check_max_norm(max_norm: float) -> float:
+    if isinstance(max_norm, bool) or not isinstance(max_norm, int | float | torch.Tensor):
+        raise TypeError(f"max_norm must be a number > 0 (e.g. 1.0), got {max_norm!r}")
+    value = float(max_norm)
+    if not value > 0:  # also refuses NaN
+        raise ValueError(
+            f"max_norm must be > 0 (e.g. 1.0; float('inf') only measures the norm), got "
+            f"{value!r}: 0 zeroes every gradient and a negative value trains by gradient ascent"
+        )
+    return value
 
 
 def _count_nonfinite(grads: Sequence[torch.Tensor]) -> int:
@@ -284,6 +308,7 @@ class Precision:
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._unscaled: set[int] = set()
         self._pending_norm: torch.Tensor | None = None
+        self._pending_ids: frozenset[int] = frozenset()
         self._backward_pending = False
         self.observers: list[StepObserver] = []
 
@@ -432,6 +457,51 @@ class Precision:
         self.register(opt)
         return opt
 
+    def check_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+        """Raise `PrecisionError` if an optimizer cannot honour the policy.
+
+        Called by `step` before every update. Parameters must be stored as the policy
+        says (16-bit ones in `Policy.param_dtype`; fp32 ones are islands), and a 16-bit
+        parameter under a policy with a master must be kept by a `mixprec.optim.AdamW`
+        group with that master: an optimizer built before `prepare` (fp32 params then,
+        no master), `torch.optim.AdamW` (no master, moments in the param's dtype) or a
+        model cast after the optimizer was built would otherwise train 16-bit weights
+        silently without one.
+        """
+        pol = self.policy
+        for opt in optimizers:
+            format_of = getattr(opt, "format_of", None)
+            for p in _optimizer_params(opt):
+                if p.dtype not in _SIXTEEN_BIT:
+                    continue
+                if p.dtype != pol.param_dtype:
+                    raise PrecisionError(
+                        f"policy {pol.name!r} stores parameters in {dtype_name(pol.param_dtype)}, "
+                        f"but {type(opt).__name__} holds a {dtype_name(p.dtype)} parameter of "
+                        f"shape {tuple(p.shape)} (was the model cast after prec.prepare?); "
+                        "let prec.prepare(model) set storage dtypes, then build the optimizer "
+                        "with prec.optimizer(model)"
+                    )
+                if pol.master == "none":
+                    continue
+                if format_of is None:
+                    raise PrecisionError(
+                        f"policy {pol.name!r} keeps a {pol.master!r} master for "
+                        f"{dtype_name(p.dtype)} parameters, which {type(opt).__name__} cannot "
+                        "do (it updates 16-bit weights directly and keeps its state in their "
+                        "dtype); build the optimizer with prec.optimizer(model) or "
+                        f"mixprec.optim.AdamW(..., master={pol.master!r})"
+                    )
+                master, _moments = format_of(p)
+                if master == "none":
+                    raise PrecisionError(
+                        f"policy {pol.name!r} keeps a {pol.master!r} master for "
+                        f"{dtype_name(p.dtype)} parameters, but the optimizer keeps parameter "
+                        f"{tuple(p.shape)} with no master (it was built before prec.prepare "
+                        "cast the model, or with master='none'); call prec.prepare(model) "
+                        "first, then prec.optimizer(model)"
+                    )
+
     def register(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Tell this run about an optimizer built elsewhere (needed before clipping
         under loss scaling, so clipping can unscale its gradients first)."""
@@ -507,6 +577,7 @@ class Precision:
             The true total norm before clipping (inf/NaN if gradients are non-finite;
             such a step is then skipped by `step`).
         """
+        max_norm = _check_max_norm(max_norm)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         if self.policy.scales_loss:
             owners = [optimizer] if optimizer is not None else list(self._optimizers)
@@ -526,7 +597,10 @@ class Precision:
         norm = torch.nn.utils.clip_grad_norm_(
             params, max_norm, norm_type=norm_type, error_if_nonfinite=False
         )
-        self._pending_norm = norm.detach()
+        # Remembered for the step's report only: the step's non-finite decision is taken
+        # over every gradient the optimizers hold, whatever this call saw.
+        self._pending_norm = norm.detach() if norm_type == 2.0 else None
+        self._pending_ids = frozenset(id(p) for p in params if p.grad is not None)
         return norm
 
     # ------------------------------------------------------------------ step
@@ -554,9 +628,11 @@ class Precision:
         )
         for opt in optimizers:
             self.register(opt)
+        self.check_optimizers(optimizers)
         scale_before = self.loss_scale
         if scale_before is not None and not self.stats.scale_history:
             self.stats.record_scale(self.stats.steps, scale_before)
+        with_grads = tuple(_has_grads(opt) for opt in optimizers)
         try:
             if closure is not None:
                 applied, norm, nonfinite = self._step_with_closure(optimizers, closure)
@@ -565,8 +641,10 @@ class Precision:
         finally:
             self._unscaled.clear()
             self._pending_norm = None
+            self._pending_ids = frozenset()
             self._backward_pending = False
-        report = self._finish(applied, norm, nonfinite, scale_before)
+        stepped = tuple(applied and g for g in with_grads)
+        report = self._finish(applied, norm, nonfinite, scale_before, stepped)
         for observer in self.observers:
             observer.after_step(self, optimizers, report)
         self._check_collapse()
@@ -577,30 +655,50 @@ class Precision:
             observer.before_step(self, optimizers, self.stats.steps)
 
     def _check_grads(self, optimizers: Sequence[torch.optim.Optimizer]) -> tuple[float, int]:
-        grads = [p.grad for opt in optimizers for p in _floating_params(_optimizer_params(opt))]
-        grads_t = [g for g in grads if g is not None]
-        norm_t = self._pending_norm if self._pending_norm is not None else _total_norm(grads_t)
-        norm = float(norm_t)
-        nonfinite = 0 if math.isfinite(norm) else _count_nonfinite(grads_t)
-        if not math.isfinite(norm) and nonfinite == 0:
+        """The reported gradient norm and the count of non-finite gradient elements.
+
+        The decision covers every gradient of every optimizer: one fused norm over all
+        of them, read with one host sync (together with a clip's pre-clip norm, which
+        is reported when that clip saw every gradient).
+        """
+        params = [p for opt in optimizers for p in _optimizer_params(opt) if p.grad is not None]
+        grads = [cast(torch.Tensor, p.grad) for p in params]
+        if not grads:
+            return 0.0, 0
+        total = _total_norm(grads).float()
+        pending = self._pending_norm
+        clip_saw_all = pending is not None and {id(p) for p in params} <= self._pending_ids
+        if clip_saw_all and pending is not None:
+            values = torch.stack([total, pending.float().to(total.device)]).tolist()
+            now, norm = values[0], values[1]
+        else:
+            now = norm = float(total)
+        if math.isfinite(now) and math.isfinite(norm):
+            return norm, 0
+        nonfinite = _count_nonfinite(grads)
+        if nonfinite == 0:
             nonfinite = 1  # the norm itself overflowed: treat as one non-finite value
-        return norm, nonfinite
+        return (norm if not math.isfinite(norm) else now), nonfinite
 
     def _step_plain(self, optimizers: Sequence[torch.optim.Optimizer]) -> tuple[bool, float, int]:
         self._unscale(optimizers)
         norm, nonfinite = self._check_grads(optimizers)
         self._notify_before(optimizers)
+        # One decision for every optimizer of the step, taken on every rank together.
+        bad = _any_across_ranks(nonfinite > 0, self.device)
         ls = self.policy.loss_scaling
         if ls is not None and ls.dynamic:
-            # GradScaler decides from its own inf check on the same gradients (all-reduced
-            # across ranks by ShardedGradScaler): it skips the step and backs the scale off
-            # exactly as torch AMP does. A skipped step is one whose scale went down.
-            before = float(self.scaler.get_scale())
-            for opt in optimizers:
+            if bad:
+                self._update_scale(found_inf=True)  # back off, as GradScaler does
+                return False, norm, nonfinite
+            stepping = [opt for opt in optimizers if _has_grads(opt)]
+            for opt in stepping:
                 self.scaler.step(opt)
-            self.scaler.update()
-            return float(self.scaler.get_scale()) >= before, norm, nonfinite
-        bad = _any_across_ranks(nonfinite > 0, self.device)
+            if stepping:
+                self.scaler.update()
+            else:  # nothing was unscaled: end the iteration without moving the scale
+                self.scaler.update(new_scale=float(self.scaler.get_scale()))
+            return True, norm, nonfinite
         if not bad:
             for opt in optimizers:
                 opt.step()
@@ -678,7 +776,12 @@ class Precision:
         self.scaler.load_state_dict(state)
 
     def _finish(
-        self, applied: bool, norm: float, nonfinite: int, scale_before: float | None
+        self,
+        applied: bool,
+        norm: float,
+        nonfinite: int,
+        scale_before: float | None,
+        stepped: tuple[bool, ...] = (),
     ) -> StepReport:
         stats = self.stats
         index = stats.steps
@@ -701,6 +804,7 @@ class Precision:
             next_scale=scale_after,
             grad_norm=norm,
             nonfinite_grads=nonfinite,
+            stepped=stepped,
         )
         return report
 
@@ -737,9 +841,30 @@ class Precision:
         }
 
     def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
-        """Restore `state_dict` output. With `strict`, the saved policy must match."""
-        saved = state.get("policy")
-        if strict and saved is not None:
+        """Restore `state_dict` output. With `strict`, the saved policy must match.
+
+        Everything is validated before anything changes: a bad state leaves this
+        `Precision` as it was.
+
+        Raises:
+            ValueError: a state that is not `state_dict` output (missing keys, a loss
+                scale that is not a finite number > 0, malformed telemetry), or a
+                different policy under `strict`.
+        """
+        if not isinstance(state, dict):
+            raise ValueError(
+                f"Precision state must be a dict from Precision.state_dict(), got "
+                f"{type(state).__name__}"
+            )
+        missing = [k for k in ("policy", "scaler", "stats") if k not in state]
+        if missing:
+            raise ValueError(
+                f"Precision state is missing {missing}; expected Precision.state_dict() output"
+            )
+        saved = state["policy"]
+        if not isinstance(saved, dict):
+            raise ValueError(f"Precision state 'policy' must be a dict, got {saved!r}")
+        if strict:
             mine = self.policy.to_dict()
             diff = sorted(k for k in mine if k not in ("name", "note") and saved.get(k) != mine[k])
             if diff:
@@ -748,11 +873,28 @@ class Precision:
                     f"{ {k: saved.get(k) for k in diff} }, now { {k: mine[k] for k in diff} }); "
                     "pass strict=False to resume under the new policy deliberately"
                 )
-        scaler_state = state.get("scaler") or {}
+        scaler_state = state["scaler"]
+        if not isinstance(scaler_state, dict):
+            raise ValueError(f"Precision state 'scaler' must be a dict, got {scaler_state!r}")
+        if scaler_state and self.policy.scales_loss:
+            scale = scaler_state.get("scale")
+            if isinstance(scale, bool) or not isinstance(scale, int | float):
+                raise ValueError(f"saved loss scale must be a number, got {scale!r}")
+            if not (math.isfinite(scale) and scale > 0):
+                raise ValueError(f"saved loss scale must be finite and > 0, got {scale!r}")
+            tracker = scaler_state.get("_growth_tracker", 0)
+            if isinstance(tracker, bool) or not isinstance(tracker, int) or tracker < 0:
+                raise ValueError(f"saved growth tracker must be an int >= 0, got {tracker!r}")
+        raw_stats = state["stats"]
+        if not isinstance(raw_stats, dict):
+            raise ValueError(f"Precision state 'stats' must be a dict, got {raw_stats!r}")
+        try:
+            stats = PrecisionStats.from_dict(raw_stats)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"Precision state 'stats' is malformed: {exc}") from exc
         if scaler_state and self.policy.scales_loss:
             self.scaler.load_state_dict(scaler_state)
-        if "stats" in state:
-            self.stats = PrecisionStats.from_dict(state["stats"])
+        self.stats = stats
 
     def describe(self) -> dict[str, Any]:
         """Requested versus effective precision on this device, as plain data."""

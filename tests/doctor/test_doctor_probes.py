@@ -70,7 +70,9 @@ def test_the_same_model_in_fp32_or_with_loss_scaling_loses_no_gradient() -> None
 
 
 def _bf16_param_run(lr: float, steps: int = 3) -> Probe:
-    prec = mixprec.Precision("fp32")
+    with warnings.catch_warnings():  # bf16_pure warns: the pattern under test
+        warnings.simplefilter("ignore", mixprec.PrecisionWarning)
+        prec = mixprec.Precision("bf16_pure")
     weight = nn.Parameter(torch.ones(64, dtype=torch.bfloat16))
     opt = torch.optim.SGD([weight], lr=lr)
     probe = Probe(every=1)
@@ -105,7 +107,7 @@ def test_a_master_keeps_tiny_updates() -> None:
     optim = pytest.importorskip("mixprec.optim")
     if not hasattr(optim, "AdamW"):
         pytest.skip("mixprec.optim.AdamW is not available yet")
-    prec = mixprec.Precision("fp32")
+    prec = mixprec.Precision("bf16_master")
     weight = nn.Parameter(torch.ones(64, dtype=torch.bfloat16))
     opt = optim.AdamW([weight], lr=1e-5, weight_decay=0.0, master="exact", fused=False)
     cheap, exact = Probe(every=1), Probe(every=1, track_masters=True)

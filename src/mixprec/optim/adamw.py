@@ -16,6 +16,7 @@ import torch
 from torch.optim.optimizer import ParamsT
 
 from mixprec.dtypes import dtype_name
+from mixprec.errors import PrecisionError
 from mixprec.optim import sharding
 from mixprec.optim.formats import moment_format, resolve_master
 from mixprec.optim.functional import adamw_scalars
@@ -35,6 +36,7 @@ class _ParamPlan:
     master: MasterFormat
     moments: MomentFormat
     mode: KernelMode
+    dtype: torch.dtype  # the parameter's dtype the formats were resolved for
 
 
 def _check_hyper(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
@@ -222,7 +224,7 @@ class AdamW(torch.optim.Optimizer):
         ):
             moments_kind = "fp32"
         moments = moment_format(moments_kind, block_size=self._block_size)
-        return _ParamPlan(master, moments, mode)
+        return _ParamPlan(master, moments, mode, p.dtype)
 
     def _kernel(self, plan: _ParamPlan, maximize: bool) -> StepKernel:
         key = (plan.master.kind, plan.moments.kind, maximize, plan.mode)
@@ -260,6 +262,13 @@ class AdamW(torch.optim.Optimizer):
                     raise ValueError("mixprec AdamW does not support sparse gradients")
                 state = self.state[p]
                 plan = self._plans[p]
+                if p.dtype != plan.dtype:
+                    raise PrecisionError(
+                        f"parameter {tuple(p.shape)} was {dtype_name(plan.dtype)} when this "
+                        f"AdamW was built (master {plan.master.kind!r}) and is "
+                        f"{dtype_name(p.dtype)} now; its master and moments no longer fit: "
+                        "cast the model (or prec.prepare it) before building the optimizer"
+                    )
                 step_t = state["step"]
                 step_t += 1
                 step = int(step_t.item())
@@ -318,6 +327,15 @@ class AdamW(torch.optim.Optimizer):
                 out.append(sharding.shard_like(value, p, p.shape))
         return out
 
+    def format_of(self, p: torch.Tensor) -> tuple[str, str]:
+        """The effective ``(master, moments)`` of parameter `p`.
+
+        Raises:
+            KeyError: `p` is not a parameter of this optimizer.
+        """
+        plan = self._plans[p]
+        return plan.master.kind, plan.moments.kind
+
     def formats(self) -> list[tuple[str, str]]:
         """The effective ``(master, moments)`` of every parameter, in parameter order."""
         return [
@@ -341,6 +359,21 @@ class AdamW(torch.optim.Optimizer):
             how = "native" if kernel.is_native else "compiled" if kernel.is_compiled else "eager"
             found.setdefault(kernel.family.name, set()).add(how)
         return {name: "+".join(sorted(hows)) for name, hows in found.items()}
+
+    # -- copies -----------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch.optim.Optimizer keeps only defaults, state and groups; the formats and
+        # options are needed to step. Kernels are a cache, rebuilt on first use.
+        out = dict(super().__getstate__())
+        for key in ("_fused", "_block_size", "_min_int8_numel", "_seed", "_plans"):
+            out[key] = getattr(self, key)
+        return out
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._kernels = {}
+        self._unused_seed = torch.zeros((), dtype=torch.int64)
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -378,9 +411,25 @@ class AdamW(torch.optim.Optimizer):
                         f"group {i}: saved {key}={saved.get(key)!r} differs from "
                         f"this optimizer's {group[key]!r}"
                     )
-        for group, saved in zip(self.param_groups, saved_groups, strict=True):
-            for p, pid in zip(group["params"], saved["params"], strict=True):
-                self._load_param_state(p, saved_state.get(pid))
+            try:
+                _check_hyper(
+                    saved["lr"], tuple(saved["betas"]), saved["eps"], saved["weight_decay"]
+                )
+            except (KeyError, TypeError) as exc:
+                raise ValueError(f"group {i}: saved hyperparameters are malformed: {exc}") from exc
+            except ValueError as exc:
+                raise ValueError(f"group {i}: saved {exc}") from exc
+        # Validate every parameter's state before copying any: a bad entry changes nothing.
+        pairs = [
+            (p, saved_state.get(pid) if isinstance(saved_state, dict) else None)
+            for group, saved in zip(self.param_groups, saved_groups, strict=True)
+            for p, pid in zip(group["params"], saved["params"], strict=True)
+        ]
+        for p, saved_p in pairs:
+            self._check_param_state(p, saved_p)
+        for p, saved_p in pairs:
+            for key, dst in self.state[p].items():
+                dst.copy_(cast(dict[str, torch.Tensor], saved_p)[key])
         for group, saved in zip(self.param_groups, saved_groups, strict=True):
             for key, value in saved.items():
                 if key != "params":
@@ -388,9 +437,9 @@ class AdamW(torch.optim.Optimizer):
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 
-    def _load_param_state(self, p: torch.Tensor, saved: dict[str, Any] | None) -> None:
+    def _check_param_state(self, p: torch.Tensor, saved: dict[str, Any] | None) -> None:
         state = self.state[p]
-        if saved is None or set(saved) != set(state):
+        if not isinstance(saved, dict) or set(saved) != set(state):
             got = "nothing" if saved is None else sorted(saved)
             raise ValueError(f"param state keys {got} do not match expected {sorted(state)}")
         for key, dst in state.items():
@@ -401,8 +450,6 @@ class AdamW(torch.optim.Optimizer):
                     f"state {key!r}: saved {getattr(src, 'dtype', type(src))} "
                     f"{tuple(getattr(src, 'shape', ()))}, expected {dst.dtype} {tuple(dst.shape)}"
                 )
-        for key, dst in state.items():
-            dst.copy_(saved[key])
 
     def __repr__(self) -> str:
         kinds = sorted(set(self.formats()))

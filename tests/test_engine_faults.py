@@ -1,0 +1,209 @@
+"""Fault injection for `Precision`: partial clips, bad clip norms, optimizers that cannot
+honour the policy, several optimizers, bad state. Each case was a silent failure once."""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import mixprec
+from mixprec import Precision, PrecisionError
+
+pytestmark = pytest.mark.filterwarnings("ignore::mixprec.errors.PerformanceWarning")
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 2))
+
+
+def _loss(prec: Precision, model: nn.Module) -> torch.Tensor:
+    with prec.autocast():
+        out = model(torch.randn(4, 8))
+    return out.float().pow(2).mean()
+
+
+def _params(model: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("name", ["fp32", "amp_bf16", "bf16_master", "amp_fp16", "bf16_lean"])
+def test_nan_outside_a_partial_clip_is_never_applied(name: str) -> None:
+    """NaN in the head's bias, clip on the body only: the step used to trust the clip."""
+    prec = Precision(name)
+    model = prec.prepare(_model())
+    opt = prec.optimizer(model, lr=1e-2)
+    prec.backward(_loss(prec, model))
+    head_bias = model[2].bias
+    assert head_bias.grad is not None
+    head_bias.grad[0] = float("nan")
+    before = _params(model)
+    norm = prec.clip_grad_norm_(model[0].parameters(), 1.0)
+    assert math.isfinite(float(norm))  # the clip saw only finite gradients
+    report = prec.step(opt)
+    assert not report.applied and report.nonfinite_grads >= 1
+    assert report.stepped == (False,)
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p.detach(), b)
+
+
+def test_a_full_clip_reports_the_pre_clip_norm() -> None:
+    prec = Precision("fp32")
+    model = prec.prepare(_model())
+    opt = prec.optimizer(model, lr=1e-2)
+    prec.backward(_loss(prec, model) * 1000)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    expected = float(torch.nn.utils.get_total_norm(grads))
+    prec.clip_grad_norm_(model.parameters(), 1.0)
+    report = prec.step(opt)
+    assert report.applied and report.grad_norm == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [-1.0, 0.0, math.nan, -math.inf])
+def test_clip_refuses_a_max_norm_that_is_not_positive(bad: float) -> None:
+    prec = Precision("fp32")
+    model = prec.prepare(_model())
+    prec.optimizer(model)
+    prec.backward(_loss(prec, model))
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    with pytest.raises(ValueError, match="max_norm must be > 0"):
+        prec.clip_grad_norm_(model.parameters(), bad)
+    assert all(
+        torch.equal(p.grad, g)
+        for p, g in zip(model.parameters(), grads, strict=True)
+        if p.grad is not None
+    )
+    with pytest.raises(TypeError, match="max_norm must be a number"):
+        prec.clip_grad_norm_(model.parameters(), "1.0")  # type: ignore[arg-type]
+    # inf only measures the norm, as in torch.
+    assert math.isfinite(float(prec.clip_grad_norm_(model.parameters(), math.inf)))
+
+
+def test_optimizer_built_before_prepare_is_refused() -> None:
+    prec = Precision("bf16_master")
+    model = _model()
+    opt = prec.optimizer(model, lr=1e-3)  # fp32 params now: no master
+    prec.prepare(model)
+    prec.backward(_loss(prec, model))
+    before = _params(model)
+    with pytest.raises(PrecisionError, match=r"built before prec\.prepare"):
+        prec.step(opt)
+    assert all(torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before, strict=True))
+
+
+def test_torch_adamw_under_a_master_policy_is_refused() -> None:
+    prec = Precision("bf16_master")
+    model = prec.prepare(_model())
+    opt = prec.register(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    prec.backward(_loss(prec, model))
+    with pytest.raises(PrecisionError, match="cannot do"):
+        prec.step(opt)
+
+
+def test_model_cast_after_the_optimizer_is_refused() -> None:
+    prec = Precision("bf16_master")
+    model = prec.prepare(_model())
+    opt = prec.optimizer(model, lr=1e-3)
+    model.to(torch.bfloat16)  # the fp32 LayerNorm island becomes bf16 too
+    with prec.autocast():
+        loss = model[2](model[0](torch.randn(4, 8))).float().pow(2).mean()
+    prec.backward(loss)
+    model[1].weight.grad = torch.zeros_like(model[1].weight)
+    with pytest.raises(PrecisionError, match="no master"):
+        prec.step(opt)
+    # The optimizer refuses on its own too (used without Precision).
+    with pytest.raises(PrecisionError, match="was fp32 when this AdamW was built"):
+        opt.step()
+
+
+def test_fp32_policy_with_16bit_params_is_refused() -> None:
+    prec = Precision("amp_bf16")
+    model = prec.prepare(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.to(torch.bfloat16)
+    prec.backward(_loss(prec, model))
+    with pytest.raises(PrecisionError, match="stores parameters in fp32"):
+        prec.step(opt)
+
+
+def test_bf16_pure_with_torch_optimizers_is_what_it_says() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mixprec.PrecisionWarning)
+        prec = Precision("bf16_pure")
+    model = prec.prepare(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    prec.backward(_loss(prec, model))
+    assert prec.step(opt).applied
+
+
+def _two_optimizers(name: str) -> tuple[Precision, nn.Module, list[torch.optim.Optimizer]]:
+    prec = Precision(name)
+    model = prec.prepare(_model())
+    body = list(model[0].parameters()) + list(model[1].parameters())
+    opt_a = prec.optimizer(body, lr=1e-2)
+    opt_b = prec.optimizer(model[2].parameters(), lr=1e-2)
+    return prec, model, [opt_a, opt_b]
+
+
+@pytest.mark.parametrize("name", ["amp_fp16", "fp32", "bf16_master"])
+def test_an_inf_in_one_optimizer_skips_every_optimizer(name: str) -> None:
+    prec, model, opts = _two_optimizers(name)
+    prec.backward(_loss(prec, model))
+    model[2].weight.grad[0, 0] = float("inf")
+    before = _params(model)
+    scale = prec.loss_scale
+    report = prec.step(opts)
+    assert not report.applied and report.stepped == (False, False)
+    assert all(torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before, strict=True))
+    if scale is not None:
+        assert report.next_scale == scale / 2  # backed off, as GradScaler does
+    # The next clean step applies both.
+    for o in opts:
+        o.zero_grad(set_to_none=True)
+    prec.backward(_loss(prec, model))
+    assert prec.step(opts).stepped == (True, True)
+
+
+@pytest.mark.parametrize("name", ["amp_fp16", "fp32"])
+def test_an_optimizer_without_gradients_does_not_break_the_step(name: str) -> None:
+    """A branch unused this step: GradScaler raised 'No inf checks were recorded'."""
+    prec, model, opts = _two_optimizers(name)
+    with prec.autocast():
+        loss = model[1](model[0](torch.randn(4, 8))).float().pow(2).mean()  # head unused
+    prec.backward(loss)
+    report = prec.step(opts)
+    assert report.applied and report.stepped == (True, False)
+    none_at_all = prec.step(opts[1])
+    assert none_at_all.applied and none_at_all.stepped == (False,)
+
+
+def test_precision_load_state_dict_validates_before_changing_anything() -> None:
+    prec = Precision("amp_fp16")
+    model = prec.prepare(_model())
+    opt = prec.optimizer(model)
+    prec.backward(_loss(prec, model))
+    prec.step(opt)
+    good = copy.deepcopy(prec.state_dict())
+    stats_before = prec.stats.to_dict()
+    scale_before = prec.loss_scale
+    bad_states: list[object] = [
+        {},
+        None,
+        [],
+        {**good, "scaler": {**good["scaler"], "scale": math.nan}},
+        {**good, "scaler": {**good["scaler"], "scale": -1.0}},
+        {**good, "scaler": {**good["scaler"], "scale": "big"}},
+        {**good, "stats": {"steps": 1, "nope": 3}},
+        {**good, "stats": None},
+    ]
+    for bad in bad_states:
+        with pytest.raises(ValueError):
+            prec.load_state_dict(bad)  # type: ignore[arg-type]
+        assert prec.stats.to_dict() == stats_before and prec.loss_scale == scale_before
+    prec.load_state_dict(good)
+    assert prec.stats.to_dict() == stats_before

@@ -148,6 +148,8 @@ def _cmd_policies(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------- budget
 
+_MAX_COUNT = 1e15  # a thousand times today's largest models
+
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
@@ -161,23 +163,18 @@ def _parse_count(text: str) -> int:
         value = float(raw) * scale
     except ValueError:
         raise UsageError(f"mixprec budget: {text!r} is not a count (e.g. 7e9, 7B, 350M)") from None
-    if not value >= 1 or value != value:
-        raise UsageError(f"mixprec budget: the count must be >= 1, got {text!r}")
+    if not 1 <= value <= _MAX_COUNT:  # also refuses NaN and inf
+        raise UsageError(
+            f"mixprec budget: the count must be a number from 1 to {_MAX_COUNT:.0e} "
+            f"(e.g. 7e9, 7B, 350M), got {text!r}"
+        )
     return round(value)
 
 
 def _load_config(path: str) -> dict[str, Any]:
-    import pathlib
+    from mixprec.safe_yaml import read_yaml_file
 
-    import yaml
-
-    file = pathlib.Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"no such config file: {path}")
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))  # JSON is YAML too
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML/JSON: {str(exc).splitlines()[0]}") from exc
+    data = read_yaml_file(path).data  # JSON is YAML too
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
     return data
@@ -192,6 +189,19 @@ def _cmd_budget(args: argparse.Namespace) -> int:
         raise UsageError("mixprec budget: give exactly one of --params N or --config FILE")
     if args.world_size < 1:
         raise UsageError(f"mixprec budget: --world-size must be >= 1, got {args.world_size}")
+    if args.config is None and (args.seq_len is not None or args.micro_batch is not None):
+        raise UsageError(
+            "mixprec budget: --seq-len and --micro-batch size activations from a model config: "
+            "give --config FILE, or --activations N with --params"
+        )
+    if args.sharding is not None and args.world_size == 1:
+        raise UsageError(
+            f"mixprec budget: --sharding {args.sharding} needs --world-size > 1 (one rank "
+            "shards nothing)"
+        )
+    for flag, value in (("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch)):
+        if value is not None and value < 1:
+            raise UsageError(f"mixprec budget: {flag} must be >= 1, got {value}")
     names = (
         list(PRESET_NAMES) if args.policy == "all" else [n.strip() for n in args.policy.split(",")]
     )
@@ -203,7 +213,9 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     else:
         source = _parse_count(args.params)
     activations = _parse_count(args.activations) if args.activations else None
-    sharding: Literal["none", "fsdp", "ddp"] = args.sharding if args.world_size > 1 else "none"
+    sharding: Literal["none", "fsdp", "ddp"] = (
+        (args.sharding or "fsdp") if args.world_size > 1 else "none"
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PrecisionWarning)
         results = [
@@ -264,6 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Mixed-precision training for PyTorch: fast, correct by default, provable.",
     )
     parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument(
+        "--traceback",
+        action="store_true",
+        help="show the whole traceback of an error (also MIXPREC_DEBUG=1); give it first",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -285,7 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="all", help="a preset, comma-separated presets, or all")
     p.add_argument("--world-size", type=int, default=1, help="number of ranks")
     p.add_argument(
-        "--sharding", choices=["fsdp", "ddp"], default="fsdp", help="with --world-size > 1"
+        "--sharding",
+        choices=["fsdp", "ddp"],
+        default=None,
+        help="with --world-size > 1 (default fsdp)",
     )
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (with --config)")
     p.add_argument(
@@ -307,22 +327,67 @@ def _version() -> str:
     return f"mixprec {__version__}"
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe (``mixprec ... | head``): drop what is left to print."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # pragma: no cover - stdout without a file descriptor
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code."""
+    """Run the command line; returns the exit code.
+
+    Exit codes: 0 success; 1 a check found errors (doctor) or nothing could be
+    recommended (compare); 2 bad input or any other error, with one line on
+    stderr (``--traceback`` or ``MIXPREC_DEBUG=1`` shows the whole traceback);
+    130 interrupted (Ctrl-C).
+    """
+    import os
+
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("MIXPREC_DEBUG", "") not in ("", "0")
+    if "--traceback" in args_list[:1]:
+        args_list = args_list[1:]
+        debug = True
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(args_list)
         handler: Handler = args.handler
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()
+        return code
     except BrokenPipeError:  # e.g. piped into `head`
+        _silence_stdout()
         return 0
     except UsageError as exc:
-        print(str(exc).splitlines()[0], file=sys.stderr)
+        print(_first_line(exc), file=sys.stderr)
         return 2
-    except (ValueError, FileNotFoundError) as exc:
+    except KeyboardInterrupt:
         print(
-            f"mixprec: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+            "mixprec: interrupted; finished work is kept (compare: rerun the same command "
+            "to resume)",
             file=sys.stderr,
+        )
+        return 130
+    except Exception as exc:
+        if debug:
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
+        known = isinstance(exc, ValueError | TypeError | OSError | ImportError | LookupError)
+        what = "" if known else f"{type(exc).__name__}: "
+        hint = "" if debug else " (rerun with --traceback or MIXPREC_DEBUG=1 for details)"
+        print(
+            f"mixprec: error: {what}{_first_line(exc)}{hint if not known else ''}", file=sys.stderr
         )
         return 2
 

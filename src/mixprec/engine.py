@@ -42,7 +42,7 @@ from torch import nn
 
 from mixprec.device import device_caps
 from mixprec.dtypes import dtype_name
-from mixprec.errors import PerformanceWarning, PrecisionError
+from mixprec.errors import PerformanceWarning, PrecisionError, user_stacklevel
 from mixprec.policy import Policy, matches_fp32_module, policy
 
 __all__ = ["Precision", "PrecisionStats", "StepObserver", "StepReport", "temporary_fp32_islands"]
@@ -388,7 +388,7 @@ class Precision:
                     f"{dtype_name(compute)} compute is not accelerated on {caps.name}: "
                     f"{caps.reason(compute)}; the run is correct but may be slower than fp32",
                     PerformanceWarning,
-                    stacklevel=2,
+                    stacklevel=user_stacklevel(),
                 )
         self._sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
         self._scaler = None  # rebuilt for this model's device and sharding
@@ -681,6 +681,17 @@ class Precision:
         return (norm if not math.isfinite(norm) else now), nonfinite
 
     def _step_plain(self, optimizers: Sequence[torch.optim.Optimizer]) -> tuple[bool, float, int]:
+        if (
+            self.policy.scales_loss
+            and not self._backward_pending
+            and any(_has_grads(opt) for opt in optimizers)
+        ):
+            raise PrecisionError(
+                f"policy {self.policy.name!r} scales the loss, but these gradients did not come "
+                "through prec.backward(loss) (was it loss.backward()?): they are unscaled, and "
+                "unscaling them again would shrink them by the loss scale; call "
+                "prec.backward(loss) instead"
+            )
         self._unscale(optimizers)
         norm, nonfinite = self._check_grads(optimizers)
         self._notify_before(optimizers)

@@ -9,7 +9,12 @@ AdamW moments stored in bf16). User mistakes in arguments raise the built-in
 
 from __future__ import annotations
 
-__all__ = ["PerformanceWarning", "PrecisionError", "PrecisionWarning"]
+import os
+import sys
+
+__all__ = ["PerformanceWarning", "PrecisionError", "PrecisionWarning", "user_stacklevel"]
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class PrecisionError(RuntimeError):
@@ -22,3 +27,22 @@ class PrecisionWarning(UserWarning):
 
 class PerformanceWarning(UserWarning):
     """A precision choice that is correct but not accelerated on this device."""
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside mixprec.
+
+    Call it from the function that warns: ``warnings.warn(..., stacklevel=
+    user_stacklevel())``. Frames of mixprec's own files and generated code (a
+    dataclass ``__init__``) are skipped, so the warning names the user's line
+    whichever public entry point led there.
+    """
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith("<") or os.path.abspath(name).startswith(_PACKAGE_DIR)):
+            return level
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level

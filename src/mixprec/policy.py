@@ -28,7 +28,7 @@ from torch import nn
 
 from mixprec.device import device_caps
 from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
-from mixprec.errors import PrecisionWarning
+from mixprec.errors import PrecisionWarning, user_stacklevel
 from mixprec.optim.kinds import MasterKind, MomentKind, check_master, check_moments
 
 __all__ = [
@@ -199,7 +199,7 @@ class Policy:
                 "'exact' (bitwise fp32 at 2 extra bytes/param) unless you have measured that "
                 "this is acceptable",
                 PrecisionWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
 
     # ------------------------------------------------------------------ facts

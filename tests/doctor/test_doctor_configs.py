@@ -221,7 +221,7 @@ def test_bad_input_raises_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no such file"):
         check_file(tmp_path / "missing.yaml")
     broken = _write(tmp_path, "precision:\n  preset: [bf16\n")
-    with pytest.raises(ValueError, match=r"not valid YAML.*line \d+") as exc:
+    with pytest.raises(ValueError, match=r"recipe\.yaml:\d+: not valid YAML") as exc:
         check_file(broken)
     assert "\n" not in str(exc.value)
     with pytest.raises(ValueError, match=r"cannot tell the config format.*--format"):

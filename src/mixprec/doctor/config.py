@@ -21,6 +21,7 @@ from mixprec.device import DeviceCaps, device_caps
 from mixprec.doctor.facts import TrainingFacts
 from mixprec.doctor.findings import Finding, sort_findings
 from mixprec.doctor.rules import run_static_rules
+from mixprec.safe_yaml import read_yaml_file
 
 __all__ = [
     "FORMATS",
@@ -108,9 +109,8 @@ class ConfigDoc:
         return cast(Mapping[str, Any], value)
 
 
-def _line_map(text: str) -> dict[str, int]:
-    """Dotted key path to the 1-based line of its key (composed, never constructed)."""
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
+def _line_map(root: yaml.Node | None) -> dict[str, int]:
+    """Dotted key path to the 1-based line of its key (from the composed nodes)."""
     out: dict[str, int] = {}
 
     def walk(node: yaml.Node, prefix: str) -> None:
@@ -131,25 +131,14 @@ def _line_map(text: str) -> dict[str, int]:
 
 def _read(path: str | os.PathLike[str]) -> ConfigDoc:
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{p}: cannot read: {exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-        lines = _line_map(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ValueError(f"{p}: not valid YAML: {problem}{at}") from exc
-    if not isinstance(data, Mapping):
+    doc = read_yaml_file(p)  # safe and bounded; ValueError/FileNotFoundError name the file
+    if not isinstance(doc.data, Mapping):
         raise ValueError(
-            f"{p}: a training config must be a YAML mapping, got {type(data).__name__}"
+            f"{p}: a training config must be a YAML mapping, got {type(doc.data).__name__}"
         )
-    return ConfigDoc(source=str(p), data=cast(Mapping[str, Any], data), lines=lines)
+    return ConfigDoc(
+        source=str(p), data=cast(Mapping[str, Any], doc.data), lines=_line_map(doc.root)
+    )
 
 
 def _has_target(node: Any) -> bool:

@@ -61,14 +61,9 @@ def add_parsers(sub: Any) -> None:
 
 
 def _load_yaml_contract(path: Path) -> dict[str, Any]:
-    import yaml
+    from mixprec.safe_yaml import read_yaml_file
 
-    if not path.is_file():
-        raise FileNotFoundError(f"no such contract file: {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    data = read_yaml_file(path).data
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a contract must be a YAML mapping, got {type(data).__name__}")
     data = data.get("compare", data)

@@ -1,0 +1,172 @@
+"""The one YAML reader of mixprec: safe, bounded, and with line numbers.
+
+Every file mixprec reads as YAML or JSON (doctor configs, compare contracts,
+model configs for `budget`) goes through `load_yaml`:
+
+* ``yaml.SafeLoader`` only: no Python tags, nothing is executed;
+* bounded: at most `MAX_BYTES` of text, nesting at most `MAX_DEPTH` deep (checked
+  on the event stream, before PyYAML's recursive composer could hit Python's
+  recursion limit), and at most `MAX_EXPANDED_NODES` nodes once every alias is
+  expanded (a few hundred bytes of nested aliases, the "billion laughs", would
+  otherwise expand to billions of nodes in whatever walks the result);
+  recursive aliases are refused;
+* every failure is a `ValueError` naming the file and, where known, the line.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "MAX_BYTES",
+    "MAX_DEPTH",
+    "MAX_EXPANDED_NODES",
+    "YamlDocument",
+    "load_yaml",
+    "read_yaml_file",
+]
+
+#: Largest document read, in bytes.
+MAX_BYTES = 16 * 2**20
+#: Deepest nesting of mappings and sequences.
+MAX_DEPTH = 64
+#: Most nodes of the document with every alias expanded.
+MAX_EXPANDED_NODES = 200_000
+
+
+@dataclass(frozen=True)
+class YamlDocument:
+    """A parsed document.
+
+    Attributes:
+        data: the Python value (dicts, lists, str, int, float, bool, None...).
+        root: the composed node graph (with marks for line numbers), or None for an
+            empty document.
+    """
+
+    data: Any
+    root: yaml.Node | None
+
+
+def _where(source: str, mark: Any) -> str:
+    if mark is None:
+        return source
+    return f"{source}:{mark.line + 1}"
+
+
+def _check_depth(text: str, source: str) -> None:
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ValueError(
+                    f"{_where(source, event.start_mark)}: nested more than {MAX_DEPTH} levels "
+                    "deep; a training config never is: check the file"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_expansion(root: yaml.Node, source: str) -> None:
+    """Count nodes with aliases expanded (shared nodes counted once per reference)."""
+    sizes: dict[int, int] = {}
+    in_progress: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            in_progress.discard(key)
+            total = 1 + sum(sizes[id(c)] for c in _children(node))
+            if total > MAX_EXPANDED_NODES:
+                raise ValueError(
+                    f"{_where(source, node.start_mark)}: expands to more than "
+                    f"{MAX_EXPANDED_NODES:,} values through aliases (an alias bomb?); "
+                    "write the values out or use fewer nested aliases"
+                )
+            sizes[key] = total
+            continue
+        if key in sizes:
+            continue
+        if key in in_progress:
+            raise ValueError(
+                f"{_where(source, node.start_mark)}: a recursive alias (a value that "
+                "contains itself); configs must be finite trees"
+            )
+        in_progress.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in in_progress:
+                raise ValueError(
+                    f"{_where(source, child.start_mark)}: a recursive alias (a value that "
+                    "contains itself); configs must be finite trees"
+                )
+            if id(child) not in sizes:
+                stack.append((child, False))
+
+
+def load_yaml(text: str, *, source: str = "<string>") -> YamlDocument:
+    """Parse one YAML (or JSON) document safely, within the bounds above.
+
+    Raises:
+        ValueError: invalid YAML, more than one document, or a bound exceeded,
+            naming `source` and the line.
+    """
+    if len(text.encode("utf-8", errors="surrogatepass")) > MAX_BYTES:
+        raise ValueError(f"{source}: larger than {MAX_BYTES // 2**20} MiB; not a config file")
+    try:
+        _check_depth(text, source)
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                return YamlDocument(data=None, root=None)
+            _check_expansion(root, source)
+            data = loader.construct_document(root)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ValueError(f"{_where(source, mark)}: not valid YAML: {problem}") from None
+    except RecursionError:  # pragma: no cover - the depth bound comes first
+        raise ValueError(f"{source}: nested too deeply to read") from None
+    return YamlDocument(data=data, root=root)
+
+
+def read_yaml_file(path: str | os.PathLike[str]) -> YamlDocument:
+    """Read and parse a YAML or JSON file (see `load_yaml`).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is not readable UTF-8 text, or `load_yaml` refuses it.
+    """
+    p = Path(path)
+    if not p.is_file():
+        if p.exists():
+            raise ValueError(f"{p}: not a regular file")
+        raise FileNotFoundError(f"{p}: no such file")
+    try:
+        size = p.stat().st_size
+        if size > MAX_BYTES:
+            raise ValueError(f"{p}: larger than {MAX_BYTES // 2**20} MiB; not a config file")
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ValueError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    return load_yaml(text, source=str(p))

@@ -1,0 +1,69 @@
+"""The one YAML reader: safe, bounded, with line numbers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from mixprec.safe_yaml import MAX_DEPTH, MAX_EXPANDED_NODES, load_yaml, read_yaml_file
+
+
+def test_reads_plain_documents_with_nodes() -> None:
+    doc = load_yaml("a: 1\nb: [x, {c: 2.5}]\nbase: &b {k: v}\nuse: *b\n", source="s.yaml")
+    assert doc.data == {"a": 1, "b": ["x", {"c": 2.5}], "base": {"k": "v"}, "use": {"k": "v"}}
+    assert doc.root is not None and doc.root.start_mark.line == 0
+    assert load_yaml("", source="e").data is None
+    assert load_yaml('{"json": [1, 2]}').data == {"json": [1, 2]}
+
+
+def test_python_tags_never_run(tmp_path: Path) -> None:
+    marker = tmp_path / "made"
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_yaml(f"x: !!python/object/apply:os.mkdir ['{marker}']\n")
+    assert not marker.exists()
+
+
+def test_depth_is_bounded_before_the_composer_recurses() -> None:
+    ok = "a: " + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1)
+    assert load_yaml(ok).data is not None
+    with pytest.raises(ValueError, match=f"more than {MAX_DEPTH} levels"):
+        load_yaml("a: " + "[" * 100_000 + "]" * 100_000, source="deep.yaml")
+
+
+def test_alias_bombs_are_refused_in_linear_time() -> None:
+    levels = ["l0: &l0 [a, a, a, a, a, a, a, a, a, a]"]
+    levels += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 30)]
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="alias bomb") as exc:
+        load_yaml("\n".join(levels), source="bomb.yaml")
+    assert time.perf_counter() - started < 2
+    assert "bomb.yaml:" in str(exc.value)
+    # Sharing within the bound is fine.
+    small = "\n".join(levels[:4])
+    assert len(str(load_yaml(small).data)) > 1000
+    assert MAX_EXPANDED_NODES > 10_000
+
+
+def test_recursive_aliases_are_refused() -> None:
+    with pytest.raises(ValueError, match="recursive alias"):
+        load_yaml("a: &x [1, *x]\n")
+    with pytest.raises(ValueError, match="recursive alias"):
+        load_yaml("a: &x {k: *x}\n")
+
+
+def test_files(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_yaml_file(tmp_path / "missing.yaml")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_yaml_file(tmp_path)
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"a: \xff\xfe\n")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        read_yaml_file(binary)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("a: 1\nb: [2\n")
+    with pytest.raises(ValueError, match=r"broken\.yaml:\d+: not valid YAML") as exc:
+        read_yaml_file(broken)
+    assert "\n" not in str(exc.value)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DeviceCaps", "device_caps"]
+__all__ = ["DeviceCaps", "device_caps", "resolve_device"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,3 +202,38 @@ def device_caps(device: torch.device | str | None = None) -> DeviceCaps:
     if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
         index = torch.cuda.current_device()
     return _caps_cached(dev.type, index)
+
+
+_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+
+def resolve_device(device: torch.device | str) -> torch.device:
+    """`device` parsed and checked to exist on this machine.
+
+    Raises:
+        ValueError: an unknown device string, or a device this machine lacks,
+            naming it and the fix.
+    """
+    if isinstance(device, str) and not device.strip():
+        raise ValueError("device is empty: give cpu, cuda, cuda:N, mps or xpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}: give cpu, cuda, cuda:N, mps or xpu") from None
+    if dev.type not in _DEVICE_TYPES:
+        raise ValueError(f"device {device!r} is not supported: give one of {_DEVICE_TYPES}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device {device!r}: this machine has no CUDA device (torch "
+                f"{torch.__version__}); use --device cpu"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here"
+            )
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r}: MPS is not available here; use --device cpu")
+    elif dev.type == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        raise ValueError(f"device {device!r}: no XPU device here; use --device cpu")
+    return dev

@@ -17,6 +17,8 @@ STEPS = 100
 #: Relative improvement of the baseline over its last fifth in `rec`'s default curve
 #: (well under the default limit of 1.5 x 0.5%).
 SETTLED_TAIL = 0.001
+#: Relative improvement from step 0 in `rec`'s default curve (well over the 5% floor).
+TRAINED = 1.0
 
 
 def rec(policy: str, seed: int, loss: float, **kw: Any) -> RunRecord:
@@ -35,7 +37,11 @@ def rec(policy: str, seed: int, loss: float, **kw: Any) -> RunRecord:
         metric_name="m",
         bytes={"total": kw.pop("total", 1000)},
         throughput={"steps_per_s": kw.pop("speed", 10.0)},
-        eval_curve=[[tail_start(steps), loss * (1 + SETTLED_TAIL)], [steps, loss]],
+        eval_curve=[
+            [0, loss + abs(loss) * TRAINED],
+            [tail_start(steps), loss + abs(loss) * SETTLED_TAIL],
+            [steps, loss],
+        ],
     )
     base.update(kw)
     return RunRecord(**base)
@@ -156,7 +162,7 @@ def test_warnings_and_other_rules_do_not_reject() -> None:
 
 
 def test_too_short_recommends_nothing() -> None:
-    fast = [[tail_start(STEPS), 1.10], [STEPS, 1.0]]  # still falling 10% over the last fifth
+    fast = [[0, 2.0], [tail_start(STEPS), 1.10], [STEPS, 1.0]]  # falling 10% in the last fifth
     records = [
         rec("fp32", 0, 1.0, eval_curve=fast),
         rec("fp32", 1, 1.0, eval_curve=fast),
@@ -254,7 +260,7 @@ def test_contract_validation() -> None:
         Contract.from_dict({"gates": {"noise_multiplier": 2}})
     with pytest.raises(ValueError, match="max_seeds must be an int >= seeds"):
         Contract(seeds=3, max_seeds=2)
-    with pytest.raises(ValueError, match="allow names unknown doctor rules \\['nope'\\]"):
+    with pytest.raises(ValueError, match="allow names \\['nope'\\], which are not update-path"):
         Contract(allow=("nope",))
     with pytest.raises(ValueError, match="confidence must be in"):
         Gates(confidence=1.0)
@@ -285,7 +291,7 @@ def test_contract_validation() -> None:
 
 def test_capped_run_is_compared_at_its_own_step() -> None:
     def base_curve(at100: float, final: float) -> list[list[float]]:
-        return [[80, at100 * 1.001], [100, at100], [400, final * 1.001], [500, final]]
+        return [[0, 3.0], [80, at100 * 1.001], [100, at100], [400, final * 1.001], [500, final]]
 
     records = [
         rec("fp32", 0, 1.00, eval_curve=base_curve(1.50, 1.0), steps=500),
@@ -306,7 +312,12 @@ def test_capped_run_is_compared_at_its_own_step() -> None:
     assert "amp_fp16" in decide(worse, contract(), higher_is_better=True).rejected
     # A capped run is judged too short by the baseline's pace at its own step.
     short = [
-        rec("fp32", s, final, eval_curve=[[80, 1.8], [100, 1.5], [400, final], [500, final]])
+        rec(
+            "fp32",
+            s,
+            final,
+            eval_curve=[[0, 3.0], [80, 1.8], [100, 1.5], [400, final], [500, final]],
+        )
         for s, final in ((0, 1.0), (1, 1.01))
     ]
     short = [dataclasses.replace(r, steps=500) for r in short] + records[2:]

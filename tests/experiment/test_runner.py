@@ -73,7 +73,7 @@ def test_runner_trains_every_preset_with_full_records(
             assert r.bytes[comp] == r.predicted_bytes[comp], (r.policy, comp)
         assert r.predicted_bytes["activations"] == pytest.approx(r.bytes["activations"], rel=0.15)
         # Every eval_every steps, the start of the last fifth (for the length check), the end.
-        assert [int(step) for step, _ in r.eval_curve] == [6, 9, 12]
+        assert [int(step) for step, _ in r.eval_curve] == [0, 6, 9, 12]
     by = {r.policy: r for r in records}
     assert by["amp_fp16"].loss_scale_trace and not by["fp32"].loss_scale_trace
     assert by["bf16_master"].bytes["master"] > 0 and by["fp32"].bytes["master"] == 0
@@ -178,7 +178,7 @@ def test_contract_file_cannot_import_code(
 def test_read_records_names_a_corrupt_file(tmp_path: Path) -> None:
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "x.json").write_text("{not json")
-    with pytest.raises(ValueError, match=r"x\.json is not valid JSON"):
+    with pytest.raises(ValueError, match=r"x\.json: not valid JSON"):
         read_records(tmp_path)
 
 

@@ -19,7 +19,7 @@ from mixprec.experiment.contract import Contract, Gates
 from mixprec.experiment.decision import Decision, decide
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.report import Report, render
-from mixprec.experiment.runner import run_experiment, settings_for
+from mixprec.experiment.runner import run_experiment, settings_dict, settings_for
 from mixprec.workloads import Workload
 
 __all__ = ["Results", "compare", "run_contract"]
@@ -72,8 +72,7 @@ def run_contract(
         workload=workload,
     )
     decision = decide(records, contract, higher_is_better=wl.higher_is_better)
-    settings = dataclasses.asdict(settings_for(contract, wl))
-    settings["betas"] = list(settings["betas"])
+    settings = settings_dict(settings_for(contract, wl))
     report = render(
         out_dir,
         contract,

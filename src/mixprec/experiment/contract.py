@@ -19,9 +19,9 @@ from mixprec.policy import policy as get_policy
 __all__ = ["DEFAULT_CANDIDATES", "Contract", "Gates"]
 
 #: Bumped when runs record something new that the decision reads (version 2: held-out
-#: evaluations at the start of each compared step's last fifth), so that older
-#: records are re-run instead of reused.
-RECORD_VERSION = 2
+#: evaluations at the start of each compared step's last fifth; 3: at step 0 too), so
+#: that older records are re-run instead of reused.
+RECORD_VERSION = 3
 
 #: The candidates `mixprec compare` tries against the fp32 baseline by default.
 DEFAULT_CANDIDATES: tuple[str, ...] = (
@@ -46,10 +46,14 @@ class Gates:
             `max_rel_loss_gap`, rejected when all of it is above, inconclusive
             otherwise. 0.90 makes each bound a one-sided 95% test (the two
             one-sided tests convention of equivalence testing).
-        max_tail_improvement: longest-enough check: the largest relative
+        max_tail_improvement: long-enough check: the largest relative
             improvement of the baseline's held-out loss over the last fifth of
             the compared steps for the run to count as trained enough to judge a
             gap. None: 1.5 x `max_rel_loss_gap`.
+        min_improvement: trained-at-all check: the least relative improvement of
+            the baseline's held-out loss from its initial weights (step 0) to the
+            compared step; a gap limit is meaningless next to a model that has
+            barely moved. None: 10 x `max_rel_loss_gap`.
         metric_threshold: the held-out metric every seed must reach (at least this
             when higher is better, at most this when lower is better); None: no gate.
         max_nonfinite_steps: most steps with a non-finite loss allowed per run.
@@ -60,21 +64,23 @@ class Gates:
     max_rel_loss_gap: float = 0.005
     confidence: float = 0.90
     max_tail_improvement: float | None = None
+    min_improvement: float | None = None
     metric_threshold: float | None = None
     max_nonfinite_steps: int = 0
     max_skipped_fraction: float = 0.05
 
     def __post_init__(self) -> None:
-        if not (_is_number(self.max_rel_loss_gap) and self.max_rel_loss_gap >= 0):
+        if not (_is_number(self.max_rel_loss_gap) and 0 <= self.max_rel_loss_gap < math.inf):
             raise ValueError(
                 f"max_rel_loss_gap must be a number >= 0 (e.g. 0.005), got "
                 f"{self.max_rel_loss_gap!r}"
             )
         if not (_is_number(self.confidence) and 0 < self.confidence < 1):
             raise ValueError(f"confidence must be in (0, 1) (e.g. 0.9), got {self.confidence!r}")
-        tail = self.max_tail_improvement
-        if tail is not None and not (_is_number(tail) and tail >= 0):
-            raise ValueError(f"max_tail_improvement must be a number >= 0 or null, got {tail!r}")
+        for name in ("max_tail_improvement", "min_improvement"):
+            value = getattr(self, name)
+            if value is not None and not (_is_number(value) and 0 <= value < math.inf):
+                raise ValueError(f"{name} must be a finite number >= 0 or null, got {value!r}")
         if self.metric_threshold is not None and not (
             _is_number(self.metric_threshold) and math.isfinite(self.metric_threshold)
         ):
@@ -93,6 +99,13 @@ class Gates:
             raise ValueError(
                 f"max_skipped_fraction must be in [0, 1], got {self.max_skipped_fraction!r}"
             )
+
+    @property
+    def improvement_floor(self) -> float:
+        """The effective `min_improvement`."""
+        if self.min_improvement is not None:
+            return float(self.min_improvement)
+        return 10.0 * self.max_rel_loss_gap
 
     @property
     def tail_limit(self) -> float:
@@ -159,15 +172,46 @@ class Contract:
     gates: Gates = field(default_factory=Gates)
 
     def __post_init__(self) -> None:
+        for name in ("workload", "baseline"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v.strip():
+                raise ValueError(f"{name} must be a non-empty string, got {v!r}")
+        if self.size is not None and not isinstance(self.size, str):
+            raise ValueError(f"size must be a string (e.g. tiny) or null, got {self.size!r}")
         if isinstance(self.candidates, str) or not isinstance(self.candidates, tuple):
             object.__setattr__(self, "candidates", tuple(_split(self.candidates)))
-        names = [self.baseline, *self.candidates]
-        for name in names:
-            get_policy_quiet(name)  # raises ValueError naming valid presets
+        # Aliases name presets (bf16-mixed is amp_bf16): judge and store presets only.
+        object.__setattr__(self, "baseline", _canonical(self.baseline))
+        object.__setattr__(self, "candidates", tuple(_canonical(c) for c in self.candidates))
+        if not self.candidates:
+            raise ValueError("candidates is empty: name at least one policy to judge")
         if len(set(self.candidates)) != len(self.candidates):
-            raise ValueError(f"candidates repeat a policy: {list(self.candidates)}")
+            raise ValueError(
+                f"candidates repeat a policy (aliases resolved): {list(self.candidates)}"
+            )
         if self.baseline in self.candidates:
             raise ValueError(f"the baseline {self.baseline!r} is also listed as a candidate")
+        resolved = {n: get_policy_quiet(n).name for n in (self.baseline, *self.candidates)}
+        if "auto" in resolved and resolved["auto"] in resolved:
+            raise ValueError(
+                f"'auto' resolves to {resolved['auto']!r} on this device, which is also listed; "
+                "list it once"
+            )
+        for name, minimum, strict, allow_inf in (
+            ("lr", 0.0, True, False),
+            ("min_lr", 0.0, False, False),
+            ("weight_decay", 0.0, False, False),
+            ("grad_clip_norm", 0.0, True, True),
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(
+                    self,
+                    name,
+                    _number(name, value, minimum=minimum, strict=strict, allow_inf=allow_inf),
+                )
+        if self.lr is not None and self.min_lr is not None and self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr:g}) must not exceed lr ({self.lr:g})")
         if not (
             isinstance(self.seeds, int) and not isinstance(self.seeds, bool) and self.seeds >= 1
         ):
@@ -182,17 +226,22 @@ class Contract:
             )
         if isinstance(self.allow, str) or not isinstance(self.allow, tuple):
             object.__setattr__(self, "allow", tuple(_split(self.allow)))
-        from mixprec.doctor.findings import RULES
+        from mixprec.doctor.findings import UPDATE_PATH_RULES
 
-        unknown_rules = [r for r in self.allow if r not in RULES]
+        unknown_rules = [r for r in self.allow if r not in UPDATE_PATH_RULES]
         if unknown_rules:
             raise ValueError(
-                f"allow names unknown doctor rules {unknown_rules}; valid: {sorted(RULES)}"
+                f"allow names {unknown_rules}, which are not update-path rules (only those "
+                f"reject a candidate); valid: {list(UPDATE_PATH_RULES)}"
             )
+        if self.max_seeds is not None and self.max_seeds > _MAX_SEEDS:
+            raise ValueError(f"max_seeds must be at most {_MAX_SEEDS}, got {self.max_seeds}")
         for name in ("steps", "batch_size", "warmup_steps"):
             v = getattr(self, name)
             if v is not None and not (
-                isinstance(v, int) and v >= (0 if name == "warmup_steps" else 1)
+                isinstance(v, int)
+                and not isinstance(v, bool)
+                and v >= (0 if name == "warmup_steps" else 1)
             ):
                 raise ValueError(f"{name} must be a positive int or None, got {v!r}")
         if self.step_caps is not None:
@@ -200,18 +249,20 @@ class Contract:
                 raise ValueError(
                     f"step_caps must be a mapping policy -> steps, got {self.step_caps!r}"
                 )
-            for name, cap in self.step_caps.items():
+            caps = {_canonical(str(name)): cap for name, cap in self.step_caps.items()}
+            object.__setattr__(self, "step_caps", caps)
+            for name, cap in caps.items():
                 if name not in self.candidates:
                     raise ValueError(
                         f"step_caps names {name!r}, which is not a candidate: "
                         f"{list(self.candidates)}"
                     )
-                if not (isinstance(cap, int) and cap >= 1):
+                if not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1):
                     raise ValueError(f"step cap of {name!r} must be an int >= 1, got {cap!r}")
             object.__setattr__(self, "step_caps", dict(self.step_caps))
         for name in ("eval_every", "probe_every"):
             v = getattr(self, name)
-            if not (isinstance(v, int) and v >= 1):
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
 
     @property
@@ -238,7 +289,7 @@ class Contract:
         if not isinstance(data, Mapping):
             raise ValueError(f"a contract must be a mapping, got {type(data).__name__}")
         valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - valid)
+        unknown = sorted(str(k) for k in set(data) - valid)
         if unknown:
             raise ValueError(f"unknown contract keys {unknown}; valid keys: {sorted(valid)}")
         values = dict(data)
@@ -252,10 +303,11 @@ class Contract:
                     "gate key 'noise_multiplier' was replaced by 'confidence' (a paired "
                     "t-interval over seeds; see docs/compare.md): remove it"
                 )
-            bad = sorted(set(raw) - gate_keys)
+            bad = sorted(str(k) for k in set(raw) - gate_keys)
             if bad:
                 raise ValueError(f"unknown gate keys {bad}; valid keys: {sorted(gate_keys)}")
-            values["gates"] = Gates(**dict(raw))
+            gate_values: dict[str, Any] = {str(k): _from_text(v) for k, v in raw.items()}
+            values["gates"] = Gates(**gate_values)
         if "candidates" in values:
             values["candidates"] = tuple(_split(values["candidates"]))
         return cls(**values)
@@ -278,6 +330,42 @@ class Contract:
             sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+#: Most seeds a contract may ask for (a guard against typos: each seed is a run).
+_MAX_SEEDS = 100
+
+
+def _canonical(name: str) -> str:
+    """The preset name of `name` (an alias resolved); ValueError naming valid ones."""
+    from mixprec.policy import ALIASES
+
+    if not isinstance(name, str):
+        raise ValueError(f"policy names must be strings, got {name!r}")
+    get_policy_quiet(name)  # raises ValueError naming valid presets
+    return ALIASES.get(name, name)
+
+
+def _from_text(value: object) -> object:
+    """A YAML 1.1 reader leaves ``1e-3`` (no dot) a string: read numeric strings as floats."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _number(name: str, value: object, *, minimum: float, strict: bool, allow_inf: bool) -> float:
+    value = _from_text(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    out = float(value)
+    bad = math.isnan(out) or (math.isinf(out) and not allow_inf)
+    if bad or out < minimum or (strict and out == minimum):
+        op = ">" if strict else ">="
+        raise ValueError(f"{name} must be a finite number {op} {minimum:g}, got {value!r}")
+    return out
 
 
 def _split(value: object) -> list[str]:

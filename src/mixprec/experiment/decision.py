@@ -63,6 +63,8 @@ class PolicySummary:
             gated on: seeds move baseline and candidate together).
         tail_improvement: the baseline's relative held-out improvement over the
             last fifth of `steps` (mean over seeds; NaN when not evaluated there).
+        improvement: the baseline's relative held-out improvement from step 0 to
+            `steps` (mean over seeds; NaN when not evaluated there).
         total_bytes: mean measured training memory (all components).
         steps_per_s: mean training throughput.
         skipped_fraction: the worst seed's fraction of skipped steps.
@@ -82,6 +84,7 @@ class PolicySummary:
     gap: GapInterval
     baseline_spread: float
     tail_improvement: float
+    improvement: float
     total_bytes: float
     steps_per_s: float
     skipped_fraction: float
@@ -113,6 +116,7 @@ class PolicySummary:
             "paired_seeds": self.gap.n,
             "baseline_spread": self.baseline_spread,
             "tail_improvement": self.tail_improvement,
+            "improvement": self.improvement,
             "total_bytes": self.total_bytes,
             "steps_per_s": self.steps_per_s,
             "skipped_fraction": self.skipped_fraction,
@@ -253,13 +257,12 @@ def _relative_sd(values: Sequence[float]) -> float:
     return statistics.stdev(finite) / abs(mean) if mean else math.nan
 
 
-def _tail_improvement(base: Sequence[RunRecord], step: int) -> float:
-    """Mean relative improvement of `base`'s held-out loss over the last fifth of `step`."""
-    start = tail_start(step)
+def _improvement(base: Sequence[RunRecord], start: int, step: int) -> float:
+    """Mean relative improvement of `base`'s held-out loss from `start` to `step`."""
     values = []
     for r in base:
         before, after = r.heldout_at(start), r.heldout_at(step)
-        if start < 1 or not (math.isfinite(before) and math.isfinite(after)) or after == 0:
+        if not (math.isfinite(before) and math.isfinite(after)) or after == 0:
             return math.nan
         values.append((before - after) / abs(after))
     return _mean(values)
@@ -296,8 +299,9 @@ def summarize(
             base = base_by_seed.get(r.seed)
             if base is None:
                 continue
+            # Relative to the baseline's magnitude, so a negative loss keeps the sign of "worse".
             ref = base.heldout_at(r.steps)
-            gaps.append((r.heldout_loss - ref) / ref if ref else math.nan)
+            gaps.append((r.heldout_loss - ref) / abs(ref) if ref else math.nan)
     losses = tuple(r.heldout_loss for r in ok)
     return PolicySummary(
         policy=policy,
@@ -308,7 +312,8 @@ def summarize(
         gap=paired_interval(gaps, confidence),
         steps=at,
         baseline_spread=_relative_sd([b.heldout_at(at) for b in base_ok]),
-        tail_improvement=_tail_improvement(base_ok, at),
+        tail_improvement=_improvement(base_ok, tail_start(at), at) if at >= 2 else math.nan,
+        improvement=_improvement(base_ok, 0, at),
         total_bytes=_mean([float(r.bytes.get("total", math.nan)) for r in ok]),
         steps_per_s=_mean([float(r.throughput.get("steps_per_s", math.nan)) for r in ok]),
         skipped_fraction=max((r.skipped_steps / r.steps for r in mine if r.steps), default=0.0),
@@ -373,19 +378,36 @@ def _hard_gate(
     return "", ""
 
 
-def _too_short_reason(s: PolicySummary, baseline: str, gates: Gates) -> str:
-    """Why a comparison at `s.steps` is too short to judge, or empty."""
-    if math.isnan(s.tail_improvement):
+def _too_short_reason(
+    s: PolicySummary, baseline: str, gates: Gates, base: Sequence[RunRecord]
+) -> str:
+    """Why a comparison at `s.steps` cannot judge a gap yet, or empty."""
+    at = s.steps
+    losses = [r.heldout_at(at) for r in base]
+    if any(v == 0 for v in losses):
         return (
-            f"no held-out evaluation of {baseline} at step "
-            f"{tail_start(s.steps)} and {s.steps} to tell whether it has settled"
+            f"{baseline}'s held-out loss is 0 at step {at}: relative gaps are undefined "
+            "(the workload's loss must stay away from 0, e.g. with label noise)"
+        )
+    if math.isnan(s.improvement) or math.isnan(s.tail_improvement):
+        missing = [
+            st for st in (0, tail_start(at), at) if any(math.isnan(r.heldout_at(st)) for r in base)
+        ]
+        return (
+            f"no held-out evaluation of {baseline} at step(s) {missing or [at]} to tell "
+            "whether it has trained and settled (records of an older mixprec: rerun)"
+        )
+    if s.improvement < gates.improvement_floor:
+        return (
+            f"{baseline}'s held-out loss moved {s.improvement:.2%} from its initial weights by "
+            f"step {at} (< {gates.improvement_floor:.2%}): it has barely trained, so no gap "
+            "means anything yet; check lr and steps"
         )
     if s.tail_improvement > gates.tail_limit:
         return (
-            f"{baseline}'s held-out loss still fell "
-            f"{s.tail_improvement:.2%} over steps {tail_start(s.steps)}-{s.steps} "
-            f"(> {gates.tail_limit:.2%}): a gap this early measures pace, not outcome; "
-            "train longer"
+            f"{baseline}'s held-out loss still fell {s.tail_improvement:.2%} over steps "
+            f"{tail_start(at)}-{at} (> {gates.tail_limit:.2%}): a gap this early measures "
+            "pace, not outcome; train longer"
         )
     return ""
 
@@ -395,6 +417,7 @@ def _judge(
     contract: Contract,
     higher_is_better: bool,
     records: Sequence[RunRecord],
+    base: Sequence[RunRecord],
 ) -> Verdict:
     gates = contract.gates
     gate, reason = _hard_gate(s, gates, higher_is_better, records)
@@ -422,6 +445,11 @@ def _judge(
             reason=f"no seed shared with {contract.baseline} to pair with",
             acknowledged=acknowledged,
         )
+    short = _too_short_reason(s, contract.baseline, gates, base)
+    if short:
+        return Verdict(
+            status="too_short", gate="training-length", reason=short, acknowledged=acknowledged
+        )
     if not math.isfinite(gap.mean):
         return Verdict(
             status="rejected",
@@ -429,10 +457,17 @@ def _judge(
             reason="held-out loss is not finite",
             acknowledged=acknowledged,
         )
-    short = _too_short_reason(s, contract.baseline, gates)
-    if short:
+    settled = (
+        f"max_seeds={contract.seed_limit} reached"
+        if gap.n >= contract.seed_limit
+        else "more seeds needed"
+    )
+    if gap.n == 1:
         return Verdict(
-            status="too_short", gate="training-length", reason=short, acknowledged=acknowledged
+            status="inconclusive",
+            gate="loss-gap",
+            reason=f"gap {format_interval(gap)}: no interval from one seed; {settled}",
+            acknowledged=acknowledged,
         )
     interval = f"{format_interval(gap)} ({gap.confidence:.0%} t-interval, {gap.n} seeds)"
     if gap.high <= limit:
@@ -449,11 +484,6 @@ def _judge(
             reason=f"gap {interval} > {limit:.2%} on the whole interval",
             acknowledged=acknowledged,
         )
-    settled = (
-        f"max_seeds={contract.seed_limit} reached"
-        if gap.n >= contract.seed_limit
-        else "more seeds needed"
-    )
     return Verdict(
         status="inconclusive",
         gate="loss-gap",
@@ -471,6 +501,7 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
     """
     gates = contract.gates
     base_records = [r for r in records if r.policy == contract.baseline]
+    base_ok = [r for r in base_records if r.ok]
     base = summarize(records, contract.baseline, base_records, confidence=gates.confidence)
     base_gate, base_reason = _hard_gate(base, gates, higher_is_better, records)
     summaries = [base]
@@ -485,10 +516,10 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
                 reason="not judged: the baseline failed its gates",
             )
             continue
-        verdicts[name] = _judge(s, contract, higher_is_better, records)
+        verdicts[name] = _judge(s, contract, higher_is_better, records, base_ok)
     too_short = ""
     if not base_gate:
-        too_short = _too_short_reason(base, contract.baseline, gates)
+        too_short = _too_short_reason(base, contract.baseline, gates, base_ok)
     eligible = [n for n, v in verdicts.items() if v.status == "eligible"]
     recommended = None
     if eligible and not too_short:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunRecord", "read_records", "record_path", "write_json_atomic"]
+__all__ = [
+    "RunRecord",
+    "load_records",
+    "read_records",
+    "record_path",
+    "strict_json",
+    "write_json_atomic",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,9 +123,98 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
-        """Inverse of `to_dict` (extra keys are ignored, so older readers keep working)."""
+        """Inverse of `to_dict`, validated (extra keys are ignored, so older readers keep
+        working; ``null`` floats, as strict JSON stores NaN, read back as NaN).
+
+        Raises:
+            ValueError: a missing or mistyped field, naming it.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a run record must be a JSON object, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        for key in ("workload", "policy", "fingerprint"):
+            if not isinstance(values.get(key), str):
+                raise ValueError(f"field {key!r} must be a string, got {values.get(key)!r}")
+        for key in ("seed", "steps"):
+            v = values.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"field {key!r} must be an int >= 0, got {v!r}")
+        for key in ("size", "status", "metric_name", "error"):
+            if key in values and not isinstance(values[key], str):
+                raise ValueError(f"field {key!r} must be a string, got {values[key]!r}")
+        for key in ("schedule_steps", "nonfinite_steps", "skipped_steps"):
+            v = values.get(key, 0)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"field {key!r} must be an int >= 0, got {v!r}")
+        for key in _FLOAT_FIELDS:
+            if key in values:
+                values[key] = _float(key, values[key])
+        for key in _FLOAT_MAPPINGS:
+            if key in values:
+                values[key] = {
+                    str(k): _float(f"{key}.{k}", v) for k, v in _mapping(key, values[key]).items()
+                }
+        for key in ("bytes", "predicted_bytes"):
+            if key in values:
+                raw = _mapping(key, values[key])
+                if not all(isinstance(v, int) and not isinstance(v, bool) for v in raw.values()):
+                    raise ValueError(f"field {key!r} must map components to integer bytes")
+                values[key] = dict(raw)
+        for key in ("loss_curve", "eval_curve", "loss_scale_trace"):
+            if key in values:
+                values[key] = _curve(key, values[key])
+        for key in ("policy_fields", "effective"):
+            if key in values:
+                values[key] = dict(_mapping(key, values[key]))
+        if "doctor" in values:
+            doctor = values["doctor"]
+            if not isinstance(doctor, list) or not all(isinstance(f, Mapping) for f in doctor):
+                raise ValueError("field 'doctor' must be a list of findings (objects)")
+        try:
+            return cls(**values)
+        except TypeError as exc:  # a required field missing
+            raise ValueError(str(exc).replace("__init__() ", "")) from None
+
+
+_FLOAT_FIELDS = ("final_train_loss", "heldout_loss", "metric", "wall_time_s")
+_FLOAT_MAPPINGS = ("throughput", "frozen_fraction", "probes")
+
+
+def _float(key: str, value: Any) -> float:
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"field {key!r} must be a number or null, got {value!r}")
+    return float(value)
+
+
+def _mapping(key: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"field {key!r} must be an object, got {value!r}")
+    return value
+
+
+def _curve(key: str, value: Any) -> list[list[float]]:
+    if not isinstance(value, list):
+        raise ValueError(f"field {key!r} must be a list of [step, value] pairs, got {value!r}")
+    out = []
+    for item in value:
+        if not (isinstance(item, list | tuple) and len(item) == 2):
+            raise ValueError(f"field {key!r} must be a list of [step, value] pairs, got {item!r}")
+        out.append([_float(key, item[0]), _float(key, item[1])])
+    return out
+
+
+def strict_json(value: Any) -> Any:
+    """`value` with every non-finite float replaced by None (strict JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
 
 
 def record_path(out_dir: Path, policy: str, seed: int) -> Path:
@@ -125,31 +222,71 @@ def record_path(out_dir: Path, policy: str, seed: int) -> Path:
     return out_dir / "runs" / f"{policy}-seed{seed}.json"
 
 
+def _shared_mode() -> int:
+    """The mode an ordinary new file gets here (0o666 less the umask)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to `path` atomically (temporary file, then rename)."""
+    """Write strict JSON (non-finite floats as null) to `path` atomically.
+
+    A temporary file in the same folder is flushed to disk, given the mode an
+    ordinary new file gets (not mkstemp's 0600), then renamed over `path`: a crash
+    leaves the old file or the new one, never half of one.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, allow_nan=True)
+            json.dump(strict_json(data), f, indent=1, allow_nan=False)
             f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _shared_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def load_records(out_dir: Path) -> tuple[list[RunRecord], list[str]]:
+    """The valid run records in `out_dir/runs`, and one line for each file skipped.
+
+    A file is skipped when it is not valid JSON, is not a valid record, or names
+    a policy and seed other than its file name says (a stray or edited file).
+    """
+    records: list[RunRecord] = []
+    skipped: list[str] = []
+    for path in sorted((out_dir / "runs").glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            record = RunRecord.from_dict(data)
+        except json.JSONDecodeError as exc:
+            skipped.append(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})")
+            continue
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            skipped.append(f"{path}: {reason}")
+            continue
+        if record_path(out_dir, record.policy, record.seed).name != path.name:
+            skipped.append(
+                f"{path}: holds {record.policy} seed {record.seed}, which belongs in "
+                f"{record_path(out_dir, record.policy, record.seed).name}"
+            )
+            continue
+        records.append(record)
+    return records, skipped
+
+
 def read_records(out_dir: Path) -> list[RunRecord]:
     """Every run record in `out_dir/runs`, sorted by file name.
 
     Raises:
-        ValueError: a record that is not valid JSON, naming the file.
+        ValueError: a record that is not valid, naming the file.
     """
-    records = []
-    for path in sorted((out_dir / "runs").glob("*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"run record {path} is not valid JSON: {exc}") from exc
-        records.append(RunRecord.from_dict(data))
+    records, skipped = load_records(out_dir)
+    if skipped:
+        raise ValueError(f"run record {skipped[0]}")
     return records

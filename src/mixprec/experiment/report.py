@@ -159,7 +159,7 @@ def _gap_cell(s: PolicySummary, decision: Decision) -> str:
 
 
 def _rows(decision: Decision, records: Sequence[RunRecord]) -> list[list[str]]:
-    full = decision.summaries[0].steps if decision.summaries else 0
+    full = max((s.steps for s in decision.summaries), default=0)
     rows = []
     for s in decision.summaries:
         rows.append(
@@ -549,8 +549,13 @@ def render(
     metric_name: str = "metric",
     higher_is_better: bool = True,
     settings: Mapping[str, Any] | None = None,
+    notes: Sequence[str] = (),
 ) -> Report:
-    """Write results.json, report.md, report.html and the plots into `out_dir`."""
+    """Write results.json, report.md, report.html and the plots into `out_dir`.
+
+    `notes` (records skipped or missing, say) are listed first under "What the data
+    show" and stored in results.json.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(exist_ok=True)
@@ -564,6 +569,7 @@ def render(
     )
     if settings is not None:
         results["settings"] = dict(settings)
+    results["notes"] = list(notes)
     results_path = out_dir / "results.json"
     write_json_atomic(results_path, results)
 
@@ -592,7 +598,7 @@ def render(
     findings = {
         k: v for k, v in _findings(records, [s.policy for s in decision.summaries]).items() if v
     }
-    observations = _observations(records, decision)
+    observations = [*notes, *_observations(records, decision)]
     title = f"mixprec compare: {contract.workload}"
     verdict = headline(decision)
     gates = contract.gates

@@ -12,8 +12,11 @@ seeds to it and to the baseline, one at a time, up to ``max_seeds``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+import os
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -24,27 +27,33 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from mixprec.device import device_caps
+from mixprec.device import device_caps, resolve_device
 from mixprec.engine import Precision
 from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
 from mixprec.experiment.contract import Contract, get_policy_quiet
 from mixprec.experiment.decision import decide, tail_start
-from mixprec.experiment.records import RunRecord, read_records, record_path, write_json_atomic
+from mixprec.experiment.records import RunRecord, load_records, record_path, write_json_atomic
 from mixprec.memory import MemoryBreakdown, estimate, measure
 from mixprec.policy import DEFAULT_FP32_MODULES, Policy, matches_fp32_module
 from mixprec.workloads import Workload, load_workload
 
 __all__ = [
+    "CONTRACT_FILE",
     "RunSettings",
     "evaluation_steps",
     "lr_at",
     "run_experiment",
     "run_one",
+    "settings_dict",
     "settings_for",
     "step_caps_for",
 ]
 
 _MAX_CURVE_POINTS = 400
+
+#: Written first into the output folder: what the experiment is (so `report` can
+#: render an interrupted folder that has no results.json yet).
+CONTRACT_FILE = "contract.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +80,12 @@ def settings_for(contract: Contract, workload: Workload) -> RunSettings:
         return default if value is None else value
 
     steps = pick(contract.steps, d.steps)
+    lr, min_lr = pick(contract.lr, d.lr), pick(contract.min_lr, d.min_lr)
+    if min_lr > lr:
+        raise ValueError(
+            f"min_lr {min_lr:g} exceeds lr {lr:g} (the workload's default fills the one not "
+            "given): the schedule would rise; give both"
+        )
     return RunSettings(
         steps=steps,
         batch_size=pick(contract.batch_size, d.batch_size),
@@ -241,6 +256,8 @@ def run_one(
         mem = measure(model, optimizer, lambda: out.append(train_step(x, y)), policy=pol)
         return out[0], mem
 
+    # Step 0: the initial weights under this policy (the decision's trained-at-all check).
+    evals.append([0, workload.evaluate(model, autocast=prec.autocast).loss])
     try:
         for step in range(total):
             for group in optimizer.param_groups:
@@ -362,6 +379,8 @@ def run_experiment(
     Returns:
         The workload and the records, in the order they ran (baseline first per seed).
     """
+    device = str(resolve_device(device))
+    _check_out_dir(out_dir)
     if workload is None:
         workload = load_workload(
             contract.workload, allow_import=allow_import, **workload_options(contract)
@@ -369,14 +388,88 @@ def run_experiment(
     settings = settings_for(contract, workload)
     caps = step_caps_for(contract, settings.steps, device)
     eval_at = evaluation_steps(settings.steps, caps)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    existing = {}
-    with contextlib.suppress(ValueError):
-        existing = {(r.policy, r.seed): r for r in read_records(out_dir)}
+    with _exclusive(out_dir):
+        return workload, _run_all(
+            contract, out_dir, workload, settings, caps, eval_at, device, stream, on_record
+        )
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """Create `out_dir` and prove it writable, or raise a one-line ValueError."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"--out {out_dir} exists and is not a folder; choose a folder") from None
+    except NotADirectoryError:
+        raise ValueError(f"--out {out_dir} lies under a file; choose a folder") from None
+    except OSError as exc:
+        raise ValueError(f"--out {out_dir} cannot be created: {exc.strerror or exc}") from None
+    try:
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out {out_dir} is not writable: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def _exclusive(out_dir: Path) -> Iterator[None]:
+    """Hold `out_dir/.lock` while this process writes there: a second `compare` into the
+    same folder refuses instead of doing every run twice."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no lock
+        yield
+        return
+    path = out_dir / ".lock"
+    with open(path, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise ValueError(
+                f"{out_dir} is in use by another mixprec compare ({holder}); wait for it to "
+                "finish or choose another --out"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _run_all(
+    contract: Contract,
+    out_dir: Path,
+    workload: Workload,
+    settings: RunSettings,
+    caps: dict[str, int],
+    eval_at: frozenset[int],
+    device: str,
+    stream: TextIO | None,
+    on_record: Callable[[RunRecord, bool], None] | None,
+) -> list[RunRecord]:
+    write_json_atomic(
+        out_dir / CONTRACT_FILE,
+        {
+            "contract": contract.to_dict(),
+            "workload_description": workload.description,
+            "metric_name": workload.metric_name,
+            "higher_is_better": workload.higher_is_better,
+            "settings": settings_dict(settings),
+        },
+    )
+    found, skipped = load_records(out_dir)
+    for line in skipped:
+        if stream is not None:
+            print(f"  skipping a bad run record (its run is redone): {line}", file=stream)
+    existing = {(r.policy, r.seed): r for r in found}
     records: list[RunRecord] = []
 
     def run_seed(seed: int, names: tuple[str, ...]) -> None:
-        assert workload is not None
         for name in names:
             run_steps = caps.get(name, settings.steps)
             fingerprint = contract.run_fingerprint(name, seed, run_steps)
@@ -417,4 +510,11 @@ def run_experiment(
                 file=stream,
             )
         run_seed(seed, (contract.baseline, *pending))
-    return workload, records
+    return records
+
+
+def settings_dict(settings: RunSettings) -> dict[str, Any]:
+    """`settings` as JSON-ready data."""
+    out = dataclasses.asdict(settings)
+    out["betas"] = list(out["betas"])
+    return out

@@ -22,7 +22,7 @@ from mixprec.optim.formats import moment_format, resolve_master
 from mixprec.optim.functional import adamw_scalars
 from mixprec.optim.kernels import KernelMode, StepFamily, StepKernel, resolve_mode
 from mixprec.optim.kinds import MASTER_KINDS, check_moments
-from mixprec.optim.masters import MasterFormat
+from mixprec.optim.masters import MasterFormat, resync_master
 from mixprec.optim.moments import Int8Moments, MomentFormat
 from mixprec.optim.rng import derive_seed, step_key
 
@@ -142,6 +142,9 @@ class AdamW(torch.optim.Optimizer):
             seed = int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())
         self._seed = int(seed)
         self._plans: dict[torch.Tensor, _ParamPlan] = {}
+        # The version counter of each parameter's local tensor when its master state was
+        # last known to match it (see `_resync_edited`).
+        self._versions: dict[torch.Tensor, int] = {}
         self._kernels: dict[tuple[str, str, bool, KernelMode], StepKernel] = {}
         self._unused_seed = torch.zeros((), dtype=torch.int64)
         defaults = {
@@ -211,6 +214,7 @@ class AdamW(torch.optim.Optimizer):
                     for k, v in state.items()
                 }
             self.state[p] = state
+            self._versions[p] = lp._version
 
     def _plan(self, p: torch.Tensor, group: dict[str, Any], mode: KernelMode) -> _ParamPlan:
         master = resolve_master(group["master"], p.dtype)
@@ -286,6 +290,8 @@ class AdamW(torch.optim.Optimizer):
                 kernel = self._kernel(plan, bool(group["maximize"]))
                 lp = sharding.local(p.detach())
                 local_state = {k: sharding.local(v) for k, v in state.items()}
+                if lp._version != self._versions.get(p):
+                    self._resync_edited(plan, lp, local_state)
                 shape = plan.moments.kernel_shape(lp.numel())
                 kernel(
                     lp.view(shape),
@@ -295,7 +301,17 @@ class AdamW(torch.optim.Optimizer):
                     scalars,
                     self._noise_key(p, state) if plan.master.uses_noise else self._unused_seed,
                 )
+                self._versions[p] = lp._version
         return loss
+
+    @staticmethod
+    def _resync_edited(
+        plan: _ParamPlan, lp: torch.Tensor, local_state: dict[str, torch.Tensor]
+    ) -> None:
+        # The parameter was written in place since this optimizer last wrote it (pruning,
+        # zero_(), re-initialisation, a model state load): the master follows the edit
+        # where its state no longer matches, and never decodes to NaN.
+        resync_master(plan.master, lp, [local_state[k] for k in plan.master.state_keys])
 
     @staticmethod
     def _noise_key(p: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -308,6 +324,26 @@ class AdamW(torch.optim.Optimizer):
     # -- views of the state -----------------------------------------------------------
 
     @torch.no_grad()
+    def sync_edited(self) -> None:
+        """Re-sync the master state of parameters written in place since the last step.
+
+        `step`, `master_weights` and `state_dict` call it; a master then follows an
+        edit such as pruning or ``zero_()`` (see `mixprec.optim.masters.resync`).
+        """
+        for group in self.param_groups:
+            for p in group["params"]:
+                lp = sharding.local(p.detach())
+                if lp._version != self._versions.get(p):
+                    state = {k: sharding.local(v) for k, v in self.state[p].items()}
+                    self._resync_edited(self._plans[p], lp, state)
+                    self._versions[p] = lp._version
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's state dict, with masters first re-synced with edited parameters."""
+        self.sync_edited()
+        return super().state_dict()
+
+    @torch.no_grad()
     def master_weights(self) -> list[torch.Tensor]:
         """The fp32 master value of every parameter, in parameter order (new tensors).
 
@@ -315,6 +351,7 @@ class AdamW(torch.optim.Optimizer):
         ``none`` and ``stochastic`` give the parameter upcast. A DTensor parameter
         gets a DTensor sharded like it (``.full_tensor()`` gathers it).
         """
+        self.sync_edited()
         out: list[torch.Tensor] = []
         for group in self.param_groups:
             for p in group["params"]:
@@ -374,6 +411,12 @@ class AdamW(torch.optim.Optimizer):
         super().__setstate__(state)
         self._kernels = {}
         self._unused_seed = torch.zeros((), dtype=torch.int64)
+        self._record_versions()
+
+    def _record_versions(self) -> None:
+        self._versions = {
+            p: sharding.local(p.detach())._version for g in self.param_groups for p in g["params"]
+        }
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -434,6 +477,7 @@ class AdamW(torch.optim.Optimizer):
             for key, value in saved.items():
                 if key != "params":
                     group[key] = tuple(value) if key == "betas" else value
+        self._record_versions()  # the loaded state matches the parameters as they are now
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 

@@ -6,6 +6,7 @@ from mixprec.optim.masters.fp32 import Fp32Master
 from mixprec.optim.masters.kahan import KahanMaster
 from mixprec.optim.masters.none import NoMaster
 from mixprec.optim.masters.remainder8 import Remainder8Master
+from mixprec.optim.masters.resync import resync_master
 from mixprec.optim.masters.stochastic import StochasticMaster, stochastic_round
 
 __all__ = [
@@ -16,5 +17,6 @@ __all__ = [
     "NoMaster",
     "Remainder8Master",
     "StochasticMaster",
+    "resync_master",
     "stochastic_round",
 ]

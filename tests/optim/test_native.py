@@ -239,3 +239,46 @@ def test_processes_starting_together_build_once(tmp_path: Path) -> None:
     ]
     built = [proc.communicate(timeout=300)[0].strip() for proc in procs]
     assert sorted(built) == ["False", "False", "True"]  # one built, two waited and loaded it
+
+
+_LOAD = (
+    "from mixprec.optim import native; lib = native.library(); "
+    "print(lib.info.build_seconds > 0, lib.info.path)"
+)
+
+
+@needs_native
+@pytest.mark.slow
+def test_a_truncated_cached_library_is_rebuilt_not_loaded(tmp_path: Path) -> None:
+    """A truncated .so in the cache killed the process with SIGBUS when it was mapped."""
+    env = {**os.environ, "MIXPREC_CACHE_DIR": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", _LOAD], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    built, path = first.stdout.split()
+    assert built == "True"
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: len(data) // 2])  # the manifest still names the full file
+    again = subprocess.run([sys.executable, "-c", _LOAD], env=env, capture_output=True, text=True)
+    assert again.returncode == 0, (again.returncode, again.stderr[-500:])
+    assert again.stdout.split()[0] == "True"  # rebuilt
+    assert Path(path).read_bytes() != data[: len(data) // 2]
+
+
+@needs_native
+@pytest.mark.slow
+def test_an_unwritable_cache_falls_back_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache folder that cannot be created (a read-only HOME) raised FileNotFoundError."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("MIXPREC_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    native.library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="cannot write the native kernel cache"):
+            lib = native.library()
+        assert lib.info.path.is_relative_to(tmp_path / "tmp")
+    finally:
+        native.library.cache_clear()

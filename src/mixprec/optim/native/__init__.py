@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -32,6 +33,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -239,6 +241,36 @@ class NativeLibrary:
 _lock = threading.Lock()
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _manifest(target: Path) -> Path:
+    """Beside each library: its flags, size and SHA-256, written at build."""
+    return target.with_suffix(".json")
+
+
+def _verified_flags(target: Path) -> tuple[str, ...] | None:
+    """The build flags of a cached library whose size and checksum match its manifest,
+    or None (a truncated, partly written or foreign file must never be mapped: a
+    truncated shared object kills the process with SIGBUS when it is loaded)."""
+    try:
+        meta = json.loads(_manifest(target).read_text(encoding="utf-8"))
+        if target.stat().st_size != meta["size"] or _digest(target) != meta["sha256"]:
+            return None
+        return tuple(str(f) for f in meta["flags"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_manifest(target: Path, tmp: Path, flags: tuple[str, ...]) -> None:
+    meta = {"flags": list(flags), "size": tmp.stat().st_size, "sha256": _digest(tmp)}
+    fd, meta_tmp = tempfile.mkstemp(suffix=".json", dir=target.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(meta, f)
+    os.replace(meta_tmp, _manifest(target))
+
+
 def _build(target: Path, compiler: str, flag_sets: Sequence[tuple[str, ...]]) -> BuildInfo:
     target.parent.mkdir(parents=True, exist_ok=True)
     errors = []
@@ -258,8 +290,8 @@ def _build(target: Path, compiler: str, flag_sets: Sequence[tuple[str, ...]]) ->
             out = None
             errors.append(f"{' '.join(flags)}: {exc}")
         if out is not None and out.returncode == 0:
+            _write_manifest(target, Path(tmp), flags)
             os.replace(tmp, target)  # atomic: concurrent builders write the same bytes
-            target.with_suffix(".flags").write_text(" ".join(flags))
             return BuildInfo(target, compiler, flags, time.perf_counter() - t0)
         Path(tmp).unlink(missing_ok=True)
         if out is not None:
@@ -283,18 +315,46 @@ def library() -> NativeLibrary:
         for part in (SOURCE.read_bytes(), _version(compiler).encode(), _cpu_signature().encode()):
             digest.update(part)
         digest.update(repr(FLAG_SETS).encode())
-        target = cache_dir() / f"adamw_cpu-{digest.hexdigest()[:20]}.so"
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target = _writable_cache_dir() / f"adamw_cpu-{digest.hexdigest()[:20]}.so"
         # Processes starting together (torchrun ranks) wait for one build.
         with _file_lock(target.with_suffix(".lock")):
             if target.exists():
-                flags_file = target.with_suffix(".flags")
-                flags = tuple(flags_file.read_text().split()) if flags_file.exists() else ()
-                try:
-                    return NativeLibrary(BuildInfo(target, compiler, flags, 0.0))
-                except OSError:
-                    target.unlink(missing_ok=True)  # a truncated or foreign file: rebuild it
+                flags = _verified_flags(target)
+                if flags is not None:
+                    try:
+                        return NativeLibrary(BuildInfo(target, compiler, flags, 0.0))
+                    except OSError:
+                        pass
+                target.unlink(missing_ok=True)  # truncated, foreign or unverified: rebuild
             return NativeLibrary(_build(target, compiler, FLAG_SETS))
+
+
+def _writable_cache_dir() -> Path:
+    """`cache_dir()`, or a per-user temporary folder (with one warning) when it cannot be
+    created or written (a read-only home, say)."""
+    preferred = cache_dir()
+    try:
+        preferred.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=preferred):
+            pass
+        return preferred
+    except OSError as exc:
+        uid = os.getuid() if hasattr(os, "getuid") else "user"
+        fallback = Path(tempfile.gettempdir()) / f"mixprec-{uid}" / "native"
+        try:
+            fallback.mkdir(parents=True, exist_ok=True)
+        except OSError as again:
+            raise NativeUnavailableError(
+                f"no writable cache for the native kernel ({preferred}: {exc}; {fallback}: "
+                f"{again}); set MIXPREC_CACHE_DIR"
+            ) from None
+        warnings.warn(
+            f"cannot write the native kernel cache {preferred} ({exc.strerror or exc}); "
+            f"building in {fallback} instead (set MIXPREC_CACHE_DIR to choose)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return fallback
 
 
 @contextmanager

@@ -178,3 +178,25 @@ def test_ulp_matches_nextafter(dtype: torch.dtype) -> None:
     )
     up = torch.nextafter(values, torch.full_like(values, math.inf))
     assert torch.equal(ulp(values), (up.float() - values.float()))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_int8_moments_survive_a_gradient_near_fp32s_range(fused: bool) -> None:
+    """One gradient element of 1e21 made a block's v scale inf and two weights NaN;
+    fp32 moments gave a finite step."""
+    results = {}
+    for moments in ("fp32", "int8"):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(64, 64))
+        opt = AdamW([w], lr=1e-3, moments=moments, min_int8_numel=256, fused=fused)
+        for step in range(4):
+            g = torch.randn(64, 64, generator=torch.Generator().manual_seed(step))
+            if step == 1:
+                g[3, 5] = 1e21
+            w.grad = g
+            opt.step()
+            assert torch.isfinite(w).all(), (moments, step)
+        results[moments] = w.detach().clone()
+    assert opt.formats() == [("none", "int8")]
+    # Away from the outlier's block, int8 tracks fp32 as usual.
+    assert torch.allclose(results["int8"][8:], results["fp32"][8:], atol=5e-3)

@@ -14,7 +14,8 @@ optimizer keeps fp32 moments for the others). Per block:
   so ``v = (umax * (q / 255)**2)**2``: a quarter-power map reaching
   ``(1/255)**4 = 2.4e-10`` of the block's largest v. A nonzero v that would
   round to code 0 is stored as code 1: the second moment is never flushed to
-  zero, which would turn ``m / (sqrt(v) + eps)`` into a huge step.
+  zero, which would turn ``m / (sqrt(v) + eps)`` into a huge step. ``u`` is
+  stored at most `U_MAX` (an overflowing v would otherwise poison its block).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mixprec.optim.functional import sqrt_rn
 from mixprec.optim.kinds import MomentKind
 
 __all__ = [
+    "U_MAX",
     "Int8Moments",
     "dequantize_signed",
     "dequantize_sqrt",
@@ -66,9 +68,17 @@ def dequantize_signed(codes: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor
     return (q * q.abs()) * (absmax * _INV_127_SQ)[:, None]
 
 
+#: Largest sqrt(v) stored. A gradient element near fp32's range (1e21, say) makes v
+#: overflow to inf; an inf block maximum would decode every other element of its block
+#: to NaN (inf * 0). Storing at most 2**63 keeps the decoded v = u**2 finite, with room
+#: for the decode's rounding (2**64 would square to inf). Finite moments never reach it.
+U_MAX = 2.0**63
+
+
 def quantize_sqrt(vb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-negative fp32 blocks to (uint8 codes, fp32 per-block max of sqrt(v))."""
     ub = sqrt_rn(vb)  # the same expression as the update's root: compiled, it is shared
+    ub = torch.where(ub > U_MAX, U_MAX, ub)  # NaN stays NaN, as in the native kernel
     umax = ub.amax(dim=1)
     factor = torch.reciprocal(_safe(umax)) * (255.0 * 255.0)
     q = torch.round(sqrt_rn(ub * factor[:, None]))

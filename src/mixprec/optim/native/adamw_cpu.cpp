@@ -128,6 +128,9 @@ struct Math {
   }
 };
 
+// moments/int8.py U_MAX: the largest sqrt(v) stored, so a decoded v stays finite.
+constexpr float kUMax = 9223372036854775808.0f;  // 2**63
+
 template <int MASTER, int PDT, int MO, int GDT>
 void step_dense(const Args& args) {
   const Math k(args.scalars);
@@ -205,6 +208,7 @@ void step_int8(const Args& args) {
       float u;
       k.apply(p, g, m, v, u);
       encode_master<MASTER, PDT>(a, i, p);
+      u = u > kUMax ? kUMax : u;  // moments/int8.py U_MAX (NaN stays NaN)
       mloc[j] = m;
       uloc[j] = u;
       uint32_t mb = fbits(m) & 0x7FFFFFFFu;

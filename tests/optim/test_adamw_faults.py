@@ -200,3 +200,18 @@ def test_int8_moments_survive_a_gradient_near_fp32s_range(fused: bool) -> None:
     assert opt.formats() == [("none", "int8")]
     # Away from the outlier's block, int8 tracks fp32 as usual.
     assert torch.allclose(results["int8"][8:], results["fp32"][8:], atol=5e-3)
+
+
+def test_stochastic_rounding_noise_keeps_changing_past_2_to_the_24_steps() -> None:
+    """The step counter was float32: from step 2**24 on every step drew the same noise."""
+    w = torch.nn.Parameter(torch.randn(256).to(torch.bfloat16))
+    opt = AdamW([w], lr=1e-3, master="stochastic", moments="fp32", fused=False, seed=3)
+    opt.state[w]["step"].fill_(2**24 - 2)
+    keys, counts = set(), []
+    for _ in range(4):
+        w.grad = torch.ones_like(w)
+        opt.step()
+        counts.append(int(opt.state[w]["step"].item()))
+        keys.add(int(opt._noise_key(w, opt.state[w])))
+    assert counts == [2**24 - 1, 2**24, 2**24 + 1, 2**24 + 2]
+    assert len(keys) == 4

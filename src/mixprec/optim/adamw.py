@@ -197,8 +197,10 @@ class AdamW(torch.optim.Optimizer):
                 )
             plan = self._plan(p, group, mode)
             self._plans[p] = plan
+            # float64: exact to 2**53 steps (float32 stops counting at 2**24, which would
+            # freeze the bias correction and repeat the stochastic-rounding noise).
             state: dict[str, torch.Tensor] = {
-                "step": torch.zeros((), dtype=torch.float32, device=p.device)
+                "step": torch.zeros((), dtype=torch.float64, device=p.device)
             }
             state.update(plan.master.init_state(lp))
             state.update(plan.moments.init_state(lp))

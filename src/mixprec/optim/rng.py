@@ -27,7 +27,8 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def step_key(seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """A per-(parameter, step) key from an int64 seed and the (float) step count."""
+    """A per-(parameter, step) key from an int64 seed and the step count (an exact float64
+    or integer tensor: a float32 count stops changing at 2**24)."""
     t = step.to(torch.int64) & _MASK32
     return mix32((mix32(t) + seed) & _MASK32)
 

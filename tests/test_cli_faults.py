@@ -108,3 +108,16 @@ def test_ctrl_c_during_compare_exits_130_and_keeps_records(
     err = capsys.readouterr().err
     assert "interrupted" in err and "Traceback" not in err and err.count("\n") == 1
     assert [p.name for p in (tmp_path / "runs").glob("*.json")] == ["fp32-seed0.json"]
+
+
+@pytest.mark.parametrize("value", ['"64"', "64.5", "true", ".nan", "1e3", "-4"])
+def test_budget_config_values_must_be_whole_numbers(
+    value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "model.yaml"
+    config.write_text(
+        f"num_hidden_layers: 2\nhidden_size: {value}\nnum_attention_heads: 4\n"
+        "vocab_size: 100\nmax_position_embeddings: 64\n"
+    )
+    err = _one_line_exit_2(["budget", "--config", str(config)], capsys)
+    assert "model.yaml" in err and "'hidden_size'" in err

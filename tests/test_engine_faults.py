@@ -207,3 +207,82 @@ def test_precision_load_state_dict_validates_before_changing_anything() -> None:
         assert prec.stats.to_dict() == stats_before and prec.loss_scale == scale_before
     prec.load_state_dict(good)
     assert prec.stats.to_dict() == stats_before
+
+
+def test_a_plain_backward_among_scaled_ones_is_refused() -> None:
+    """Accumulating prec.backward and loss.backward mixed scaled and unscaled parts."""
+    prec = Precision("amp_fp16")
+    model = prec.prepare(_model())
+    opt = prec.optimizer(model, lr=1e-2)
+    prec.backward(_loss(prec, model))
+    _loss(prec, model).backward()
+    before = _params(model)
+    with pytest.raises(PrecisionError, match=r"did not go through prec\.backward"):
+        prec.step(opt)
+    assert all(torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before, strict=True))
+    # Accumulating through prec.backward only is fine.
+    opt.zero_grad(set_to_none=True)
+    prec.backward(_loss(prec, model))
+    prec.backward(_loss(prec, model))
+    assert prec.step(opt).applied
+
+
+@pytest.mark.parametrize("name", ["amp_fp16", "fp32", "bf16_master"])
+def test_a_step_without_any_gradient_is_a_no_op(name: str) -> None:
+    """Under amp_fp16 it raised torch's raw 'Attempted unscale_ but _scale is None'."""
+    prec = Precision(name)
+    model = prec.prepare(_model())
+    opt = prec.optimizer(model)
+    before = _params(model)
+    report = prec.step(opt)
+    assert report.applied and report.stepped == (False,) and report.nonfinite_grads == 0
+    assert all(torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before, strict=True))
+
+
+def test_a_finite_gradient_whose_norm_overflows_is_not_called_non_finite() -> None:
+    prec = Precision("fp32")
+    model = prec.prepare(_model())
+    opt = prec.optimizer(model, lr=1e-3)
+    prec.backward(_loss(prec, model))
+    model[0].weight.grad[0, 0] = 2e19  # finite, but its square overflows fp32
+    report = prec.step(opt)
+    assert report.applied and report.nonfinite_grads == 0
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("scaler", "growth_factor", "x"),
+        ("scaler", "growth_factor", -1.0),
+        ("scaler", "growth_factor", math.inf),
+        ("scaler", "backoff_factor", 5.0),
+        ("scaler", "growth_interval", 0),
+        ("scaler", "scale", 10**30),
+        ("scaler", "scale", 1e39),
+        ("scaler", "_growth_tracker", None),
+        ("stats", "steps", -5),
+        ("stats", "skipped_steps", "x"),
+        ("stats", "consecutive_skips", 10**6),
+        ("stats", "loss_scale", "x"),
+        ("stats", "scale_history", [[-1, math.nan]]),
+        ("stats", "history_size", None),
+    ],
+)
+def test_malformed_scaler_or_telemetry_is_refused_and_changes_nothing(
+    section: str, key: str, value: object
+) -> None:
+    prec = Precision("amp_fp16")
+    model = prec.prepare(_model())
+    opt = prec.optimizer(model)
+    prec.backward(_loss(prec, model))
+    prec.step(opt)
+    state = copy.deepcopy(prec.state_dict())
+    if value is None:
+        del state[section][key]
+    else:
+        state[section][key] = value
+    before = (prec.stats.to_dict(), prec.scaler.state_dict())
+    with pytest.raises(ValueError):
+        prec.load_state_dict(state)
+    assert (prec.stats.to_dict(), prec.scaler.state_dict()) == before

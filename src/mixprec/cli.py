@@ -207,9 +207,18 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     )
     source: Any
     if args.config is not None:
-        source = TransformerShape.from_config(
-            _load_config(args.config), seq_len=args.seq_len, micro_batch=args.micro_batch
-        )
+        try:
+            source = TransformerShape.from_config(
+                _load_config(args.config), seq_len=args.seq_len, micro_batch=args.micro_batch
+            )
+        except ValueError as exc:
+            raise ValueError(f"{args.config}: {exc}") from None
+        total = sum(source.param_counts())
+        if total > _MAX_COUNT:
+            raise UsageError(
+                f"mixprec budget: {args.config} describes {total:.3g} parameters, more than "
+                f"{_MAX_COUNT:.0e}: check its sizes"
+            )
     else:
         source = _parse_count(args.params)
     activations = _parse_count(args.activations) if args.activations else None

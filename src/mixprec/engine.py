@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import math
 import warnings
@@ -126,10 +127,88 @@ class PrecisionStats:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PrecisionStats:
-        """Inverse of `to_dict`."""
-        values = dict(data)
-        history = [(int(s), float(v)) for s, v in values.pop("scale_history", [])]
-        return cls(**values, scale_history=deque(history))
+        """Inverse of `to_dict`, validated.
+
+        Raises:
+            ValueError: a missing key, a wrong type, or counts that contradict each other.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"telemetry must be a dict, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(names - set(data))
+        unknown = sorted(map(str, set(data) - names))
+        if missing or unknown:
+            raise ValueError(f"telemetry keys: missing {missing}, unknown {unknown}")
+
+        def count(key: str) -> int:
+            v = data[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"telemetry {key!r} must be an int >= 0, got {v!r}")
+            return v
+
+        values = {k: count(k) for k in ("steps", "applied_steps", "skipped_steps")}
+        values["consecutive_skips"] = count("consecutive_skips")
+        values["history_size"] = count("history_size")
+        if values["applied_steps"] + values["skipped_steps"] != values["steps"]:
+            raise ValueError("telemetry: applied_steps + skipped_steps must equal steps")
+        if values["consecutive_skips"] > values["skipped_steps"] or values["history_size"] < 1:
+            raise ValueError("telemetry: consecutive_skips exceeds skipped_steps or no history")
+        last = data["last_nonfinite_step"]
+        if last is not None and (
+            isinstance(last, bool) or not isinstance(last, int) or not 0 <= last < values["steps"]
+        ):
+            raise ValueError(f"telemetry 'last_nonfinite_step' is out of range: {last!r}")
+        scale = data["loss_scale"]
+        if scale is not None and not _positive_finite(scale):
+            raise ValueError(f"telemetry 'loss_scale' must be finite and > 0, got {scale!r}")
+        raw = data["scale_history"]
+        if not isinstance(raw, list | tuple):
+            raise ValueError(f"telemetry 'scale_history' must be a list, got {raw!r}")
+        history = []
+        for item in raw:
+            ok = isinstance(item, list | tuple) and len(item) == 2
+            if not ok or isinstance(item[0], bool) or not isinstance(item[0], int):
+                raise ValueError(f"telemetry scale_history entry must be [step, scale]: {item!r}")
+            if item[0] < 0 or not _positive_finite(item[1]):
+                raise ValueError(f"telemetry scale_history entry out of range: {item!r}")
+            history.append((int(item[0]), float(item[1])))
+        return cls(
+            **values,
+            last_nonfinite_step=last,
+            loss_scale=None if scale is None else float(scale),
+            scale_history=deque(history),
+        )
+
+
+def _positive_finite(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= torch.finfo(torch.float32).max
+    )
+
+
+def _check_scaler_state(state: dict[str, Any]) -> None:
+    """Refuse a GradScaler state that torch would take and fail on later."""
+    expected = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+    missing = [k for k in expected if k not in state]
+    if missing:
+        raise ValueError(f"saved scaler state is missing {missing}")
+    scale = state["scale"]
+    if not _positive_finite(scale) or (isinstance(scale, int) and scale > 2**53):
+        raise ValueError(
+            f"saved loss scale must be finite, > 0 and within fp32, got {state['scale']!r}"
+        )
+    growth, backoff = state["growth_factor"], state["backoff_factor"]
+    if not (_positive_finite(growth) and growth > 1):
+        raise ValueError(f"saved growth_factor must be a finite number > 1, got {growth!r}")
+    if not (_positive_finite(backoff) and backoff < 1):
+        raise ValueError(f"saved backoff_factor must be in (0, 1), got {backoff!r}")
+    for key, least in (("growth_interval", 1), ("_growth_tracker", 0)):
+        v = state[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            raise ValueError(f"saved {key} must be an int >= {least}, got {v!r}")
 
 
 @runtime_checkable
@@ -310,6 +389,10 @@ class Precision:
         self._pending_norm: torch.Tensor | None = None
         self._pending_ids: frozenset[int] = frozenset()
         self._backward_pending = False
+        # Under loss scaling, gradient hooks note any accumulation outside prec.backward.
+        self._in_scaled_backward = False
+        self._unscaled_backward = False
+        self._watched: dict[int, weakref.ref[torch.Tensor]] = {}  # by id: tensors compare by value
         self.observers: list[StepObserver] = []
 
     # ------------------------------------------------------------ properties
@@ -506,7 +589,25 @@ class Precision:
         """Tell this run about an optimizer built elsewhere (needed before clipping
         under loss scaling, so clipping can unscale its gradients first)."""
         self._optimizers.add(optimizer)
+        if self.policy.scales_loss:
+            self._watch_accumulation(optimizer)
         return optimizer
+
+    def _watch_accumulation(self, optimizer: torch.optim.Optimizer) -> None:
+        """Hook each parameter's gradient accumulation: a backward outside `backward`
+        (an unscaled ``loss.backward()`` among scaled ones) is then refused at `step`."""
+        ref = weakref.ref(self)
+
+        def seen(_param: torch.Tensor) -> None:
+            prec = ref()
+            if prec is not None and not prec._in_scaled_backward:
+                prec._unscaled_backward = True
+
+        for p in _optimizer_params(optimizer):
+            known = self._watched.get(id(p))
+            if p.requires_grad and (known is None or known() is not p):
+                p.register_post_accumulate_grad_hook(seen)  # type: ignore[no-untyped-call]
+                self._watched[id(p)] = weakref.ref(p)
 
     # --------------------------------------------------------------- forward
 
@@ -527,7 +628,11 @@ class Precision:
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backpropagate `loss`, scaled when the policy scales the loss."""
         scaled: torch.Tensor = self.scaler.scale(loss)
-        torch.autograd.backward(scaled, **kwargs)
+        self._in_scaled_backward = True
+        try:
+            torch.autograd.backward(scaled, **kwargs)
+        finally:
+            self._in_scaled_backward = False
         self._backward_pending = True
 
     @property
@@ -643,6 +748,7 @@ class Precision:
             self._pending_norm = None
             self._pending_ids = frozenset()
             self._backward_pending = False
+            self._unscaled_backward = False
         stepped = tuple(applied and g for g in with_grads)
         report = self._finish(applied, norm, nonfinite, scale_before, stepped)
         for observer in self.observers:
@@ -675,17 +781,22 @@ class Precision:
             now = norm = float(total)
         if math.isfinite(now) and math.isfinite(norm):
             return norm, 0
-        nonfinite = _count_nonfinite(grads)
-        if nonfinite == 0:
-            nonfinite = 1  # the norm itself overflowed: treat as one non-finite value
-        return (norm if not math.isfinite(norm) else now), nonfinite
+        # The norm can overflow fp32 on finite gradients (an element of 2e19): decide on
+        # the elements themselves, not on the norm.
+        return (norm if not math.isfinite(norm) else now), _count_nonfinite(grads)
 
     def _step_plain(self, optimizers: Sequence[torch.optim.Optimizer]) -> tuple[bool, float, int]:
-        if (
-            self.policy.scales_loss
-            and not self._backward_pending
-            and any(_has_grads(opt) for opt in optimizers)
-        ):
+        if not any(_has_grads(opt) for opt in optimizers):
+            self._notify_before(optimizers)
+            return True, 0.0, 0  # nothing to apply (and nothing a scaler has seen)
+        if self.policy.scales_loss and self._unscaled_backward:
+            raise PrecisionError(
+                f"policy {self.policy.name!r} scales the loss, but part of these gradients came "
+                "from a backward that did not go through prec.backward(loss) (a "
+                "loss.backward() among prec.backward calls?): those parts are unscaled and "
+                "would be divided by the loss scale; call prec.backward(loss) for every loss"
+            )
+        if self.policy.scales_loss and not self._backward_pending:
             raise PrecisionError(
                 f"policy {self.policy.name!r} scales the loss, but these gradients did not come "
                 "through prec.backward(loss) (was it loss.backward()?): they are unscaled, and "
@@ -888,21 +999,11 @@ class Precision:
         if not isinstance(scaler_state, dict):
             raise ValueError(f"Precision state 'scaler' must be a dict, got {scaler_state!r}")
         if scaler_state and self.policy.scales_loss:
-            scale = scaler_state.get("scale")
-            if isinstance(scale, bool) or not isinstance(scale, int | float):
-                raise ValueError(f"saved loss scale must be a number, got {scale!r}")
-            if not (math.isfinite(scale) and scale > 0):
-                raise ValueError(f"saved loss scale must be finite and > 0, got {scale!r}")
-            tracker = scaler_state.get("_growth_tracker", 0)
-            if isinstance(tracker, bool) or not isinstance(tracker, int) or tracker < 0:
-                raise ValueError(f"saved growth tracker must be an int >= 0, got {tracker!r}")
+            _check_scaler_state(scaler_state)
         raw_stats = state["stats"]
         if not isinstance(raw_stats, dict):
             raise ValueError(f"Precision state 'stats' must be a dict, got {raw_stats!r}")
-        try:
-            stats = PrecisionStats.from_dict(raw_stats)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"Precision state 'stats' is malformed: {exc}") from exc
+        stats = PrecisionStats.from_dict(raw_stats)
         if scaler_state and self.policy.scales_loss:
             self.scaler.load_state_dict(scaler_state)
         self.stats = stats

@@ -20,6 +20,7 @@ Components (bytes):
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -411,12 +412,26 @@ class TransformerShape:
         means a gated MLP) and ``model_type``. Nothing is imported.
         """
 
+        def count(key: str, value: Any) -> int:
+            # Whole numbers only: a string, a bool, a fraction or a NaN is a broken config.
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+                ok, value = True, int(value)
+            if not ok or not 1 <= value <= 10**12:
+                raise ValueError(
+                    f"config key {key!r} must be a whole number from 1 to 1e12, got "
+                    f"{value!r} ({type(value).__name__})"
+                )
+            return int(value)
+
         def pick(*keys: str, default: Any = None) -> Any:
             for k in keys:
                 if k in config and config[k] is not None:
-                    return config[k]
+                    return count(k, config[k])
             if default is None:
-                raise ValueError(f"config has none of {list(keys)}; keys present: {sorted(config)}")
+                raise ValueError(
+                    f"config has none of {list(keys)}; keys present: {sorted(map(str, config))}"
+                )
             return default
 
         model_type = str(config.get("model_type", "")).lower()
@@ -436,7 +451,7 @@ class TransformerShape:
                 seq_len or pick("seq_len", "max_position_embeddings", "block_size", "n_positions")
             ),
             micro_batch=int(micro_batch or pick("micro_batch_size", default=1)),
-            intermediate=int(config["intermediate_size"])
+            intermediate=count("intermediate_size", config["intermediate_size"])
             if config.get("intermediate_size")
             else None,
             gated_mlp=gated,

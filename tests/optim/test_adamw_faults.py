@@ -215,3 +215,46 @@ def test_stochastic_rounding_noise_keeps_changing_past_2_to_the_24_steps() -> No
         keys.add(int(opt._noise_key(w, opt.state[w])))
     assert counts == [2**24 - 1, 2**24, 2**24 + 1, 2**24 + 2]
     assert len(keys) == 4
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("step", math.nan, "whole number"),
+        ("step", -1.0, "whole number"),
+        ("step", 2.5, "whole number"),
+        ("exp_avg", math.nan, "inf/NaN"),
+        ("exp_avg_sq", -1.0, "negative"),
+        ("remainder_hi", None, None),  # any int8 pattern is a valid remainder
+    ],
+)
+def test_state_values_no_step_could_write_are_refused(
+    key: str, value: float | None, fragment: str | None
+) -> None:
+    """A NaN moment or a negative second moment loaded fine and reached the weights."""
+    params, opt = _setup("exact", "fp32")
+    _grads(params, 1)
+    opt.step()
+    state = copy.deepcopy(opt.state_dict())
+    before = copy.deepcopy(state)
+    if value is not None:
+        state["state"][0][key].view(-1)[0] = value
+    else:
+        state["state"][0][key].view(-1)[0] = -128
+    if fragment is None:
+        opt.load_state_dict(state)
+        return
+    with pytest.raises(ValueError, match=fragment):
+        opt.load_state_dict(state)
+    after = opt.state_dict()
+    for pid, st in before["state"].items():
+        for k, v in st.items():
+            assert torch.equal(after["state"][pid][k], v)
+
+
+def test_state_for_unknown_parameters_is_refused() -> None:
+    _params, opt = _setup("exact", "fp32")
+    state = copy.deepcopy(opt.state_dict())
+    state["state"][99] = state["state"][0]
+    with pytest.raises(ValueError, match="no group names"):
+        opt.load_state_dict(state)

@@ -8,6 +8,7 @@ one fused kernel per parameter (`mixprec.optim.kernels`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -51,6 +52,22 @@ def _check_hyper(lr: float, betas: tuple[float, float], eps: float, weight_decay
         raise ValueError(f"invalid eps {eps!r}: must be >= 0")
     if not weight_decay >= 0.0:
         raise ValueError(f"invalid weight_decay {weight_decay!r}: must be >= 0")
+
+
+def _check_state_values(key: str, src: torch.Tensor) -> None:
+    """Refuse values no step could have written: they would reach the weights next step."""
+    local = sharding.local(src)
+    if key == "step":
+        value = float(local)
+        if not (math.isfinite(value) and value >= 0 and value.is_integer()):
+            raise ValueError(f"state 'step' must be a whole number >= 0, got {value!r}")
+        return
+    if not local.is_floating_point():
+        return  # codes, remainders and seeds: every bit pattern is valid
+    if not bool(torch.isfinite(local).all()):
+        raise ValueError(f"state {key!r} holds inf/NaN: the checkpoint is corrupt")
+    if key in ("exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax") and bool((local < 0).any()):
+        raise ValueError(f"state {key!r} holds negative values: the checkpoint is corrupt")
 
 
 def _view_like(t: torch.Tensor, p: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -470,6 +487,10 @@ class AdamW(torch.optim.Optimizer):
             for group, saved in zip(self.param_groups, saved_groups, strict=True)
             for p, pid in zip(group["params"], saved["params"], strict=True)
         ]
+        named = {pid for saved in saved_groups for pid in saved["params"]}
+        extra = sorted(map(str, set(saved_state) - named)) if isinstance(saved_state, dict) else []
+        if extra:
+            raise ValueError(f"state dict holds state for parameters {extra} that no group names")
         for p, saved_p in pairs:
             self._check_param_state(p, saved_p)
         for p, saved_p in pairs:
@@ -496,6 +517,7 @@ class AdamW(torch.optim.Optimizer):
                     f"state {key!r}: saved {getattr(src, 'dtype', type(src))} "
                     f"{tuple(getattr(src, 'shape', ()))}, expected {dst.dtype} {tuple(dst.shape)}"
                 )
+            _check_state_values(key, src)
 
     def __repr__(self) -> str:
         kinds = sorted(set(self.formats()))

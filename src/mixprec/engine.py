@@ -29,12 +29,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
 import math
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -44,9 +43,10 @@ from torch import nn
 from mixprec.device import device_caps
 from mixprec.dtypes import dtype_name
 from mixprec.errors import PerformanceWarning, PrecisionError, user_stacklevel
-from mixprec.policy import Policy, matches_fp32_module, policy
+from mixprec.islands import add_fp32_islands, is_fp32_island
+from mixprec.policy import Policy, policy
 
-__all__ = ["Precision", "PrecisionStats", "StepObserver", "StepReport", "temporary_fp32_islands"]
+__all__ = ["Precision", "PrecisionStats", "StepObserver", "StepReport"]
 
 Closure = Callable[[], Any]
 ParamsArg = nn.Module | Iterable[torch.Tensor] | Iterable[dict[str, Any]]
@@ -280,74 +280,6 @@ def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def _cast_floating(value: Any, dtype: torch.dtype) -> Any:
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value.to(dtype)
-    if isinstance(value, tuple | list):
-        return type(value)(_cast_floating(v, dtype) for v in value)
-    return value
-
-
-def _first_floating_dtype(args: tuple[Any, ...]) -> torch.dtype | None:
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
-            return a.dtype
-    return None
-
-
-def _make_fp32_island(module: nn.Module, device_type: str) -> None:
-    """Run `module` in fp32: inputs upcast, autocast off inside, outputs cast back.
-
-    The output goes back to the dtype of the first floating input so a 16-bit
-    model around the island sees the dtype it passed in.
-    """
-    if getattr(module, "_mixprec_fp32_island", False):
-        return
-    original = module.forward
-
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        in_dtype = _first_floating_dtype(args)
-        with torch.autocast(device_type=device_type, enabled=False):
-            out = original(
-                *_cast_floating(args, torch.float32), **_cast_floating(kwargs, torch.float32)
-            )
-        if in_dtype is not None and in_dtype != torch.float32:
-            out = _cast_floating(out, in_dtype)
-        return out
-
-    module.forward = forward
-    module._mixprec_fp32_island = True  # type: ignore[assignment]
-
-
-def _remove_fp32_island(module: nn.Module) -> None:
-    if getattr(module, "_mixprec_fp32_island", False):
-        del module.forward  # the instance attribute; the class's forward shows again
-        del module._mixprec_fp32_island
-
-
-@contextlib.contextmanager
-def temporary_fp32_islands(model: nn.Module, policy: Policy, device_type: str) -> Iterator[None]:
-    """Make the policy's fp32 islands in `model` for the duration of the context.
-
-    Used by predictions that run a model as `Precision.prepare` would leave it,
-    without changing it. Islands that already existed are kept.
-    """
-    added: list[nn.Module] = []
-    if policy.param_dtype != torch.float32:
-        for name, module in model.named_modules():
-            if matches_fp32_module(policy, name, module) and not getattr(
-                module, "_mixprec_fp32_island", False
-            ):
-                _make_fp32_island(module, device_type)
-                added.append(module)
-    try:
-        yield
-    finally:
-        for module in added:
-            _remove_fp32_island(module)
-
-
 class Precision:
     """Run a training loop under a precision `Policy`.
 
@@ -476,13 +408,10 @@ class Precision:
         self._sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
         self._scaler = None  # rebuilt for this model's device and sharding
         storage = self.policy.param_dtype
-        islands = storage != torch.float32
-        island_params: set[int] = set()
-        if islands:
-            for name, module in model.named_modules():
-                if matches_fp32_module(self.policy, name, module):
-                    _make_fp32_island(module, self.device.type)
-                    island_params.update(id(p) for p in module.parameters())
+        add_fp32_islands(model, self.policy, self.device.type)
+        island_params = {
+            id(p) for m in model.modules() if is_fp32_island(m) for p in m.parameters()
+        }
         with torch.no_grad():
             for p in model.parameters():
                 if not p.is_floating_point():

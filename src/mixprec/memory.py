@@ -291,7 +291,7 @@ def saved_activation_bytes(
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from mixprec.engine import temporary_fp32_islands
+    from mixprec.islands import temporary_fp32_islands
 
     pol = get_policy(policy)
     islands = _island_param_names(model, pol)

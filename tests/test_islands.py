@@ -1,0 +1,129 @@
+"""fp32 islands by hooks: copies, pickles, exceptions, and what runs in fp32."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+import mixprec
+from mixprec.islands import add_fp32_island, is_fp32_island, remove_fp32_island
+from mixprec.policy import Policy
+
+
+def _prepared(name: str = "bf16_master") -> tuple[mixprec.Precision, nn.Module]:
+    torch.manual_seed(0)
+    prec = mixprec.Precision(name)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.BatchNorm1d(16), nn.Linear(16, 2))
+    return prec, prec.prepare(model)
+
+
+def _forward(prec: mixprec.Precision, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with prec.autocast():
+        return model(x)
+
+
+def test_islands_keep_fp32_params_and_hand_back_the_input_dtype() -> None:
+    prec, model = _prepared()
+    assert is_fp32_island(model[1]) and is_fp32_island(model[2])
+    assert model[1].weight.dtype == torch.float32 and model[0].weight.dtype == torch.bfloat16
+    seen: list[torch.dtype] = []
+    model[1].register_forward_hook(lambda m, a, out: seen.append(out.dtype))
+    out = _forward(prec, model, torch.randn(4, 8))
+    assert out.dtype == torch.bfloat16 and seen == [torch.bfloat16]
+    plain = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.BatchNorm1d(16), nn.Linear(16, 2))
+    assert list(model.state_dict()) == list(plain.state_dict())
+
+
+def test_a_deep_copy_uses_its_own_norm_parameters_and_statistics() -> None:
+    """The copy's LayerNorm ran with the original's parameters, its gradients landed on
+    the original, and its train-mode forward moved the original's BatchNorm statistics."""
+    prec, model = _prepared()
+    x = torch.randn(4, 8)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin[1].weight.zero_()
+        twin[1].bias.zero_()
+    assert not torch.equal(_forward(prec, twin, x), _forward(prec, model, x))
+    running = model[2].running_mean.clone()
+    twin.train()
+    loss = _forward(prec, twin, x).float().sum()
+    loss.backward()
+    assert model[1].weight.grad is None and twin[1].weight.grad is not None
+    assert torch.equal(model[2].running_mean, running)
+
+
+def test_averaged_model_of_a_prepared_model() -> None:
+    prec, model = _prepared()
+    ema = torch.optim.swa_utils.AveragedModel(model)
+    ema.update_parameters(model)
+    model.eval()
+    ema.eval()
+    x = torch.randn(4, 8)
+    assert torch.equal(_forward(prec, ema, x), _forward(prec, model, x))
+
+
+@pytest.mark.parametrize("how", ["pickle", "torch.save"])
+def test_a_prepared_model_pickles(how: str) -> None:
+    prec, model = _prepared()
+    model.eval()
+    if how == "pickle":
+        again = pickle.loads(pickle.dumps(model))
+    else:
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        again = torch.load(buf, weights_only=False)
+    x = torch.randn(4, 8)
+    assert is_fp32_island(again[1])
+    assert torch.equal(_forward(prec, again, x), _forward(prec, model, x))
+
+
+class _Boom(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("boom")
+
+
+def test_autocast_is_restored_when_an_island_raises() -> None:
+    module = _Boom()
+    add_fp32_island(module, "cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="boom"):
+            module(torch.randn(2, 2))
+        assert torch.is_autocast_enabled("cpu")
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_autocast_is_off_inside_an_island() -> None:
+    """A Linear named as an fp32 module computes in fp32 under bf16 autocast."""
+    pol = Policy(
+        compute_dtype=torch.bfloat16,
+        param_dtype=torch.bfloat16,
+        master="exact",
+        fp32_modules=("head",),
+    )
+    prec = mixprec.Precision(pol)
+    model = nn.Sequential()
+    model.add_module("body", nn.Linear(8, 8))
+    model.add_module("head", nn.Linear(8, 2))
+    prec.prepare(model)
+    inner: list[torch.dtype] = []
+    model.head.register_forward_hook(lambda m, a, out: inner.append(out.dtype), prepend=True)
+    out = _forward(prec, model, torch.randn(3, 8))
+    assert inner == [torch.float32] and out.dtype == torch.bfloat16
+
+
+def test_remove_restores_the_module() -> None:
+    module = nn.LayerNorm(4)
+    add_fp32_island(module, "cpu")
+    add_fp32_island(module, "cpu")  # idempotent
+    assert len(module._forward_pre_hooks) == 1 and len(module._forward_hooks) == 1
+    remove_fp32_island(module)
+    assert not is_fp32_island(module)
+    assert not module._forward_pre_hooks and not module._forward_hooks
+    out = module(torch.randn(2, 4, dtype=torch.bfloat16).float())
+    assert out.dtype == torch.float32

@@ -254,3 +254,19 @@ def test_load_config_exposes_the_facts() -> None:
     (group,) = facts.optimizer.groups
     assert (group.master, group.moments) == ("exact", "fp32")
     assert str(facts.reduce_dtype) == "torch.float32" and facts.steps == 100000
+
+
+@pytest.mark.parametrize("device", ["tpu", "''"])
+def test_an_unknown_device_is_one_line_naming_the_key(tmp_path: Path, device: str) -> None:
+    text = (FIXTURES / "mixprec" / "clean_amp_bf16.yaml").read_text()
+    path = _write(tmp_path, text + f"device: {device}\n" if "device:" not in text else text)
+    path.write_text(
+        "\n".join(
+            f"device: {device}" if line.startswith("device:") else line
+            for line in path.read_text().splitlines()
+        )
+        + "\n"
+    )
+    with pytest.raises(ValueError, match="unknown device") as exc:
+        check_file(path)
+    assert "\n" not in str(exc.value)

@@ -120,7 +120,13 @@ def _device(doc: ConfigDoc) -> DeviceCaps | None:
     if raw is None:
         return None
     if isinstance(raw, str):
-        kind = torch.device(raw).type
+        try:
+            kind = torch.device(raw).type
+        except (RuntimeError, ValueError):
+            raise ValueError(
+                f"{doc.loc('device')}: unknown device {raw!r}; give cpu, cuda, cuda:N, mps, "
+                "or a mapping describing the target (see docs/doctor.md)"
+            ) from None
         if kind == "cpu" or (kind == "cuda" and torch.cuda.is_available()):
             return device_caps(raw)
         return None  # not on this machine: describe it as a mapping to judge it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import sys
 import time
@@ -92,7 +93,7 @@ def test_broken_pipe_is_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_ctrl_c_during_compare_exits_130_and_keeps_records(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runner = sys.modules["mixprec.experiment.runner"]
+    runner = importlib.import_module("mixprec.experiment.runner")
     real = runner.run_one
     calls = []
 
@@ -121,3 +122,41 @@ def test_budget_config_values_must_be_whole_numbers(
     )
     err = _one_line_exit_2(["budget", "--config", str(config)], capsys)
     assert "model.yaml" in err and "'hidden_size'" in err
+
+
+def test_the_cli_starts_without_importing_torch() -> None:
+    import subprocess
+
+    code = "import sys, mixprec.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay_s", [0.3, 1.0])
+def test_ctrl_c_while_starting_is_one_line(delay_s: float, tmp_path: Path) -> None:
+    """Ctrl-C during the first seconds (torch still importing) printed a traceback."""
+    import signal
+    import subprocess
+
+    argv = [sys.executable, "-m", "mixprec.cli", "compare", "--workload", "digits"]
+    argv += ["--size", "tiny", "--steps", "40", "--out", str(tmp_path), "--quiet"]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode in (130, 0, 1), (proc.returncode, err)  # 0/1: it finished first
+    assert "Traceback" not in err
+    if proc.returncode == 130:
+        assert err.strip().splitlines()[-1].startswith("mixprec: interrupted")
+
+
+def test_mixprec_policy_stays_the_preset_function() -> None:
+    import subprocess
+
+    code = (
+        "import mixprec.policy, mixprec; "
+        "print(callable(mixprec.policy) and mixprec.policy('fp32').name)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "fp32"

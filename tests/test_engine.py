@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import math
-import sys
 import warnings
 from collections.abc import Iterator
 
@@ -396,7 +396,9 @@ def test_unsupported_compute_raises_instead_of_swapping(monkeypatch: pytest.Monk
         bf16_reason="no bf16 here",
         fp16_reason="slow",
     )
-    monkeypatch.setattr(sys.modules["mixprec.engine"], "device_caps", lambda device=None: caps)
+    monkeypatch.setattr(
+        importlib.import_module("mixprec.engine"), "device_caps", lambda device=None: caps
+    )
     prec = Precision("amp_bf16", device="cpu")
     with pytest.raises(PrecisionError, match="old cpu cannot run: no bf16 here"):
         prec.autocast()
@@ -415,7 +417,9 @@ def test_fp16_on_cpu_without_fast_fp16_warns(monkeypatch: pytest.MonkeyPatch) ->
         bf16_reason="fast",
         fp16_reason="emulated fp16",
     )
-    monkeypatch.setattr(sys.modules["mixprec.engine"], "device_caps", lambda device=None: caps)
+    monkeypatch.setattr(
+        importlib.import_module("mixprec.engine"), "device_caps", lambda device=None: caps
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", PerformanceWarning)
         with pytest.raises(PerformanceWarning, match="emulated fp16"):

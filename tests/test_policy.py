@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
-import sys
 import warnings
 
 import pytest
@@ -254,7 +254,9 @@ def test_auto_decides_by_device_and_says_why(
     monkeypatch: pytest.MonkeyPatch, caps: DeviceCaps, expected: str
 ) -> None:
     # `mixprec.policy` is the function; patch the module through sys.modules.
-    monkeypatch.setattr(sys.modules["mixprec.policy"], "device_caps", lambda device=None: caps)
+    monkeypatch.setattr(
+        importlib.import_module("mixprec.policy"), "device_caps", lambda device=None: caps
+    )
     p = resolve_auto()
     assert p.name == expected
     assert "test gpu" in p.note and "why" in p.note

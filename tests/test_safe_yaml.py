@@ -67,3 +67,10 @@ def test_files(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"broken\.yaml:\d+: not valid YAML") as exc:
         read_yaml_file(broken)
     assert "\n" not in str(exc.value)
+
+
+def test_a_key_given_twice_is_refused() -> None:
+    """The last of two `workload:` keys silently won: a different experiment ran."""
+    with pytest.raises(ValueError, match=r"d\.yaml:2: key 'workload' appears twice"):
+        load_yaml("workload: digits\nworkload: shakespeare\n", source="d.yaml")
+    assert load_yaml("a: {k: 1}\nb: {k: 2}\n").data == {"a": {"k": 1}, "b": {"k": 2}}

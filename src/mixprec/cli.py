@@ -8,10 +8,12 @@ one-line reason on stderr).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, NoReturn
 
 __all__ = ["build_parser", "main"]
@@ -352,7 +354,53 @@ def _silence_stdout() -> None:
         pass
 
 
+#: Set by the first Ctrl-C; long commands stop at their next safe point (see `main`).
+INTERRUPTED = threading.Event()
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    # An asynchronous KeyboardInterrupt can land inside an import (numpy then recursed
+    # without end on its next import) or in a Python callback of torch's C++ code
+    # (pybind11 aborts the process). The first Ctrl-C only sets a flag that compare
+    # checks before each training step; a second one interrupts at once.
+    if INTERRUPTED.is_set():
+        raise KeyboardInterrupt
+    INTERRUPTED.set()
+
+
+@contextlib.contextmanager
+def _cooperative_sigint() -> Iterator[None]:
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    INTERRUPTED.clear()
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted_exit() -> int:
+    print(
+        "mixprec: interrupted; finished work is kept (compare: rerun the same command to resume)",
+        file=sys.stderr,
+    )
+    return 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (see `_main`)."""
+    with _cooperative_sigint():
+        code = _main(argv)
+        if INTERRUPTED.is_set() and code != 130:
+            return _interrupted_exit()
+        return code
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code.
 
     Exit codes: 0 success; 1 a check found errors (doctor) or nothing could be
@@ -367,8 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--traceback" in args_list[:1]:
         args_list = args_list[1:]
         debug = True
-    parser = build_parser()
     try:
+        parser = build_parser()  # imports torch: Ctrl-C here is one line too
         args = parser.parse_args(args_list)
         handler: Handler = args.handler
         code = handler(args)
@@ -381,12 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_first_line(exc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(
-            "mixprec: interrupted; finished work is kept (compare: rerun the same command "
-            "to resume)",
-            file=sys.stderr,
-        )
-        return 130
+        return _interrupted_exit()
     except Exception as exc:
         if debug:
             import traceback

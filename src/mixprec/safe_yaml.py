@@ -9,7 +9,7 @@ model configs for `budget`) goes through `load_yaml`:
   recursion limit), and at most `MAX_EXPANDED_NODES` nodes once every alias is
   expanded (a few hundred bytes of nested aliases, the "billion laughs", would
   otherwise expand to billions of nodes in whatever walks the result);
-  recursive aliases are refused;
+  recursive aliases and keys repeated within one mapping are refused;
 * every failure is a `ValueError` naming the file and, where known, the line.
 """
 
@@ -73,6 +73,20 @@ def _check_depth(text: str, source: str) -> None:
             depth -= 1
 
 
+def _check_duplicate_keys(node: yaml.Node, source: str) -> None:
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: set[str] = set()
+    for key, _value in node.value:
+        if isinstance(key, yaml.ScalarNode):
+            if key.value in seen:
+                raise ValueError(
+                    f"{_where(source, key.start_mark)}: key {key.value!r} appears twice in one "
+                    "mapping (YAML would keep the last silently); keep one"
+                )
+            seen.add(key.value)
+
+
 def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.MappingNode):
         return [n for pair in node.value for n in pair]
@@ -102,6 +116,7 @@ def _check_expansion(root: yaml.Node, source: str) -> None:
             continue
         if key in sizes:
             continue
+        _check_duplicate_keys(node, source)
         if key in in_progress:
             raise ValueError(
                 f"{_where(source, node.start_mark)}: a recursive alias (a value that "

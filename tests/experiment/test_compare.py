@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import importlib
 import json
 import re
 import sys
@@ -57,7 +58,7 @@ def _scripted_run_one(workload: Any, name: str, seed: int, settings: Any, **kw: 
 def test_inconclusive_candidates_get_more_seeds_up_to_max(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runner = sys.modules["mixprec.experiment.runner"]
+    runner = importlib.import_module("mixprec.experiment.runner")
     monkeypatch.setattr(runner, "run_one", _scripted_run_one)
     contract = Contract(
         workload="digits",

@@ -239,3 +239,25 @@ def test_a_second_compare_on_the_same_folder_refuses(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="in use by another mixprec compare"):
             mixprec.compare("digits", "amp_bf16", out=tmp_path, **TINY)
     assert mixprec.compare("digits", "amp_bf16", out=tmp_path, **TINY).records
+
+
+def test_whole_numbers_from_yaml_and_the_old_gate_key() -> None:
+    c = Contract.from_dict({"steps": "1e2", "seeds": 3.0})
+    assert c.steps == 100 and c.seeds == 3 and isinstance(c.steps, int)
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        Contract.from_dict({"steps": "1.5e1x"})
+    with pytest.raises(ValueError, match=r"replaced by gates\.confidence"):
+        Contract.from_dict({"noise_multiplier": 2})
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--size", "nope"], ["--workload", "nope"], ["--workload", "nomod_xyz:fn"], ["--out", ""]],
+)
+def test_refusals_come_before_any_output(
+    flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["compare", "--workload", "digits", "--out", str(tmp_path / "o"), *flags]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err, captured.err

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from pathlib import Path
@@ -185,7 +186,6 @@ def test_read_records_names_a_corrupt_file(tmp_path: Path) -> None:
 def test_fp16_runs_are_capped_where_fp16_is_emulated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sys
 
     from mixprec.device import DeviceCaps
     from mixprec.experiment.runner import step_caps_for
@@ -202,7 +202,7 @@ def test_fp16_runs_are_capped_where_fp16_is_emulated(
             fp16_reason="",
         )
 
-    runner = sys.modules["mixprec.experiment.runner"]
+    runner = importlib.import_module("mixprec.experiment.runner")
     contract = Contract(
         workload="digits",
         size="tiny",

@@ -258,3 +258,16 @@ def test_state_for_unknown_parameters_is_refused() -> None:
     state["state"][99] = state["state"][0]
     with pytest.raises(ValueError, match="no group names"):
         opt.load_state_dict(state)
+
+
+@pytest.mark.parametrize("eps", [0.0, -1e-8, math.nan, math.inf])
+def test_eps_must_be_positive(eps: float) -> None:
+    """eps=0 with a zero gradient gave 0/0 = NaN weights, reported as applied."""
+    w = torch.nn.Parameter(torch.zeros(4))
+    with pytest.raises(ValueError, match="invalid eps"):
+        AdamW([w], eps=eps)
+    opt = AdamW([w])
+    state = copy.deepcopy(opt.state_dict())
+    state["param_groups"][0]["eps"] = eps
+    with pytest.raises(ValueError, match="invalid eps"):
+        opt.load_state_dict(state)

@@ -48,7 +48,7 @@ def add_parsers(sub: Any) -> None:
     )
     p.add_argument("--batch-size", type=int, default=None, help="examples per step")
     p.add_argument("--config", type=Path, default=None, help="a YAML contract; flags override it")
-    p.add_argument("--out", type=Path, default=Path("runs/compare"), help="output folder")
+    p.add_argument("--out", type=_out_folder, default=Path("runs/compare"), help="output folder")
     p.add_argument("--device", default="cpu", help="device to train on (default cpu)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print results.json to stdout")
@@ -111,10 +111,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from mixprec.device import resolve_device
     from mixprec.experiment.compare import run_contract
     from mixprec.experiment.report import terminal_table
+    from mixprec.experiment.runner import check_out_dir, workload_options
+    from mixprec.workloads import load_workload
 
     contract = _contract_from_args(args)
-    resolve_device(args.device)  # before any output: a bad device is one line
+    # Everything that can be refused is checked before any output: one line.
+    resolve_device(args.device)
     allow_import = args.workload is not None and ":" in args.workload
+    check_out_dir(args.out)
+    workload = load_workload(
+        contract.workload, allow_import=allow_import, **workload_options(contract)
+    )
     out: Path = args.out
     stream = None if args.quiet else sys.stderr
     started = time.perf_counter()
@@ -139,6 +146,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             f"(up to {contract.seed_limit}) -> {out}",
             file=stream,
         )
+    from mixprec.cli import INTERRUPTED
+
     results = run_contract(
         contract,
         out,
@@ -146,6 +155,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         allow_import=allow_import,
         stream=stream,
         on_record=on_record,
+        workload=workload,
+        should_stop=INTERRUPTED.is_set,
     )
     decision = results.decision
     if args.json:
@@ -158,6 +169,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             f"({time.perf_counter() - started:.0f}s)  report: {results.report.html}"
         )
     return 0 if decision.success else 1
+
+
+def _out_folder(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "is empty (an unset shell variable?): give a folder, e.g. --out runs/exp1"
+        )
+    return Path(text)
 
 
 def _stored_experiment(folder: Path) -> dict[str, Any]:

@@ -60,8 +60,9 @@ def run_contract(
     stream: TextIO | None = sys.stderr,
     on_record: Callable[[RunRecord, bool], None] | None = None,
     workload: Workload | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Results:
-    """Run `contract` into `out_dir`, decide, and render the report."""
+    """Run `contract` into `out_dir`, decide, and render the report (see `run_experiment`)."""
     wl, records = run_experiment(
         contract,
         out_dir,
@@ -70,6 +71,7 @@ def run_contract(
         stream=stream,
         on_record=on_record,
         workload=workload,
+        should_stop=should_stop,
     )
     decision = decide(records, contract, higher_is_better=wl.higher_is_better)
     settings = settings_dict(settings_for(contract, wl))

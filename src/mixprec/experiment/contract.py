@@ -289,10 +289,18 @@ class Contract:
         if not isinstance(data, Mapping):
             raise ValueError(f"a contract must be a mapping, got {type(data).__name__}")
         valid = {f.name for f in dataclasses.fields(cls)}
+        if "noise_multiplier" in data:
+            raise ValueError(
+                "key 'noise_multiplier' was replaced by gates.confidence (a paired t-interval "
+                "over seeds; see docs/compare.md): remove it"
+            )
         unknown = sorted(str(k) for k in set(data) - valid)
         if unknown:
             raise ValueError(f"unknown contract keys {unknown}; valid keys: {sorted(valid)}")
         values = dict(data)
+        for key in _INT_FIELDS:
+            if key in values:
+                values[key] = _whole(values[key])
         if "gates" in values:
             raw = values["gates"]
             if not isinstance(raw, Mapping):
@@ -353,6 +361,25 @@ def _from_text(value: object) -> object:
             return float(value)
         except ValueError:
             return value
+    return value
+
+
+_INT_FIELDS = (
+    "seeds",
+    "max_seeds",
+    "steps",
+    "batch_size",
+    "warmup_steps",
+    "eval_every",
+    "probe_every",
+)
+
+
+def _whole(value: object) -> object:
+    """``1e2`` (a string to YAML 1.1, a float to JSON) as the int 100; others unchanged."""
+    value = _from_text(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 

@@ -40,6 +40,7 @@ from mixprec.workloads import Workload, load_workload
 __all__ = [
     "CONTRACT_FILE",
     "RunSettings",
+    "check_out_dir",
     "evaluation_steps",
     "lr_at",
     "run_experiment",
@@ -47,6 +48,7 @@ __all__ = [
     "settings_dict",
     "settings_for",
     "step_caps_for",
+    "workload_options",
 ]
 
 _MAX_CURVE_POINTS = 400
@@ -199,6 +201,7 @@ def run_one(
     run_steps: int | None = None,
     eval_at: frozenset[int] = frozenset(),
     progress: Callable[[int, float], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> RunRecord:
     """Train `workload` under one policy with one seed and return its record.
 
@@ -260,6 +263,8 @@ def run_one(
     evals.append([0, workload.evaluate(model, autocast=prec.autocast).loss])
     try:
         for step in range(total):
+            if should_stop is not None and should_stop():
+                raise KeyboardInterrupt  # a safe point: between steps, no record written
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, settings)
             x, y = workload.train_batch(
@@ -359,6 +364,7 @@ def run_experiment(
     stream: TextIO | None = sys.stderr,
     on_record: Callable[[RunRecord, bool], None] | None = None,
     workload: Workload | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[Workload, list[RunRecord]]:
     """Run (or resume) every run of `contract`, writing records under `out_dir/runs`.
 
@@ -375,12 +381,14 @@ def run_experiment(
         on_record: called with each record and whether it was reused from disk.
         workload: the workload object (for a library call); default: loaded from
             ``contract.workload``.
+        should_stop: polled before every training step; True raises
+            KeyboardInterrupt there (the command line's Ctrl-C). Finished runs are kept.
 
     Returns:
         The workload and the records, in the order they ran (baseline first per seed).
     """
     device = str(resolve_device(device))
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     if workload is None:
         workload = load_workload(
             contract.workload, allow_import=allow_import, **workload_options(contract)
@@ -390,11 +398,20 @@ def run_experiment(
     eval_at = evaluation_steps(settings.steps, caps)
     with _exclusive(out_dir):
         return workload, _run_all(
-            contract, out_dir, workload, settings, caps, eval_at, device, stream, on_record
+            contract,
+            out_dir,
+            workload,
+            settings,
+            caps,
+            eval_at,
+            device,
+            stream,
+            on_record,
+            should_stop,
         )
 
 
-def _check_out_dir(out_dir: Path) -> None:
+def check_out_dir(out_dir: Path) -> None:
     """Create `out_dir` and prove it writable, or raise a one-line ValueError."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -451,6 +468,7 @@ def _run_all(
     device: str,
     stream: TextIO | None,
     on_record: Callable[[RunRecord, bool], None] | None,
+    should_stop: Callable[[], bool] | None,
 ) -> list[RunRecord]:
     write_json_atomic(
         out_dir / CONTRACT_FILE,
@@ -490,6 +508,7 @@ def _run_all(
                     run_steps=run_steps,
                     eval_at=eval_at,
                     progress=update,
+                    should_stop=should_stop,
                 )
             write_json_atomic(record_path(out_dir, name, seed), record.to_dict())
             records.append(record)

@@ -48,8 +48,11 @@ def _check_hyper(lr: float, betas: tuple[float, float], eps: float, weight_decay
     for i, beta in enumerate(betas):
         if not 0.0 <= beta < 1.0:
             raise ValueError(f"invalid betas[{i}] {beta!r}: must be in [0, 1)")
-    if not eps >= 0.0:
-        raise ValueError(f"invalid eps {eps!r}: must be >= 0")
+    if not (isinstance(eps, float | int) and eps > 0.0 and math.isfinite(eps)):
+        raise ValueError(
+            f"invalid eps {eps!r}: must be a finite number > 0 (with eps=0 a zero gradient "
+            "and a zero second moment give 0/0 = NaN in the update)"
+        )
     if not weight_decay >= 0.0:
         raise ValueError(f"invalid weight_decay {weight_decay!r}: must be >= 0")
 

@@ -606,8 +606,9 @@ def render(
         f"held-out loss gap per seed, paired with {contract.baseline}: eligible when its "
         f"{gates.confidence:.0%} t-interval lies at or below {gates.max_rel_loss_gap:.2%}, "
         "rejected when above, inconclusive otherwise (more seeds, up to "
-        f"{contract.seed_limit}); long enough when {contract.baseline}'s last fifth improved "
-        f"<= {gates.tail_limit:.2%}; doctor errors on the update path reject"
+        f"{contract.seed_limit}); judged only when {contract.baseline} improved >= "
+        f"{gates.improvement_floor:.2%} from step 0 and its last fifth <= {gates.tail_limit:.2%}; "
+        "doctor errors on the update path reject"
         + (f" (acknowledged: {', '.join(contract.allow)})" if contract.allow else "")
         + f"; non-finite-loss steps <= {gates.max_nonfinite_steps}; skipped steps <= "
         f"{gates.max_skipped_fraction:.0%}"

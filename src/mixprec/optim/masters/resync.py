@@ -17,20 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from mixprec.dtypes import ulp
 from mixprec.optim.masters.base import MasterFormat
 
-__all__ = ["resync_master", "ulp"]
-
-
-def ulp(x: torch.Tensor) -> torch.Tensor:
-    """The spacing of `x`'s dtype at each value of `x`, as fp32 (finite `x`)."""
-    info = torch.finfo(x.dtype)
-    mantissa_bits = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}[x.dtype]
-    value = x.to(torch.float32)
-    exponent = torch.frexp(value).exponent  # 0 for 0, handled below
-    spacing = torch.ldexp(torch.ones_like(value), exponent - 1 - mantissa_bits)
-    smallest = info.smallest_normal * info.eps  # the spacing of subnormals, and at 0
-    return torch.where(value == 0, smallest, torch.clamp(spacing, min=smallest))
+__all__ = ["resync_master"]
 
 
 @torch.no_grad()
@@ -51,7 +41,8 @@ def resync_master(fmt: MasterFormat, param: torch.Tensor, state: list[torch.Tens
     flat_state = [s.view(-1) for s in state]
     decoded = fmt.decode(flat, flat_state)
     value = flat.to(torch.float32)
-    stale = (decoded - value).abs() > 0.5 * ulp(flat)
+    distance = (decoded.to(torch.float64) - value.to(torch.float64)).abs()
+    stale = distance > 0.5 * ulp(flat, flat.dtype)  # NaN for a non-finite param: not stale
     stale |= ~torch.isfinite(decoded) & torch.isfinite(value)
     count = int(stale.sum())
     if count:

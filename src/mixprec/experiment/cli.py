@@ -73,7 +73,7 @@ def _load_yaml_contract(path: Path) -> dict[str, Any]:
 
 
 def _contract_from_args(args: argparse.Namespace) -> Any:
-    from mixprec.experiment.contract import Contract
+    from mixprec.experiment.contract import Contract, candidates_from
 
     data: dict[str, Any] = _load_yaml_contract(args.config) if args.config else {}
     if args.workload is None and "workload" in data and ":" in str(data["workload"]):
@@ -97,13 +97,7 @@ def _contract_from_args(args: argparse.Namespace) -> Any:
         if value is not None:
             data[key] = value
     if args.policies is not None:
-        names = [n.strip() for n in args.policies.split(",") if n.strip()]
-        baseline = data.get("baseline", "fp32")
-        data["candidates"] = [n for n in names if n != baseline]
-        if not data["candidates"]:
-            raise ValueError(
-                f"--policies {args.policies!r} names no candidate besides the baseline"
-            )
+        data["candidates"] = candidates_from(args.policies, data.get("baseline", "fp32"))
     return Contract.from_dict(data)
 
 

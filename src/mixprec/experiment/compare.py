@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from mixprec.experiment.contract import Contract, Gates
+from mixprec.experiment.contract import Contract, Gates, candidates_from
 from mixprec.experiment.decision import Decision, decide
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.report import Report, render
@@ -144,11 +144,7 @@ def compare(
     fields["seeds"] = seeds
     fields["steps"] = steps
     if policies is not None:
-        names = [p.strip() for p in policies.split(",")] if isinstance(policies, str) else policies
-        baseline = fields.get("baseline", "fp32")
-        fields["candidates"] = [n for n in names if n and n != baseline]
-        if not fields["candidates"]:
-            raise ValueError(f"policies {policies!r} name no candidate besides the baseline")
+        fields["candidates"] = candidates_from(policies, fields.get("baseline", "fp32"))
     plain = {k: v for k, v in fields.items() if k != "gates"}
     if "gates" in fields and isinstance(fields["gates"], Gates):
         built = Contract.from_dict(plain)

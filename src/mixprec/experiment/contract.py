@@ -16,7 +16,7 @@ from typing import Any
 
 from mixprec.policy import policy as get_policy
 
-__all__ = ["DEFAULT_CANDIDATES", "Contract", "Gates"]
+__all__ = ["DEFAULT_CANDIDATES", "Contract", "Gates", "candidates_from"]
 
 #: Bumped when runs record something new that the decision reads (version 2: held-out
 #: evaluations at the start of each compared step's last fifth; 3: at step 0 too), so
@@ -393,6 +393,19 @@ def _number(name: str, value: object, *, minimum: float, strict: bool, allow_inf
         op = ">" if strict else ">="
         raise ValueError(f"{name} must be a finite number {op} {minimum:g}, got {value!r}")
     return out
+
+
+def candidates_from(policies: object, baseline: object = "fp32") -> list[str]:
+    """The candidates of a policy list that may also name the baseline (``--policies
+    fp32,amp_bf16``): the baseline is dropped.
+
+    Raises:
+        ValueError: nothing but the baseline is named.
+    """
+    names = [n for n in _split(policies) if n and n != baseline]
+    if not names:
+        raise ValueError(f"policies {policies!r} name no candidate besides the baseline")
+    return names
 
 
 def _split(value: object) -> list[str]:

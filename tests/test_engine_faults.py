@@ -182,12 +182,17 @@ def test_an_optimizer_without_gradients_does_not_break_the_step(name: str) -> No
     assert none_at_all.applied and none_at_all.stepped == (False,)
 
 
-def test_precision_load_state_dict_validates_before_changing_anything() -> None:
+def _amp_fp16_after_one_step() -> Precision:
     prec = Precision("amp_fp16")
     model = prec.prepare(_model())
     opt = prec.optimizer(model)
     prec.backward(_loss(prec, model))
     prec.step(opt)
+    return prec
+
+
+def test_precision_load_state_dict_validates_before_changing_anything() -> None:
+    prec = _amp_fp16_after_one_step()
     good = copy.deepcopy(prec.state_dict())
     stats_before = prec.stats.to_dict()
     scale_before = prec.loss_scale
@@ -272,11 +277,7 @@ def test_a_finite_gradient_whose_norm_overflows_is_not_called_non_finite() -> No
 def test_malformed_scaler_or_telemetry_is_refused_and_changes_nothing(
     section: str, key: str, value: object
 ) -> None:
-    prec = Precision("amp_fp16")
-    model = prec.prepare(_model())
-    opt = prec.optimizer(model)
-    prec.backward(_loss(prec, model))
-    prec.step(opt)
+    prec = _amp_fp16_after_one_step()
     state = copy.deepcopy(prec.state_dict())
     if value is None:
         del state[section][key]

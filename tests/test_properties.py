@@ -107,11 +107,15 @@ _TINY_COMPARE = [
 ]
 
 
-@settings(
-    max_examples=40,
+#: Command-line properties: no per-example deadline (the time bound is asserted), and
+#: pytest's tmp_path/capsys are shared by the examples of one test on purpose.
+CLI_SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+
+
+@settings(CLI_SETTINGS, max_examples=40)
 @given(document=_documents, raw=st.booleans())
 def test_any_yaml_document_ends_in_an_exit_code(
     document: Any, raw: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -169,11 +173,7 @@ _TOKENS = [
 ]
 
 
-@settings(
-    max_examples=120,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@settings(CLI_SETTINGS, max_examples=120)
 @given(tokens=st.lists(st.sampled_from(_TOKENS) | st.text(max_size=6), max_size=7))
 def test_any_command_line_ends_in_an_exit_code(
     tokens: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]

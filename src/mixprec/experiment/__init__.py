@@ -1,6 +1,6 @@
 """Precision experiments: the same workload under several policies, gates, a decision, a report."""
 
-from mixprec.experiment.compare import Results, compare, run_contract
+from mixprec.experiment.compare import Rerendered, Results, compare, rerender, run_contract
 from mixprec.experiment.contract import DEFAULT_CANDIDATES, Contract, Gates
 from mixprec.experiment.decision import Decision, PolicySummary, Verdict, decide, summarize
 from mixprec.experiment.records import RunRecord, read_records
@@ -14,6 +14,7 @@ __all__ = [
     "Gates",
     "PolicySummary",
     "Report",
+    "Rerendered",
     "Results",
     "RunRecord",
     "RunSettings",
@@ -22,6 +23,7 @@ __all__ = [
     "decide",
     "read_records",
     "render",
+    "rerender",
     "run_contract",
     "run_experiment",
     "run_one",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -173,79 +172,16 @@ def _out_folder(text: str) -> Path:
     return Path(text)
 
 
-def _stored_experiment(folder: Path) -> dict[str, Any]:
-    """The experiment's description: results.json, else contract.json (an interrupted run)."""
-    from mixprec.experiment.runner import CONTRACT_FILE
-
-    for name in ("results.json", CONTRACT_FILE):
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path} is not valid JSON: {str(exc).splitlines()[0]}") from None
-        if not isinstance(data, dict) or not isinstance(data.get("contract"), dict):
-            raise ValueError(f"{path} holds no contract object; is it a mixprec compare folder?")
-        return data
-    raise FileNotFoundError(
-        f"{folder} has neither results.json nor contract.json (is it a mixprec compare folder?)"
-    )
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
-    from mixprec.experiment.contract import Contract
-    from mixprec.experiment.decision import decide
-    from mixprec.experiment.records import load_records
-    from mixprec.experiment.report import render, terminal_table
+    from mixprec.experiment.compare import rerender
+    from mixprec.experiment.report import terminal_table
 
-    stored = _stored_experiment(args.dir)
-    contract = Contract.from_dict(stored["contract"])
-    found, skipped = load_records(args.dir)
-    # Only the runs of this contract, with its settings (a rerun with other settings
-    # that was interrupted can leave records of both side by side).
-    records = [
-        r
-        for r in found
-        if r.policy in contract.policies
-        and r.seed < contract.seed_limit
-        and r.fingerprint == contract.run_fingerprint(r.policy, r.seed, r.steps)
-    ]
-    notes = [f"skipped a bad record: {line}" for line in skipped]
-    ignored = len(found) - len(records)
-    if ignored:
-        notes.append(f"ignored {ignored} record(s) of other policies or settings")
-    have = {(r.policy, r.seed) for r in records}
-    missing = [
-        f"{p} seed {s}"
-        for s in range(contract.seeds)
-        for p in contract.policies
-        if (p, s) not in have
-    ]
-    if missing:
-        notes.append(f"missing runs (rerun compare to train them): {', '.join(missing)}")
-    for note in notes:
+    out = rerender(args.dir)
+    for note in out.notes:
         print(f"report: {note}", file=sys.stderr)
-    if not records:
-        raise ValueError(f"{args.dir / 'runs'} holds no run records of this contract")
-    higher = bool(stored.get("higher_is_better", True))
-    metric_name = str(stored.get("metric_name", "metric"))
-    decision = decide(records, contract, higher_is_better=higher)
-    settings = stored.get("settings")
-    report = render(
-        args.dir,
-        contract,
-        records,
-        decision,
-        workload_description=str(stored.get("workload_description", "")),
-        metric_name=metric_name,
-        higher_is_better=higher,
-        settings=settings if isinstance(settings, dict) else None,
-        notes=notes,
-    )
     if args.json:
-        sys.stdout.write(report.results_json.read_text(encoding="utf-8"))
+        sys.stdout.write(out.report.results_json.read_text(encoding="utf-8"))
     else:
-        print(terminal_table(decision, metric_name, records))
-        print(f"\nrecommended: {decision.recommended or 'none'}  report: {report.html}")
-    return 0 if decision.success else 1
+        print(terminal_table(out.decision, out.metric_name, out.records))
+        print(f"\nrecommended: {out.decision.recommended or 'none'}  report: {out.report.html}")
+    return 0 if out.decision.success else 1

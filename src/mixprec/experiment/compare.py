@@ -8,6 +8,7 @@ plus argument parsing and printing.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -17,12 +18,25 @@ from typing import Any, TextIO
 
 from mixprec.experiment.contract import Contract, Gates, candidates_from
 from mixprec.experiment.decision import Decision, decide
-from mixprec.experiment.records import RunRecord
+from mixprec.experiment.records import RunRecord, load_records
 from mixprec.experiment.report import Report, render
-from mixprec.experiment.runner import run_experiment, settings_dict, settings_for
+from mixprec.experiment.runner import (
+    CONTRACT_FILE,
+    run_experiment,
+    settings_dict,
+    settings_for,
+)
 from mixprec.workloads import Workload
 
-__all__ = ["Results", "compare", "run_contract"]
+__all__ = [
+    "Rerendered",
+    "Results",
+    "compare",
+    "records_of",
+    "rerender",
+    "run_contract",
+    "stored_experiment",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,4 +173,109 @@ def compare(
         allow_import=workload_obj is None and ":" in str(workload),
         stream=sys.stderr if progress else None,
         workload=workload_obj,
+    )
+
+
+def stored_experiment(folder: Path) -> dict[str, Any]:
+    """What an experiment folder says it is: results.json, else contract.json (written
+    first, so an interrupted run has it).
+
+    Raises:
+        FileNotFoundError: neither file exists.
+        ValueError: the file is not JSON or holds no contract object.
+    """
+    for name in ("results.json", CONTRACT_FILE):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path} is not valid JSON: {str(exc).splitlines()[0]}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("contract"), dict):
+            raise ValueError(f"{path} holds no contract object; is it a mixprec compare folder?")
+        return data
+    raise FileNotFoundError(
+        f"{folder} has neither results.json nor contract.json (is it a mixprec compare folder?)"
+    )
+
+
+def records_of(contract: Contract, folder: Path) -> tuple[list[RunRecord], list[str]]:
+    """The folder's run records of `contract` (its policies, seeds and settings), and a
+    note for each record skipped or ignored and for the runs that are missing.
+
+    A rerun with other settings that was interrupted can leave records of both side by
+    side; only those whose fingerprint matches the contract are used.
+    """
+    found, skipped = load_records(folder)
+    records = [
+        r
+        for r in found
+        if r.policy in contract.policies
+        and r.seed < contract.seed_limit
+        and r.fingerprint == contract.run_fingerprint(r.policy, r.seed, r.steps)
+    ]
+    notes = [f"skipped a bad record: {line}" for line in skipped]
+    ignored = len(found) - len(records)
+    if ignored:
+        notes.append(f"ignored {ignored} record(s) of other policies or settings")
+    have = {(r.policy, r.seed) for r in records}
+    missing = [
+        f"{p} seed {s}"
+        for s in range(contract.seeds)
+        for p in contract.policies
+        if (p, s) not in have
+    ]
+    if missing:
+        notes.append(f"missing runs (rerun compare to train them): {', '.join(missing)}")
+    return records, notes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rerendered:
+    """A report re-rendered from a folder (`rerender`)."""
+
+    contract: Contract
+    records: tuple[RunRecord, ...]
+    decision: Decision
+    report: Report
+    metric_name: str
+    notes: tuple[str, ...]
+
+
+def rerender(folder: Path) -> Rerendered:
+    """Re-judge and re-render an experiment folder from its stored records, without
+    training (`mixprec report`).
+
+    Raises:
+        FileNotFoundError, ValueError: not an experiment folder, or no record of its
+            contract.
+    """
+    stored = stored_experiment(folder)
+    contract = Contract.from_dict(stored["contract"])
+    records, notes = records_of(contract, folder)
+    if not records:
+        raise ValueError(f"{folder / 'runs'} holds no run records of this contract")
+    higher = bool(stored.get("higher_is_better", True))
+    metric_name = str(stored.get("metric_name", "metric"))
+    decision = decide(records, contract, higher_is_better=higher)
+    settings = stored.get("settings")
+    report = render(
+        folder,
+        contract,
+        records,
+        decision,
+        workload_description=str(stored.get("workload_description", "")),
+        metric_name=metric_name,
+        higher_is_better=higher,
+        settings=settings if isinstance(settings, dict) else None,
+        notes=notes,
+    )
+    return Rerendered(
+        contract=contract,
+        records=tuple(records),
+        decision=decision,
+        report=report,
+        metric_name=metric_name,
+        notes=tuple(notes),
     )

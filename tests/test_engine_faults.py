@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 
 import pytest
 import torch
@@ -132,10 +131,9 @@ def test_fp32_policy_with_16bit_params_is_refused() -> None:
 
 
 def test_bf16_pure_with_torch_optimizers_is_what_it_says() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", mixprec.PrecisionWarning)
-        prec = Precision("bf16_pure")
-    model = prec.prepare(_model())
+    prec = Precision("bf16_pure")
+    with pytest.warns(mixprec.PrecisionWarning, match="bf16 with no master"):
+        model = prec.prepare(_model())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     prec.backward(_loss(prec, model))
     assert prec.step(opt).applied

@@ -3,6 +3,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import re
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -39,12 +42,12 @@ EXPECTED = {
 
 
 def get(name: str) -> Policy:
-    """The preset; the pure-bf16 one must warn and no other may."""
+    """The preset: built without any warning; only the pure-bf16 one lists a risk."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         p = policy(name)
-    warned = [w for w in caught if issubclass(w.category, PrecisionWarning)]
-    assert bool(warned) == (p.name == "bf16_pure"), (name, [str(w.message) for w in warned])
+    assert not caught, (name, [str(w.message) for w in caught])
+    assert bool(p.risks()) == (p.name == "bf16_pure"), (name, p.risks())
     return p
 
 
@@ -91,9 +94,12 @@ def test_unknown_policy_lists_valid_names() -> None:
         policy("bf17")
 
 
-def test_pure_bf16_warns() -> None:
+def test_pure_bf16_warns_where_it_is_used_not_when_built() -> None:
+    pure = policy("bf16_pure")  # plain data: no warning (pytest turns one into an error)
+    assert re.search(r"bf16 with no master.*master='exact'", pure.risks()[0])
+    prec = mixprec.Precision(pure)
     with pytest.warns(PrecisionWarning, match=r"bf16 with no master.*master='exact'"):
-        policy("bf16_pure")
+        prec.prepare(nn.Linear(2, 2))
 
 
 def test_policy_is_frozen_and_keyword_only() -> None:
@@ -163,11 +169,7 @@ def test_dict_round_trip_for_every_preset() -> None:
     for name in PRESET_NAMES:
         p = get(name)
         d = json.loads(json.dumps(p.to_dict()))
-        if name == "bf16_pure":
-            with pytest.warns(PrecisionWarning):
-                back = Policy.from_dict(d)
-        else:
-            back = Policy.from_dict(d)
+        back = Policy.from_dict(d)
         assert back == p
 
 
@@ -267,3 +269,30 @@ def test_auto_on_this_machine_is_explained() -> None:
     p = mixprec.policy("auto", device="cpu")
     assert p.name in ("amp_bf16", "fp32")
     assert p.note.startswith(f"auto chose {p.name}")
+
+
+def test_policy_module_is_plain_data_and_does_not_load_the_optimizer() -> None:
+    # Checking a master name must not load kernels or the native builder.
+    code = (
+        "import sys; from mixprec.policy import policy; policy('bf16_lean'); "
+        "bad = sorted(m for m in sys.modules if m.startswith(('mixprec.optim', 'mixprec.eng'))); "
+        "assert not bad, bad"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("reduce_dtype", torch.bfloat16, r"reduce_dtype=bf16.*ignored; fix: reduce_dtype=torch"),
+        ("output_dtype", torch.bfloat16, r"output_dtype=bf16.*ignored; fix: output_dtype=None"),
+    ],
+)
+def test_fields_nothing_applies_are_refused_where_the_policy_is_used(
+    field: str, value: torch.dtype, words: str
+) -> None:
+    pol = policy("amp_bf16").replace(**{field: value})  # valid plain data
+    assert getattr(Policy.from_dict(pol.to_dict()), field) == value
+    with pytest.raises(ValueError, match=words):
+        mixprec.Precision(pol)

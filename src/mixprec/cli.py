@@ -12,7 +12,6 @@ import contextlib
 import json
 import sys
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, NoReturn
 
@@ -102,12 +101,9 @@ def _cmd_formats(args: argparse.Namespace) -> int:
 
 
 def _cmd_policies(args: argparse.Namespace) -> int:
-    from mixprec.errors import PrecisionWarning
     from mixprec.policy import ALIASES, PRESET_NAMES, policy, resolve_auto
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PrecisionWarning)
-        presets = [policy(n) for n in PRESET_NAMES]
+    presets = [policy(n) for n in PRESET_NAMES]
     auto = resolve_auto()
     if args.json:
         _emit_json(
@@ -183,7 +179,6 @@ def _load_config(path: str) -> dict[str, Any]:
 
 
 def _cmd_budget(args: argparse.Namespace) -> int:
-    from mixprec.errors import PrecisionWarning
     from mixprec.memory import TransformerShape, estimate
     from mixprec.policy import PRESET_NAMES
 
@@ -227,18 +222,16 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     sharding: Literal["none", "fsdp", "ddp"] = (
         (args.sharding or "fsdp") if args.world_size > 1 else "none"
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PrecisionWarning)
-        results = [
-            estimate(
-                source,
-                n,
-                world_size=args.world_size,
-                sharding=sharding,
-                activation_values=activations,
-            )
-            for n in names
-        ]
+    results = [
+        estimate(
+            source,
+            n,
+            world_size=args.world_size,
+            sharding=sharding,
+            activation_values=activations,
+        )
+        for n in names
+    ]
     if args.json:
         payload = [r.to_dict() for r in results]
         _emit_json(payload if len(payload) > 1 else payload[0])

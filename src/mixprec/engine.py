@@ -39,8 +39,9 @@ from torch import nn
 
 from mixprec.device import device_caps
 from mixprec.dtypes import dtype_name
-from mixprec.errors import PerformanceWarning, PrecisionError, user_stacklevel
+from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning, user_stacklevel
 from mixprec.islands import add_fp32_islands, is_fp32_island
+from mixprec.optim.sharding import is_dtensor
 from mixprec.policy import Policy, policy
 from mixprec.telemetry import PrecisionStats, StepReport, check_scaler_state
 
@@ -143,6 +144,7 @@ class Precision:
         history_size: int = 1000,
     ) -> None:
         self.policy: Policy = policy(policy_or_name, device=device)
+        _refuse_unapplied_fields(self.policy)
         if max_consecutive_skips is not None and max_consecutive_skips < 1:
             raise ValueError(
                 f"max_consecutive_skips must be >= 1 or None, got {max_consecutive_skips}"
@@ -244,7 +246,9 @@ class Precision:
                     PerformanceWarning,
                     stacklevel=user_stacklevel(),
                 )
-        self._sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
+        for risk in self.policy.risks():
+            warnings.warn(risk, PrecisionWarning, stacklevel=user_stacklevel())
+        self._sharded = any(is_dtensor(p) for p in model.parameters())
         self._scaler = None  # rebuilt for this model's device and sharding
         storage = self.policy.param_dtype
         add_fp32_islands(model, self.policy, self.device.type)
@@ -791,3 +795,22 @@ class Precision:
 
     def __repr__(self) -> str:
         return f"Precision({self.policy.name!r}: {self.policy.describe()})"
+
+
+def _refuse_unapplied_fields(pol: Policy) -> None:
+    # Every policy field is honoured or refused: gradient reduction and FSDP2 output
+    # casting belong to the distributed wrappers, which this release does not have, so
+    # a non-default value would be silently ignored.
+    if pol.reduce_dtype != torch.float32:
+        raise ValueError(
+            f"policy {pol.name!r} asks for reduce_dtype={dtype_name(pol.reduce_dtype)}, but "
+            "nothing in this setup reduces gradients in a chosen dtype (Precision runs one "
+            "process; DDP/FSDP2 wrappers that apply it are not available yet), so it would be "
+            "ignored; fix: reduce_dtype=torch.float32 (the default)"
+        )
+    if pol.output_dtype is not None:
+        raise ValueError(
+            f"policy {pol.name!r} asks for output_dtype={dtype_name(pol.output_dtype)}, which "
+            "only an FSDP2 MixedPrecisionPolicy applies and this setup has none, so it would be "
+            "ignored; fix: output_dtype=None (the default)"
+        )

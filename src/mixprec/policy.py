@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import math
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +27,7 @@ from torch import nn
 
 from mixprec.device import device_caps
 from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
-from mixprec.errors import PrecisionWarning, user_stacklevel
-from mixprec.optim.kinds import MasterKind, MomentKind, check_master, check_moments
+from mixprec.formats import check_master, check_moments, master_spec
 
 __all__ = [
     "ALIASES",
@@ -98,8 +96,9 @@ class Policy:
 
     Construct with real `torch.dtype` values; strings from configs go through
     `Policy.from_dict` (or `mixprec.parse_dtype`). Invalid combinations raise
-    `ValueError` naming the fix; the risky-but-allowed pure 16-bit pattern warns
-    with a `PrecisionWarning`.
+    `ValueError` naming the fix. A policy is plain data: constructing one never
+    warns; the risky-but-allowed patterns are listed by `risks`, which
+    `Precision.prepare` turns into a `PrecisionWarning` where the policy is used.
 
     Attributes:
         name: the preset name, or ``"custom"``.
@@ -123,8 +122,8 @@ class Policy:
     name: str = "custom"
     compute_dtype: torch.dtype | None = None
     param_dtype: torch.dtype = torch.float32
-    master: MasterKind = "none"
-    moments: MomentKind = "fp32"
+    master: str = "none"
+    moments: str = "fp32"
     reduce_dtype: torch.dtype = torch.float32
     output_dtype: torch.dtype | None = None
     loss_scaling: LossScaling | None = None
@@ -171,18 +170,17 @@ class Policy:
                 "to zero; "
                 "fix: set loss_scaling=LossScaling() (dynamic), or allow_unscaled=True to study it"
             )
-        if self.param_dtype == torch.float32 and self.master != "none":
+        spec = master_spec(self.master)
+        if self.param_dtype == torch.float32 and not spec.accepts(self.param_dtype):
             raise ValueError(
                 f"{where}: master={self.master!r} with fp32 params: fp32 params are already the "
                 "master, so a master representation only adds memory; fix: master='none', or "
                 "store params in 16 bits (param_dtype=torch.bfloat16)"
             )
-        if (
-            self.master in ("exact", "remainder8", "stochastic")
-            and self.param_dtype != torch.bfloat16
-        ):
+        if not spec.accepts(self.param_dtype):
+            needs = " or ".join(dtype_name(d) for d in spec.param_dtypes or ())
             raise ValueError(
-                f"{where}: master={self.master!r} needs bf16 params, got "
+                f"{where}: master={self.master!r} needs {needs} params, got "
                 f"{dtype_name(self.param_dtype)}; fix: param_dtype=torch.bfloat16 or master='fp32'"
             )
         if self.param_dtype == torch.float16 and self.loss_scaling is not None:
@@ -191,16 +189,23 @@ class Policy:
                 "in fp16 (torch.amp.GradScaler refuses this); fix: keep fp32 params with fp16 "
                 "compute (preset 'amp_fp16') or store params in bf16"
             )
-        if is_16bit(self.param_dtype) and self.master == "none":
-            warnings.warn(
-                f"{where}: parameters stored in {dtype_name(self.param_dtype)} with no master: "
-                f"AdamW updates are rounded to {dtype_name(self.param_dtype)} every step and "
-                f"small ones are lost, and moments are stored in {self.moments}; use master="
-                "'exact' (bitwise fp32 at 2 extra bytes/param) unless you have measured that "
-                "this is acceptable",
-                PrecisionWarning,
-                stacklevel=user_stacklevel(),
+
+    def risks(self) -> tuple[str, ...]:
+        """What this (valid) policy risks, one sentence each; empty for the safe ones.
+
+        A policy never warns when built; `Precision.prepare` warns with these
+        (`PrecisionWarning`) when it applies the policy to a model.
+        """
+        found: list[str] = []
+        if is_16bit(self.param_dtype) and not master_spec(self.master).keeps_small_updates:
+            found.append(
+                f"policy {self.name!r}: parameters stored in {dtype_name(self.param_dtype)} "
+                f"with no master: AdamW updates are rounded to {dtype_name(self.param_dtype)} "
+                f"every step and small ones are lost, and moments are stored in {self.moments}; "
+                "use master='exact' (bitwise fp32 at 2 extra bytes/param) unless you have "
+                "measured that this is acceptable"
             )
+        return tuple(found)
 
     # ------------------------------------------------------------------ facts
 
@@ -265,9 +270,7 @@ class Policy:
         values = dict(data)
         base: Policy | None = None
         if "preset" in values:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", PrecisionWarning)
-                base = policy(str(values.pop("preset")))
+            base = policy(str(values.pop("preset")))
         kwargs: dict[str, Any] = {}
         for key in ("compute_dtype", "output_dtype"):
             if key in values:

@@ -7,9 +7,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
+import tolerances as tol
 from mixprec.optim import MASTER_KINDS, AdamW, optimizer_state_bytes, training_state_bytes
 
-from . import tolerances as tol
 from .checkpoint import reload
 
 SHAPES = [(64, 64), (4096,), (33,)]  # 4096-element params get int8 moments

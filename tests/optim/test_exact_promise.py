@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import mixprec
+from mixprec.formats.bits import split_float
 from mixprec.optim import AdamW
-from mixprec.optim.bits import split_float
 
 STEPS = 40
 

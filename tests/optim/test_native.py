@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from mixprec.formats import moment_format, resolve_master
 from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, kernels, native
-from mixprec.optim.formats import moment_format, resolve_master
 from mixprec.optim.kernels import StepFamily, StepKernel, resolve_mode
 
 from .checkpoint import reload

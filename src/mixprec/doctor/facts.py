@@ -40,7 +40,7 @@ def resolve_mixprec_master(requested: str, dtype: torch.dtype) -> str:
     if requested != "auto":
         return requested
     try:
-        from mixprec.optim.formats import auto_master
+        from mixprec.formats import auto_master
     except ImportError:  # mixprec.optim not available: its documented rule
         return {torch.bfloat16: "exact", torch.float16: "fp32"}.get(dtype, "none")
     return str(auto_master(dtype))

@@ -41,7 +41,7 @@ from mixprec.doctor.facts import (
 )
 from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
 from mixprec.errors import PrecisionWarning
-from mixprec.optim.kinds import check_master, check_moments
+from mixprec.formats import check_master, check_moments
 from mixprec.policy import Policy, policy
 
 __all__ = [

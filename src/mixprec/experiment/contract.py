@@ -191,7 +191,7 @@ class Contract:
             )
         if self.baseline in self.candidates:
             raise ValueError(f"the baseline {self.baseline!r} is also listed as a candidate")
-        resolved = {n: get_policy_quiet(n).name for n in (self.baseline, *self.candidates)}
+        resolved = {n: get_policy(n).name for n in (self.baseline, *self.candidates)}
         if "auto" in resolved and resolved["auto"] in resolved:
             raise ValueError(
                 f"'auto' resolves to {resolved['auto']!r} on this device, which is also listed; "
@@ -325,7 +325,7 @@ class Contract:
         settings = self.to_dict()
         for key in ("baseline", "candidates", "seeds", "max_seeds", "allow", "gates", "step_caps"):
             settings.pop(key)
-        pol = get_policy_quiet(policy_name).to_dict()
+        pol = get_policy(policy_name).to_dict()
         pol.pop("note", None)
         blob = json.dumps(
             {
@@ -350,7 +350,7 @@ def _canonical(name: str) -> str:
 
     if not isinstance(name, str):
         raise ValueError(f"policy names must be strings, got {name!r}")
-    get_policy_quiet(name)  # raises ValueError naming valid presets
+    get_policy(name)  # raises ValueError naming valid presets
     return ALIASES.get(name, name)
 
 
@@ -414,14 +414,3 @@ def _split(value: object) -> list[str]:
     if isinstance(value, list | tuple):
         return [str(v).strip() for v in value]
     raise ValueError(f"expected a list of policy names or a comma-separated string, got {value!r}")
-
-
-def get_policy_quiet(name: str) -> Any:
-    """`mixprec.policy(name)` without the pure-bf16 warning (the report shows it)."""
-    import warnings
-
-    from mixprec.errors import PrecisionWarning
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PrecisionWarning)
-        return get_policy(name)

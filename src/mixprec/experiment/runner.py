@@ -30,11 +30,12 @@ from torch import nn
 from mixprec.device import device_caps, resolve_device
 from mixprec.engine import Precision
 from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
-from mixprec.experiment.contract import Contract, get_policy_quiet
+from mixprec.experiment.contract import Contract
 from mixprec.experiment.decision import decide, tail_start
 from mixprec.experiment.records import RunRecord, load_records, record_path, write_json_atomic
 from mixprec.memory import MemoryBreakdown, estimate, measure
 from mixprec.policy import DEFAULT_FP32_MODULES, Policy, matches_fp32_module
+from mixprec.policy import policy as get_policy
 from mixprec.workloads import Workload, load_workload
 
 __all__ = [
@@ -119,7 +120,7 @@ def step_caps_for(contract: Contract, steps: int, device: str) -> dict[str, int]
     return {
         name: max(1, steps // 5)
         for name in contract.candidates
-        if get_policy_quiet(name).compute_dtype == torch.float16
+        if get_policy(name).compute_dtype == torch.float16
     }
 
 
@@ -210,7 +211,7 @@ def run_one(
     """
     total = settings.steps if run_steps is None else min(run_steps, settings.steps)
     start = time.perf_counter()
-    pol = get_policy_quiet(policy_name)
+    pol = get_policy(policy_name)
     base: dict[str, Any] = {
         "workload": workload.name,
         "size": str(workload.config.get("size", "")),

@@ -18,13 +18,19 @@ from torch.optim.optimizer import ParamsT
 
 from mixprec.dtypes import dtype_name
 from mixprec.errors import PrecisionError
+from mixprec.formats import (
+    MASTER_KINDS,
+    MasterFormat,
+    MomentFormat,
+    check_moments,
+    moment_format,
+    resolve_master,
+)
+from mixprec.formats.moments import Int8Moments
 from mixprec.optim import sharding
-from mixprec.optim.formats import moment_format, resolve_master
 from mixprec.optim.functional import adamw_scalars
 from mixprec.optim.kernels import KernelMode, StepFamily, StepKernel, resolve_mode
-from mixprec.optim.kinds import MASTER_KINDS, check_moments
-from mixprec.optim.masters import MasterFormat, resync_master
-from mixprec.optim.moments import Int8Moments, MomentFormat
+from mixprec.optim.resync import resync_master
 from mixprec.optim.rng import derive_seed, step_key
 
 __all__ = ["AdamW"]
@@ -224,7 +230,7 @@ class AdamW(torch.optim.Optimizer):
             }
             state.update(plan.master.init_state(lp))
             state.update(plan.moments.init_state(lp))
-            if plan.master.uses_noise:
+            if plan.master.spec.uses_noise:
                 seed = derive_seed(self._seed, first_index + offset)
                 state["rng_seed"] = torch.tensor(seed, dtype=torch.int64, device=p.device)
             if sharding.is_dtensor(p):
@@ -240,20 +246,22 @@ class AdamW(torch.optim.Optimizer):
 
     def _plan(self, p: torch.Tensor, group: dict[str, Any], mode: KernelMode) -> _ParamPlan:
         master = resolve_master(group["master"], p.dtype)
-        moments_kind = group["moments"]
-        if moments_kind == "int8" and (
-            p.numel() < self._min_int8_numel
-            or p.numel() % self._block_size != 0
-            or not sharding.int8_blocks_fit(
-                p, self._block_size, Int8Moments(self._block_size).scale_shape(p.shape)
-            )
-        ):
-            moments_kind = "fp32"
-        moments = moment_format(moments_kind, block_size=self._block_size)
+        moments = moment_format(group["moments"], block_size=self._block_size)
+        if moments.spec.blockwise and not self._quantizable(p, moments):
+            moments = moment_format("fp32")
         return _ParamPlan(master, moments, mode, p.dtype)
 
+    def _quantizable(self, p: torch.Tensor, moments: MomentFormat) -> bool:
+        # Blockwise moments for tensors of whole blocks only (others keep fp32 moments).
+        assert isinstance(moments, Int8Moments)
+        return (
+            p.numel() >= self._min_int8_numel
+            and p.numel() % self._block_size == 0
+            and sharding.int8_blocks_fit(p, self._block_size, moments.scale_shape(p.shape))
+        )
+
     def _kernel(self, plan: _ParamPlan, maximize: bool) -> StepKernel:
-        key = (plan.master.kind, plan.moments.kind, maximize, plan.mode)
+        key = (plan.master.spec.name, plan.moments.spec.name, maximize, plan.mode)
         kernel = self._kernels.get(key)
         if kernel is None:
             family = StepFamily(master=plan.master, moments=plan.moments, maximize=maximize)
@@ -291,7 +299,7 @@ class AdamW(torch.optim.Optimizer):
                 if p.dtype != plan.dtype:
                     raise PrecisionError(
                         f"parameter {tuple(p.shape)} was {dtype_name(plan.dtype)} when this "
-                        f"AdamW was built (master {plan.master.kind!r}) and is "
+                        f"AdamW was built (master {plan.master.spec.name!r}) and is "
                         f"{dtype_name(p.dtype)} now; its master and moments no longer fit: "
                         "cast the model (or prec.prepare it) before building the optimizer"
                     )
@@ -318,10 +326,10 @@ class AdamW(torch.optim.Optimizer):
                 kernel(
                     lp.view(shape),
                     _local_grad(p, grad).reshape(shape),
-                    [local_state[k].view(shape) for k in plan.master.state_keys],
-                    [_view_like(local_state[k], lp, shape) for k in plan.moments.state_keys],
+                    [local_state[k].view(shape) for k in plan.master.spec.state_keys],
+                    [_view_like(local_state[k], lp, shape) for k in plan.moments.spec.state_keys],
                     scalars,
-                    self._noise_key(p, state) if plan.master.uses_noise else self._unused_seed,
+                    self._noise_key(p, state) if plan.master.spec.uses_noise else self._unused_seed,
                 )
                 self._versions[p] = lp._version
         return loss
@@ -333,7 +341,7 @@ class AdamW(torch.optim.Optimizer):
         # The parameter was written in place since this optimizer last wrote it (pruning,
         # zero_(), re-initialisation, a model state load): the master follows the edit
         # where its state no longer matches, and never decodes to NaN.
-        resync_master(plan.master, lp, [local_state[k] for k in plan.master.state_keys])
+        resync_master(plan.master, lp, [local_state[k] for k in plan.master.spec.state_keys])
 
     @staticmethod
     def _noise_key(p: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -350,7 +358,7 @@ class AdamW(torch.optim.Optimizer):
         """Re-sync the master state of parameters written in place since the last step.
 
         `step`, `master_weights` and `state_dict` call it; a master then follows an
-        edit such as pruning or ``zero_()`` (see `mixprec.optim.masters.resync`).
+        edit such as pruning or ``zero_()`` (see `mixprec.optim.resync`).
         """
         for group in self.param_groups:
             for p in group["params"]:
@@ -380,7 +388,9 @@ class AdamW(torch.optim.Optimizer):
                 plan = self._plans[p]
                 state = self.state[p]
                 lp = sharding.local(p.detach())
-                flat_state = [sharding.local(state[k]).view(-1) for k in plan.master.state_keys]
+                flat_state = [
+                    sharding.local(state[k]).view(-1) for k in plan.master.spec.state_keys
+                ]
                 value = plan.master.decode(lp.view(-1), flat_state)
                 value = value.to(torch.float32).view(lp.shape).clone()
                 out.append(sharding.shard_like(value, p, p.shape))
@@ -393,12 +403,12 @@ class AdamW(torch.optim.Optimizer):
             KeyError: `p` is not a parameter of this optimizer.
         """
         plan = self._plans[p]
-        return plan.master.kind, plan.moments.kind
+        return plan.master.spec.name, plan.moments.spec.name
 
     def formats(self) -> list[tuple[str, str]]:
         """The effective ``(master, moments)`` of every parameter, in parameter order."""
         return [
-            (self._plans[p].master.kind, self._plans[p].moments.kind)
+            (self._plans[p].master.spec.name, self._plans[p].moments.spec.name)
             for group in self.param_groups
             for p in group["params"]
         ]

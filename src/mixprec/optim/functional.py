@@ -12,7 +12,9 @@ from dataclasses import astuple, dataclass
 
 import torch
 
-__all__ = ["AdamWScalars", "adamw_math", "adamw_scalars", "sqrt_rn"]
+from mixprec.formats.rounding import sqrt_rn
+
+__all__ = ["AdamWScalars", "adamw_math", "adamw_scalars"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,20 +59,6 @@ def adamw_scalars(
         inv_bias_correction2_sqrt=1.0 / math.sqrt(bias_correction2),
         eps=eps,
     )
-
-
-def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
-    """Correctly rounded fp32 square root, the same in eager and compiled code.
-
-    Eager fp32 `torch.sqrt` on CPU goes through MKL VML, which is not correctly
-    rounded (about 0.7% of results are one ulp off on this machine), while
-    Inductor emits the exact IEEE instruction. In eager we take the root in
-    float64 and round once: for fp32 inputs that double rounding is harmless
-    (the exact root of a 24-bit value is never within 2**-50 of an fp32 midpoint).
-    """
-    if torch.compiler.is_compiling() or x.device.type != "cpu":
-        return torch.sqrt(x)
-    return torch.sqrt(x.to(torch.float64)).to(torch.float32)
 
 
 def adamw_math(

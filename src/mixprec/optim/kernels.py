@@ -24,11 +24,10 @@ from typing import Literal
 
 import torch
 
+from mixprec.formats import MasterFormat, MomentFormat
 from mixprec.optim import native
 from mixprec.optim.functional import adamw_math
 from mixprec.optim.inductor import compile_fn
-from mixprec.optim.masters import MasterFormat
-from mixprec.optim.moments import MomentFormat
 from mixprec.optim.rng import uniform16
 
 __all__ = ["AUTO_COMPILE_MIN_NUMEL", "StepFamily", "StepKernel", "adamw_step_", "resolve_mode"]
@@ -78,7 +77,7 @@ class StepFamily:
     def name(self) -> str:
         """A readable identifier, e.g. ``exact_fp32`` or ``remainder8_int8_max``."""
         suffix = "_max" if self.maximize else ""
-        return f"{self.master.kind}_{self.moments.kind}{suffix}"
+        return f"{self.master.spec.name}_{self.moments.spec.name}{suffix}"
 
 
 def adamw_step_(
@@ -97,8 +96,8 @@ def adamw_step_(
         param: parameter data viewed as ``family.moments.kernel_shape`` (flat, or
             one row per int8 block), 16-bit or fp32.
         grad: gradient of the same shape, any float dtype.
-        master_state: master state tensors (same shape), in ``family.master.state_keys`` order.
-        moment_state: moment state tensors, in ``family.moments.state_keys`` order.
+        master_state: master state tensors (same shape), in ``family.master.spec.state_keys`` order.
+        moment_state: moment state tensors, in ``family.moments.spec.state_keys`` order.
         scalars: fp32 vector from `AdamWScalars.as_tensor`.
         noise_key: int64 0-d key of this step's stochastic-rounding noise: element
             ``i`` draws ``uniform16`` at ``i + noise_key`` (`AdamW` passes
@@ -114,7 +113,7 @@ def adamw_step_(
     value, exp_avg, exp_avg_sq = adamw_math(
         param=value, grad=grad32, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, scalars=scalars
     )
-    noise = uniform16(param.shape, noise_key) if family.master.uses_noise else None
+    noise = uniform16(param.shape, noise_key) if family.master.spec.uses_noise else None
     new_param, new_master = family.master.encode(value, dtype=param.dtype, noise=noise)
     param.copy_(new_param)
     for dst, src in zip(master_state, new_master, strict=True):
@@ -214,16 +213,16 @@ class StepKernel:
         if self._native is not None:
             grad = grad if grad.is_contiguous() else grad.contiguous()
             if self._native.supports(
-                master=self.family.master.kind,
-                moments=self.family.moments.kind,
+                master=self.family.master.spec.name,
+                moments=self.family.moments.spec.name,
                 param=param,
                 grad=grad,
                 block_size=self._block_size,
             ):
-                uses_noise = self.family.master.uses_noise
+                uses_noise = self.family.master.spec.uses_noise
                 self._native.step(
-                    master=self.family.master.kind,
-                    moments=self.family.moments.kind,
+                    master=self.family.master.spec.name,
+                    moments=self.family.moments.spec.name,
                     maximize=self.family.maximize,
                     param=param,
                     grad=grad,

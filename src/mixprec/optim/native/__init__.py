@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from mixprec.formats import master_spec, moment_spec
+
 __all__ = [
     "MAX_BLOCK",
     "NativeLibrary",
@@ -57,8 +59,6 @@ ABI_VERSION = 1
 
 SOURCE = Path(__file__).with_name("adamw_cpu.cpp")
 
-_MASTER_CODES = {"none": 0, "fp32": 1, "exact": 2, "remainder8": 3, "kahan": 4, "stochastic": 5}
-_MOMENT_CODES = {"fp32": 0, "bf16": 1, "int8": 2}
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 _COMMON_FLAGS = (
@@ -175,16 +175,23 @@ class NativeLibrary:
     def supports(
         *, master: str, moments: str, param: torch.Tensor, grad: torch.Tensor, block_size: int
     ) -> bool:
-        """Whether `step` handles this parameter (else the caller uses another kernel)."""
+        """Whether `step` handles this parameter (else the caller uses another kernel).
+
+        The formats' registry says which formats the kernel implements (their
+        ``kernel_code``); a format without one is never handed to the kernel.
+        """
+        master_fmt, moment_fmt = master_spec(master), moment_spec(moments)
+        if master_fmt.kernel_code is None or moment_fmt.kernel_code is None:
+            return False
         plain = all(
             type(t) is torch.Tensor and t.device.type == "cpu" and t.is_contiguous()
             for t in (param, grad)
         )
         if not plain or param.dtype not in _DTYPE_CODES or grad.dtype not in _DTYPE_CODES:
             return False
-        if param.dtype == torch.float32 and master != "none":
+        if not master_fmt.accepts(param.dtype):
             return False
-        return moments != "int8" or (
+        return not moment_fmt.blockwise or (
             1 <= block_size <= MAX_BLOCK and param.numel() % block_size == 0
         )
 
@@ -216,9 +223,9 @@ class NativeLibrary:
         if scalars.dtype != torch.float32 or scalars.numel() != 7:
             raise ValueError(f"scalars must be 7 fp32 values, got {scalars.dtype} {scalars.shape}")
         rc = self._fn(
-            _MASTER_CODES[master],
+            _kernel_code(master_spec(master).kernel_code, master),
             _DTYPE_CODES[param.dtype],
-            _MOMENT_CODES[moments],
+            _kernel_code(moment_spec(moments).kernel_code, moments),
             _DTYPE_CODES[grad.dtype],
             int(maximize),
             param.data_ptr(),
@@ -239,6 +246,12 @@ class NativeLibrary:
 
 
 _lock = threading.Lock()
+
+
+def _kernel_code(code: int | None, name: str) -> int:
+    if code is None:
+        raise ValueError(f"format {name!r} has no native kernel code (check `supports` first)")
+    return code
 
 
 def _digest(path: Path) -> str:

@@ -11,26 +11,36 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from mixprec.optim.kinds import MasterKind
-from mixprec.optim.masters._checks import require_dtype
+from mixprec.formats.registry import register_master
+from mixprec.formats.spec import MasterSpec, StateTensor
 
-__all__ = ["KahanMaster"]
+__all__ = ["SPEC", "KahanMaster"]
+
+
+#: The registry entry of ``kahan``.
+SPEC = MasterSpec(
+    name="kahan",
+    summary="16-bit parameter + 16-bit Kahan compensation",
+    # Stored in the parameter's own dtype (bf16 or fp16: two bytes either way).
+    state=(StateTensor("compensation", torch.bfloat16, follows_param=True),),
+    param_dtypes=(torch.bfloat16, torch.float16),
+    exact=False,
+    keeps_small_updates=True,
+    uses_noise=False,
+    kernel_enum="M_KAHAN",
+    kernel_code=4,
+)
 
 
 @dataclass(frozen=True)
 class KahanMaster:
     """16-bit param + 16-bit compensation buffer (state ``compensation``)."""
 
-    kind: MasterKind = "kahan"
-    state_keys: tuple[str, ...] = ("compensation",)
-    uses_noise: bool = False
-
-    def check_dtype(self, dtype: torch.dtype) -> None:
-        """bf16 or fp16 params."""
-        require_dtype(self.kind, dtype, (torch.bfloat16, torch.float16))
+    spec: ClassVar[MasterSpec] = SPEC
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero compensation."""
@@ -46,3 +56,6 @@ class KahanMaster:
         """Nearest 16-bit value and the (16-bit) rounding error."""
         param = value.to(dtype)
         return param, ((value - param.to(torch.float32)).to(dtype),)
+
+
+register_master(KahanMaster())

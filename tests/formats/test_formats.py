@@ -5,13 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mixprec.optim.formats import master_format
+import tolerances as tol
+from mixprec.formats import master_format
+from mixprec.formats.masters import stochastic_round
+from mixprec.formats.moments import (
+    dequantize_signed,
+    dequantize_sqrt,
+    quantize_signed,
+    quantize_sqrt,
+)
 from mixprec.optim.inductor import compile_fn
-from mixprec.optim.masters import stochastic_round
-from mixprec.optim.moments import dequantize_signed, dequantize_sqrt, quantize_signed, quantize_sqrt
 from mixprec.optim.rng import uniform16
-
-from . import tolerances as tol
 
 
 def _tiny_updates(kind: str, seed: int = 0) -> float:
@@ -20,7 +24,7 @@ def _tiny_updates(kind: str, seed: int = 0) -> float:
     state = list(fmt.init_state(p).values())
     for step in range(100):
         value = fmt.decode(p, state) - 1e-4
-        noise = uniform16((1,), torch.tensor(seed * 1000 + step)) if fmt.uses_noise else None
+        noise = uniform16((1,), torch.tensor(seed * 1000 + step)) if fmt.spec.uses_noise else None
         p, new_state = fmt.encode(value, dtype=torch.bfloat16, noise=noise)
         state = list(new_state)
     return float(fmt.decode(p, state)[0])

@@ -9,14 +9,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from mixprec.optim.bits import merge_float, round_to_bits, split_float
-from mixprec.optim.kinds import MasterKind
-from mixprec.optim.masters._checks import require_dtype
+from mixprec.formats.bits import merge_float, round_to_bits, split_float
+from mixprec.formats.registry import register_master
+from mixprec.formats.spec import MasterSpec, StateTensor
 
-__all__ = ["MANTISSA_BITS_24", "Remainder8Master"]
+__all__ = ["MANTISSA_BITS_24", "SPEC", "Remainder8Master"]
+
+
+#: The registry entry of ``remainder8``.
+SPEC = MasterSpec(
+    name="remainder8",
+    summary="bf16 + int8 remainder: a 24-bit master",
+    state=(StateTensor("remainder", torch.int8),),
+    param_dtypes=(torch.bfloat16,),
+    exact=False,
+    keeps_small_updates=True,
+    uses_noise=False,
+    kernel_enum="M_REM8",
+    kernel_code=3,
+)
 
 #: Explicit mantissa bits of the 24-bit master (bf16's 7 plus 8).
 MANTISSA_BITS_24 = 15
@@ -26,13 +41,7 @@ MANTISSA_BITS_24 = 15
 class Remainder8Master:
     """bf16 + int8 remainder (state ``remainder``): fp32 master to 24 bits."""
 
-    kind: MasterKind = "remainder8"
-    state_keys: tuple[str, ...] = ("remainder",)
-    uses_noise: bool = False
-
-    def check_dtype(self, dtype: torch.dtype) -> None:
-        """bf16 params only."""
-        require_dtype(self.kind, dtype, (torch.bfloat16,))
+    spec: ClassVar[MasterSpec] = SPEC
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero remainder: the master starts equal to the bf16 parameter."""
@@ -49,3 +58,6 @@ class Remainder8Master:
         value24 = round_to_bits(value, mantissa_bits=MANTISSA_BITS_24)
         high, low = split_float(value24, dtype=dtype, low_bits=8)
         return high, (low.to(torch.int8),)
+
+
+register_master(Remainder8Master())

@@ -3,17 +3,18 @@
 A master format says how the full-precision value of a parameter is kept:
 `decode` gives the fp32 value from the stored parameter and its state, and
 `encode` turns a new fp32 value into the new stored parameter and state. Both
-are pure and elementwise, so they compose into one fused step.
+are pure and elementwise, so they compose into one fused step. What the format
+stores and needs is declared once in its `spec`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
-from mixprec.optim.kinds import MasterKind
+from mixprec.formats.spec import MasterSpec
 
 __all__ = ["MasterFormat"]
 
@@ -21,24 +22,7 @@ __all__ = ["MasterFormat"]
 class MasterFormat(Protocol):
     """How one parameter's full-precision value is stored (see module docs)."""
 
-    @property
-    def kind(self) -> MasterKind:
-        """The format's name in `MASTER_KINDS`."""
-        ...
-
-    @property
-    def state_keys(self) -> tuple[str, ...]:
-        """Names of the per-parameter state tensors, in `decode`/`encode` order."""
-        ...
-
-    @property
-    def uses_noise(self) -> bool:
-        """Whether `encode` needs random 16-bit integers."""
-        ...
-
-    def check_dtype(self, dtype: torch.dtype) -> None:
-        """Raise `ValueError` if parameters of `dtype` cannot use this format."""
-        ...
+    spec: ClassVar[MasterSpec]
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Fresh state for `param`, shaped like it (so it shards with it on dim 0)."""

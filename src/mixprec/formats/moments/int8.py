@@ -22,13 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from mixprec.optim.functional import sqrt_rn
-from mixprec.optim.kinds import MomentKind
+from mixprec.formats.registry import register_moments
+from mixprec.formats.rounding import sqrt_rn
+from mixprec.formats.spec import MomentSpec, StateTensor
 
 __all__ = [
+    "SPEC",
     "U_MAX",
     "Int8Moments",
     "dequantize_signed",
@@ -36,6 +39,22 @@ __all__ = [
     "quantize_signed",
     "quantize_sqrt",
 ]
+
+#: The registry entry of ``int8``.
+SPEC = MomentSpec(
+    name="int8",
+    summary="blockwise 8-bit codes with one fp32 scale per block (square-root companded)",
+    state=(
+        StateTensor("exp_avg_i8", torch.int8),
+        StateTensor("exp_avg_absmax", torch.float32, per_block=True),
+        StateTensor("exp_avg_sq_u8", torch.uint8),
+        StateTensor("exp_avg_sq_absmax", torch.float32, per_block=True),
+    ),
+    rounds_increments=False,
+    blockwise=True,
+    kernel_enum="MO_INT8",
+    kernel_code=2,
+)
 
 _INV_127_SQ = 1.0 / (127.0 * 127.0)
 _INV_255_SQ = 1.0 / (255.0 * 255.0)
@@ -97,14 +116,8 @@ def dequantize_sqrt(codes: torch.Tensor, umax: torch.Tensor) -> torch.Tensor:
 class Int8Moments:
     """Blockwise-quantized moments (see module docs)."""
 
+    spec: ClassVar[MomentSpec] = SPEC
     block_size: int = 256
-    kind: MomentKind = "int8"
-    state_keys: tuple[str, ...] = (
-        "exp_avg_i8",
-        "exp_avg_absmax",
-        "exp_avg_sq_u8",
-        "exp_avg_sq_absmax",
-    )
 
     def scale_shape(self, shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
         """Shape of the per-block scales of a parameter of `shape`.
@@ -149,3 +162,6 @@ class Int8Moments:
         m_codes, m_absmax = quantize_signed(exp_avg)
         v_codes, v_absmax = quantize_sqrt(exp_avg_sq)
         return m_codes, m_absmax, v_codes, v_absmax
+
+
+register_moments(SPEC, lambda block_size: Int8Moments(block_size=block_size))

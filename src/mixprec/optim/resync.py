@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from mixprec.dtypes import ulp
-from mixprec.optim.masters.base import MasterFormat
+from mixprec.formats import MasterFormat
 
 __all__ = ["resync_master"]
 
@@ -35,7 +35,7 @@ def resync_master(fmt: MasterFormat, param: torch.Tensor, state: list[torch.Tens
     Returns:
         How many elements were stale.
     """
-    if not fmt.state_keys or fmt.uses_noise:
+    if not fmt.spec.state_keys or fmt.spec.uses_noise:
         return 0  # no master state (none, stochastic): the parameter is the master
     flat = param.reshape(-1)
     flat_state = [s.view(-1) for s in state]

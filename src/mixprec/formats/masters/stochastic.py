@@ -12,14 +12,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from mixprec.optim.bits import canonical_bits
-from mixprec.optim.kinds import MasterKind
-from mixprec.optim.masters._checks import require_dtype
+from mixprec.formats.bits import canonical_bits
+from mixprec.formats.registry import register_master
+from mixprec.formats.spec import MasterSpec
 
-__all__ = ["StochasticMaster", "stochastic_round"]
+__all__ = ["SPEC", "StochasticMaster", "stochastic_round"]
+
+
+#: The registry entry of ``stochastic``.
+SPEC = MasterSpec(
+    name="stochastic",
+    summary="bf16 rounded stochastically: the master in expectation, no state",
+    state=(),
+    param_dtypes=(torch.bfloat16,),
+    exact=False,
+    keeps_small_updates=True,
+    uses_noise=True,
+    kernel_enum="M_STOCH",
+    kernel_code=5,
+)
 
 
 def stochastic_round(
@@ -51,13 +66,7 @@ def stochastic_round(
 class StochasticMaster:
     """bf16 param rounded stochastically; the master exists only in expectation."""
 
-    kind: MasterKind = "stochastic"
-    state_keys: tuple[str, ...] = ()
-    uses_noise: bool = True
-
-    def check_dtype(self, dtype: torch.dtype) -> None:
-        """bf16 params only."""
-        require_dtype(self.kind, dtype, (torch.bfloat16,))
+    spec: ClassVar[MasterSpec] = SPEC
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """No state (the seed is kept by the optimizer as ``rng_seed``)."""
@@ -73,3 +82,6 @@ class StochasticMaster:
         """Stochastically rounded parameter."""
         assert noise is not None
         return stochastic_round(value, noise, dtype=dtype), ()
+
+
+register_master(StochasticMaster())

@@ -4,26 +4,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from mixprec.optim.kinds import MasterKind
+from mixprec.formats.registry import register_master
+from mixprec.formats.spec import MasterSpec
 
-__all__ = ["NoMaster"]
+__all__ = ["SPEC", "NoMaster"]
+
+
+#: The registry entry of ``none``.
+SPEC = MasterSpec(
+    name="none",
+    summary="the parameter is its own master: 16-bit updates are rounded to nearest",
+    state=(),
+    param_dtypes=None,
+    exact=False,
+    keeps_small_updates=False,
+    uses_noise=False,
+    kernel_enum="M_NONE",
+    kernel_code=0,
+)
 
 
 @dataclass(frozen=True)
 class NoMaster:
     """Update the parameter in its own dtype (round to nearest even for 16-bit)."""
 
-    kind: MasterKind = "none"
-    state_keys: tuple[str, ...] = ()
-    uses_noise: bool = False
-
-    def check_dtype(self, dtype: torch.dtype) -> None:
-        """Any floating dtype is accepted."""
-        if not dtype.is_floating_point:
-            raise ValueError(f"master='none' needs floating params, got {dtype}")
+    spec: ClassVar[MasterSpec] = SPEC
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """No state."""
@@ -38,3 +47,6 @@ class NoMaster:
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The value rounded to the parameter dtype."""
         return value.to(dtype), ()
+
+
+register_master(NoMaster())

@@ -7,29 +7,53 @@ from dataclasses import dataclass
 
 import torch
 
-from mixprec.optim.kinds import MomentKind
+from mixprec.formats.registry import register_moments
+from mixprec.formats.spec import MomentSpec, StateTensor
 
-__all__ = ["DenseMoments"]
+__all__ = ["BF16_SPEC", "FP32_SPEC", "DenseMoments"]
+
+#: The registry entry of ``fp32``.
+FP32_SPEC = MomentSpec(
+    name="fp32",
+    summary="fp32 exp_avg and exp_avg_sq (torch's AdamW)",
+    state=(StateTensor("exp_avg", torch.float32), StateTensor("exp_avg_sq", torch.float32)),
+    rounds_increments=False,
+    kernel_enum="MO_FP32",
+    kernel_code=0,
+)
+
+#: The registry entry of ``bf16``.
+BF16_SPEC = MomentSpec(
+    name="bf16",
+    summary="bf16 exp_avg and exp_avg_sq, rounded to nearest every step",
+    state=(StateTensor("exp_avg", torch.bfloat16), StateTensor("exp_avg_sq", torch.bfloat16)),
+    rounds_increments=True,
+    kernel_enum="MO_BF16",
+    kernel_code=1,
+)
 
 
 @dataclass(frozen=True)
 class DenseMoments:
-    """``exp_avg`` and ``exp_avg_sq`` stored in `dtype` (round to nearest even).
+    """``exp_avg`` and ``exp_avg_sq`` stored in the spec's dtype (round to nearest even).
 
     With bf16, increments below half an ulp of the stored value are lost: with
     ``beta2 = 0.999`` the second moment cannot decay (a step changes it by at
     most 0.1%, under bf16's 0.39% half-ulp), it only grows.
     """
 
-    kind: MomentKind
-    dtype: torch.dtype
-    state_keys: tuple[str, ...] = ("exp_avg", "exp_avg_sq")
+    spec: MomentSpec
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The storage dtype of both moments."""
+        return self.spec.state[0].dtype
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero moments in `dtype`, shaped like `param`."""
         return {
             key: torch.zeros(param.shape, dtype=self.dtype, device=param.device)
-            for key in self.state_keys
+            for key in self.spec.state_keys
         }
 
     def kernel_shape(self, numel: int) -> tuple[int, ...]:
@@ -43,3 +67,7 @@ class DenseMoments:
     def encode(self, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The moments rounded to `dtype`."""
         return exp_avg.to(self.dtype), exp_avg_sq.to(self.dtype)
+
+
+register_moments(FP32_SPEC, lambda block_size: DenseMoments(FP32_SPEC))
+register_moments(BF16_SPEC, lambda block_size: DenseMoments(BF16_SPEC))

@@ -3,6 +3,7 @@
 `decode` gives fp32 views of the AdamW moments from the stored state and
 `encode` stores new fp32 moments; both are pure and work on parameter-shaped
 tensors viewed as `kernel_shape` (per-block tensors such as scales stay 1-D).
+What the format stores is declared once in its `spec`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from mixprec.optim.kinds import MomentKind
+from mixprec.formats.spec import MomentSpec
 
 __all__ = ["MomentFormat"]
 
@@ -21,13 +22,8 @@ class MomentFormat(Protocol):
     """How the first and second AdamW moments of one parameter are stored."""
 
     @property
-    def kind(self) -> MomentKind:
-        """The format's name in `MOMENT_KINDS`."""
-        ...
-
-    @property
-    def state_keys(self) -> tuple[str, ...]:
-        """Names of the per-parameter state tensors, in `decode`/`encode` order."""
+    def spec(self) -> MomentSpec:
+        """What the format stores (its registry entry)."""
         ...
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -4,26 +4,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from mixprec.optim.kinds import MasterKind
-from mixprec.optim.masters._checks import require_dtype
+from mixprec.formats.registry import register_master
+from mixprec.formats.spec import MasterSpec, StateTensor
 
-__all__ = ["Fp32Master"]
+__all__ = ["SPEC", "Fp32Master"]
+
+
+#: The registry entry of ``fp32``.
+SPEC = MasterSpec(
+    name="fp32",
+    summary="a separate fp32 copy of the 16-bit parameter",
+    state=(StateTensor("master", torch.float32),),
+    param_dtypes=(torch.bfloat16, torch.float16),
+    exact=True,
+    keeps_small_updates=True,
+    uses_noise=False,
+    kernel_enum="M_FP32",
+    kernel_code=1,
+)
 
 
 @dataclass(frozen=True)
 class Fp32Master:
     """An fp32 copy (state ``master``); the parameter is its nearest-even rounding."""
 
-    kind: MasterKind = "fp32"
-    state_keys: tuple[str, ...] = ("master",)
-    uses_noise: bool = False
-
-    def check_dtype(self, dtype: torch.dtype) -> None:
-        """bf16 or fp16 params only: an fp32 copy of fp32 params doubles memory for nothing."""
-        require_dtype(self.kind, dtype, (torch.bfloat16, torch.float16))
+    spec: ClassVar[MasterSpec] = SPEC
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """The parameter upcast to fp32."""
@@ -40,3 +49,6 @@ class Fp32Master:
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The value itself, and its rounding as the parameter."""
         return value.to(dtype), (value,)
+
+
+register_master(Fp32Master())

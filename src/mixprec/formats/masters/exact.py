@@ -2,7 +2,7 @@
 
 The fp32 master's bit pattern is split into its upper 16 bits rounded to
 nearest with ties away from zero (the bf16 parameter) and the signed 16-bit
-difference (the remainder), see `mixprec.optim.bits`. The remainder is kept as
+difference (the remainder), see `mixprec.formats.bits`. The remainder is kept as
 two int8 planes, ``remainder_hi`` (the signed high byte) and ``remainder_lo``
 (the low byte's bits, read back with ``& 0xFF``), not one int16 tensor:
 collectives have no int16 type (NCCL's types stop at int8/int32; gloo raises
@@ -15,14 +15,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from mixprec.optim.bits import merge_float, split_float
-from mixprec.optim.kinds import MasterKind
-from mixprec.optim.masters._checks import require_dtype
+from mixprec.formats.bits import merge_float, split_float
+from mixprec.formats.registry import register_master
+from mixprec.formats.spec import MasterSpec, StateTensor
 
-__all__ = ["ExactMaster", "join_remainder16", "split_remainder16"]
+__all__ = ["SPEC", "ExactMaster", "join_remainder16", "split_remainder16"]
+
+
+#: The registry entry of ``exact``.
+SPEC = MasterSpec(
+    name="exact",
+    summary="bf16 + 16-bit remainder: the fp32 master bit for bit",
+    state=(
+        StateTensor("remainder_hi", torch.int8),
+        StateTensor("remainder_lo", torch.int8),
+    ),
+    param_dtypes=(torch.bfloat16,),
+    exact=True,
+    keeps_small_updates=True,
+    uses_noise=False,
+    kernel_enum="M_EXACT",
+    kernel_code=2,
+)
 
 
 def split_remainder16(low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,13 +58,7 @@ def join_remainder16(rem_hi: torch.Tensor, rem_lo: torch.Tensor) -> torch.Tensor
 class ExactMaster:
     """bf16 + 16-bit remainder reconstructing the fp32 master bit for bit."""
 
-    kind: MasterKind = "exact"
-    state_keys: tuple[str, ...] = ("remainder_hi", "remainder_lo")
-    uses_noise: bool = False
-
-    def check_dtype(self, dtype: torch.dtype) -> None:
-        """bf16 params only."""
-        require_dtype(self.kind, dtype, (torch.bfloat16,))
+    spec: ClassVar[MasterSpec] = SPEC
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero remainders: the master starts equal to the bf16 parameter."""
@@ -65,3 +77,6 @@ class ExactMaster:
         """Nearest bf16 (ties away from zero) and the exact remainder."""
         high, low = split_float(value, dtype=dtype, low_bits=16)
         return high, split_remainder16(low)
+
+
+register_master(ExactMaster())

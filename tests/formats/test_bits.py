@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mixprec.optim.bits import merge_bits, merge_float, round_to_bits, split_bits, split_float
+from mixprec.formats.bits import merge_bits, merge_float, round_to_bits, split_bits, split_float
+from mixprec.formats.masters import stochastic_round
 from mixprec.optim.inductor import compile_fn
-from mixprec.optim.masters import stochastic_round
 
 _SPECIAL = [
     0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001,

@@ -1,0 +1,25 @@
+"""Master-weight formats: how the full-precision value of a parameter is kept.
+
+One module per format; each declares its `MasterSpec` and registers itself
+when imported, so the import order below is the registry's (table) order.
+"""
+
+# isort: skip_file
+from mixprec.formats.masters.base import MasterFormat
+from mixprec.formats.masters.none import NoMaster
+from mixprec.formats.masters.fp32 import Fp32Master
+from mixprec.formats.masters.exact import ExactMaster
+from mixprec.formats.masters.remainder8 import Remainder8Master
+from mixprec.formats.masters.kahan import KahanMaster
+from mixprec.formats.masters.stochastic import StochasticMaster, stochastic_round
+
+__all__ = [
+    "ExactMaster",
+    "Fp32Master",
+    "KahanMaster",
+    "MasterFormat",
+    "NoMaster",
+    "Remainder8Master",
+    "StochasticMaster",
+    "stochastic_round",
+]

@@ -1,0 +1,155 @@
+"""The registry of storage formats: name -> spec and implementation, and the ``auto`` rule.
+
+Each format module registers itself when imported (`mixprec.formats` imports
+the built-in ones); everything that needs a fact about a format (the optimizer,
+the policy checks, the memory model, the doctor, the native kernel's codes)
+looks it up here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from mixprec.formats.spec import MasterSpec, MomentSpec
+
+if TYPE_CHECKING:
+    from mixprec.formats.masters.base import MasterFormat
+    from mixprec.formats.moments.base import MomentFormat
+
+__all__ = [
+    "OPTIMIZER_ONLY_MOMENT_KEYS",
+    "auto_master",
+    "check_master",
+    "check_moments",
+    "master_format",
+    "master_names",
+    "master_spec",
+    "master_specs",
+    "master_state_keys",
+    "moment_format",
+    "moment_names",
+    "moment_spec",
+    "moment_specs",
+    "moment_state_keys",
+    "register_master",
+    "register_moments",
+    "resolve_master",
+]
+
+_MASTERS: dict[str, MasterFormat] = {}
+_MOMENTS: dict[str, tuple[MomentSpec, Callable[[int], MomentFormat]]] = {}
+
+#: Moment-like state keys of torch's own optimizers that no mixprec format stores
+#: (AMSGrad's running maximum); accounting counts them as moments too.
+OPTIMIZER_ONLY_MOMENT_KEYS: frozenset[str] = frozenset({"max_exp_avg_sq"})
+
+
+def _check_new(
+    name: str, code: int | None, taken: tuple[MasterSpec, ...] | tuple[MomentSpec, ...]
+) -> None:
+    if name in {spec.name for spec in taken}:
+        raise ValueError(f"a format named {name!r} is already registered")
+    if code is not None and code in {spec.kernel_code for spec in taken}:
+        raise ValueError(f"format {name!r}: kernel code {code} is already taken")
+
+
+def register_master(fmt: MasterFormat) -> None:
+    """Add a master format (its `spec` names it); names and kernel codes are unique."""
+    spec = fmt.spec
+    _check_new(spec.name, spec.kernel_code, master_specs())
+    _MASTERS[spec.name] = fmt
+
+
+def register_moments(spec: MomentSpec, build: Callable[[int], MomentFormat]) -> None:
+    """Add a moment format: its spec and a builder taking the int8 block size."""
+    _check_new(spec.name, spec.kernel_code, moment_specs())
+    _MOMENTS[spec.name] = (spec, build)
+
+
+def master_names() -> tuple[str, ...]:
+    """The registered master formats, in registration order."""
+    return tuple(_MASTERS)
+
+
+def moment_names() -> tuple[str, ...]:
+    """The registered moment formats, in registration order."""
+    return tuple(_MOMENTS)
+
+
+def master_specs() -> tuple[MasterSpec, ...]:
+    """Every registered master spec."""
+    return tuple(fmt.spec for fmt in _MASTERS.values())
+
+
+def moment_specs() -> tuple[MomentSpec, ...]:
+    """Every registered moment spec."""
+    return tuple(spec for spec, _ in _MOMENTS.values())
+
+
+def check_master(value: object) -> str:
+    """Validate a master format name, raising `ValueError` listing the valid ones."""
+    if not isinstance(value, str) or value not in _MASTERS:
+        raise ValueError(f"unknown master {value!r}; valid: {', '.join(_MASTERS)}")
+    return value
+
+
+def check_moments(value: object) -> str:
+    """Validate a moment format name, raising `ValueError` listing the valid ones."""
+    if not isinstance(value, str) or value not in _MOMENTS:
+        raise ValueError(f"unknown moments {value!r}; valid: {', '.join(_MOMENTS)}")
+    return value
+
+
+def master_spec(name: str) -> MasterSpec:
+    """The spec of master format `name`."""
+    return _MASTERS[check_master(name)].spec
+
+
+def moment_spec(name: str) -> MomentSpec:
+    """The spec of moment format `name`."""
+    return _MOMENTS[check_moments(name)][0]
+
+
+def master_format(name: str) -> MasterFormat:
+    """The master format named `name`."""
+    return _MASTERS[check_master(name)]
+
+
+def moment_format(name: str, *, block_size: int = 256) -> MomentFormat:
+    """The moment format named `name` (`block_size` is used by blockwise formats)."""
+    return _MOMENTS[check_moments(name)][1](block_size)
+
+
+def master_state_keys() -> frozenset[str]:
+    """Every optimizer-state key a master format stores."""
+    return frozenset(key for spec in master_specs() for key in spec.state_keys)
+
+
+def moment_state_keys() -> frozenset[str]:
+    """Every optimizer-state key a moment format stores, and torch's AMSGrad maximum."""
+    keys = {key for spec in moment_specs() for key in spec.state_keys}
+    return frozenset(keys) | OPTIMIZER_ONLY_MOMENT_KEYS
+
+
+def auto_master(dtype: torch.dtype) -> str:
+    """The ``auto`` rule: ``exact`` for bf16, ``fp32`` for fp16, ``none`` otherwise."""
+    if dtype == torch.bfloat16:
+        return "exact"
+    if dtype == torch.float16:
+        return "fp32"
+    return "none"
+
+
+def resolve_master(requested: str, dtype: torch.dtype) -> MasterFormat:
+    """The format for a parameter of `dtype` (``auto`` resolved), validated for the dtype."""
+    if requested == "auto":
+        fmt = _MASTERS[auto_master(dtype)]
+    else:
+        if requested not in _MASTERS:
+            raise ValueError(f"unknown master {requested!r}; valid: auto, {', '.join(_MASTERS)}")
+        fmt = _MASTERS[requested]
+    fmt.spec.check_param_dtype(dtype)
+    return fmt

@@ -1,0 +1,156 @@
+"""What a storage format declares about itself: its state tensors and what it needs.
+
+A master format (how the full-precision value of a 16-bit parameter is kept)
+and a moment format (how AdamW's two moments are stored) each declare one
+spec. The optimizer, the memory model, the doctor, the policy checks and the
+native kernel read these specs instead of keeping tables of their own, so a
+fact such as "``remainder8`` costs one byte per element" lives in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mixprec.dtypes import dtype_name
+
+__all__ = ["MasterSpec", "MomentSpec", "StateTensor"]
+
+
+@dataclass(frozen=True)
+class StateTensor:
+    """One per-parameter state tensor of a format.
+
+    Attributes:
+        name: the optimizer-state key it is stored under.
+        dtype: its storage dtype.
+        per_block: True for one value per quantization block of elements (int8
+            scales), False for one value per parameter element.
+        follows_param: True when the tensor is stored in the parameter's own
+            dtype (Kahan compensation); `dtype` then names one such dtype, of
+            the same size as every dtype the format accepts.
+    """
+
+    name: str
+    dtype: torch.dtype
+    per_block: bool = False
+    follows_param: bool = False
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one stored value."""
+        return self.dtype.itemsize
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _state_nbytes(state: tuple[StateTensor, ...], numel: int, block_size: int) -> int:
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size!r}")
+    blocks = _ceil_div(numel, block_size)
+    return sum(t.itemsize * (blocks if t.per_block else numel) for t in state)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MasterSpec:
+    """A master-weight format: how full precision is kept for a parameter.
+
+    Attributes:
+        name: the name policies and the optimizer use (``exact``).
+        summary: one line for tables and errors.
+        state: the per-parameter state tensors, in encode/decode order.
+        param_dtypes: the parameter dtypes the format works with, or None for
+            any floating dtype (``none``: the parameter is its own master).
+        exact: True when decoding gives the fp32 master bit for bit.
+        keeps_small_updates: True when updates below half an ulp of the 16-bit
+            parameter still accumulate (exactly, to 24 bits, compensated or in
+            expectation); False when they are rounded away.
+        uses_noise: True when encoding needs random 16-bit integers.
+        kernel_enum: the value's name in the native kernel's ``enum Master``, or
+            None when the native kernel does not implement the format.
+        kernel_code: that enum value.
+    """
+
+    name: str
+    summary: str
+    state: tuple[StateTensor, ...]
+    param_dtypes: tuple[torch.dtype, ...] | None
+    exact: bool
+    keeps_small_updates: bool
+    uses_noise: bool = False
+    kernel_enum: str | None = None
+    kernel_code: int | None = None
+
+    @property
+    def state_keys(self) -> tuple[str, ...]:
+        """The optimizer-state keys, in encode/decode order."""
+        return tuple(t.name for t in self.state)
+
+    @property
+    def bytes_per_element(self) -> int:
+        """State bytes per parameter element (the parameter itself not counted)."""
+        return _state_nbytes(self.state, 1, 1)
+
+    def nbytes(self, numel: int) -> int:
+        """State bytes for a parameter of `numel` elements."""
+        return _state_nbytes(self.state, numel, 1)
+
+    def accepts(self, dtype: torch.dtype) -> bool:
+        """Whether parameters stored in `dtype` can use this format."""
+        if self.param_dtypes is None:
+            return dtype.is_floating_point
+        return dtype in self.param_dtypes
+
+    def check_param_dtype(self, dtype: torch.dtype) -> None:
+        """Raise `ValueError` naming the format, the dtype and the dtypes it needs."""
+        if self.accepts(dtype):
+            return
+        if self.param_dtypes is None:
+            raise ValueError(f"master={self.name!r} needs floating params, got {dtype}")
+        names = ", ".join(dtype_name(d) for d in self.param_dtypes)
+        hint = ""
+        if dtype == torch.float32:
+            hint = " (fp32 params are their own master: use master='none' or 'auto')"
+        raise ValueError(
+            f"master={self.name!r} needs {names} params, got {dtype_name(dtype)}{hint}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MomentSpec:
+    """A moment format: how AdamW's ``exp_avg`` and ``exp_avg_sq`` are stored.
+
+    Attributes:
+        name: the name policies and the optimizer use (``int8``).
+        summary: one line for tables and errors.
+        state: the per-parameter state tensors, in encode/decode order.
+        rounds_increments: True when each moment is rounded elementwise to a
+            16-bit float, so moving-average increments below half an ulp are
+            lost (with ``beta2 = 0.999`` the second moment cannot decay).
+        blockwise: True when the format quantizes blocks of elements, which the
+            optimizer applies only to tensors whose size is a whole number of
+            blocks (others keep fp32 moments).
+        kernel_enum: the value's name in the native kernel's ``enum Moments``,
+            or None when the native kernel does not implement the format.
+        kernel_code: that enum value.
+    """
+
+    name: str
+    summary: str
+    state: tuple[StateTensor, ...]
+    rounds_increments: bool
+    blockwise: bool = False
+    kernel_enum: str | None = None
+    kernel_code: int | None = None
+
+    @property
+    def state_keys(self) -> tuple[str, ...]:
+        """The optimizer-state keys, in encode/decode order."""
+        return tuple(t.name for t in self.state)
+
+    def nbytes(self, numel: int, *, block_size: int = 1) -> int:
+        """State bytes for a parameter of `numel` elements (per-block scales rounded up)."""
+        return _state_nbytes(self.state, numel, block_size if self.blockwise else 1)

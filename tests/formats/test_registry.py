@@ -1,0 +1,105 @@
+"""The format registry: one spec per format, every other table derived from it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+
+import mixprec.formats as formats
+from mixprec.formats import MasterSpec, StateTensor
+from mixprec.formats.masters import NoMaster
+from mixprec.formats.registry import _MASTERS
+from mixprec.optim import native
+
+CPP = Path(native.__file__).with_name("adamw_cpu.cpp")
+
+
+def _cpp_enum(name: str) -> dict[str, int]:
+    body = re.search(rf"enum {name} \{{([^}}]*)\}}", CPP.read_text())
+    assert body, f"enum {name} not found in {CPP}"
+    pairs = (item.split("=") for item in body.group(1).split(",") if item.strip())
+    return {key.strip(): int(value) for key, value in pairs}
+
+
+def test_native_kernel_enums_agree_with_the_registry() -> None:
+    masters = {s.kernel_enum: s.kernel_code for s in formats.master_specs() if s.kernel_enum}
+    moments = {s.kernel_enum: s.kernel_code for s in formats.moment_specs() if s.kernel_enum}
+    assert masters == _cpp_enum("Master")
+    assert moments == _cpp_enum("Moments")
+
+
+def test_state_keys_and_bytes_come_from_the_declared_tensors() -> None:
+    fmt = formats.master_format("exact")
+    state = fmt.init_state(torch.zeros(3, 5, dtype=torch.bfloat16))
+    assert tuple(state) == fmt.spec.state_keys
+    assert sum(t.element_size() for t in state.values()) == fmt.spec.bytes_per_element
+    for spec in formats.master_specs():
+        param = torch.zeros(64, dtype=(spec.param_dtypes or (torch.bfloat16,))[0])
+        made = formats.master_format(spec.name).init_state(param)
+        assert tuple(made) == spec.state_keys, spec.name
+        assert sum(t.nbytes for t in made.values()) == spec.nbytes(64), spec.name
+        assert [t.dtype for t in made.values()] == [s.dtype for s in spec.state], spec.name
+    for mspec in formats.moment_specs():
+        fmt_m = formats.moment_format(mspec.name, block_size=16)
+        made = fmt_m.init_state(torch.zeros(8, 32))
+        assert tuple(made) == mspec.state_keys, mspec.name
+        assert sum(t.nbytes for t in made.values()) == mspec.nbytes(256, block_size=16)
+
+
+def test_unknown_names_list_the_registered_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown master 'fp64'; valid: none, fp32, exact"):
+        formats.check_master("fp64")
+    with pytest.raises(ValueError, match=r"unknown moments 'fp8'; valid: fp32, bf16, int8"):
+        formats.moment_spec("fp8")
+
+
+def test_duplicate_names_and_kernel_codes_are_refused() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        formats.register_master(NoMaster())
+
+    @dataclass(frozen=True)
+    class Clash(NoMaster):
+        spec: ClassVar[MasterSpec] = MasterSpec(
+            name="clash",
+            summary="test",
+            state=(),
+            param_dtypes=None,
+            exact=False,
+            keeps_small_updates=False,
+            kernel_enum="M_CLASH",
+            kernel_code=2,
+        )
+
+    with pytest.raises(ValueError, match="kernel code 2 is already taken"):
+        formats.register_master(Clash())
+
+
+def test_a_new_format_is_one_registration_and_never_reaches_the_native_kernel() -> None:
+    @dataclass(frozen=True)
+    class Copy16(NoMaster):
+        spec: ClassVar[MasterSpec] = MasterSpec(
+            name="copy16_test",
+            summary="a bf16 copy (test only)",
+            state=(StateTensor("copy16", torch.bfloat16),),
+            param_dtypes=(torch.bfloat16,),
+            exact=False,
+            keeps_small_updates=False,
+        )
+
+    formats.register_master(Copy16())
+    try:
+        assert formats.master_spec("copy16_test").bytes_per_element == 2
+        assert "copy16" in formats.master_state_keys()
+        b16 = torch.zeros(256, dtype=torch.bfloat16)
+        supports = native.NativeLibrary.supports
+        assert not supports(
+            master="copy16_test", moments="fp32", param=b16, grad=b16, block_size=256
+        )
+        assert supports(master="exact", moments="fp32", param=b16, grad=b16, block_size=256)
+    finally:
+        del _MASTERS["copy16_test"]

@@ -1,6 +1,5 @@
 """Optimizers with explicit master-weight and moment storage formats."""
 
-from mixprec.optim.accounting import optimizer_state_bytes, training_state_bytes
 from mixprec.optim.adamw import AdamW
 from mixprec.optim.kinds import MASTER_KINDS, MOMENT_KINDS, MasterKind, MomentKind
 
@@ -10,6 +9,4 @@ __all__ = [
     "AdamW",
     "MasterKind",
     "MomentKind",
-    "optimizer_state_bytes",
-    "training_state_bytes",
 ]

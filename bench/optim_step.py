@@ -9,7 +9,8 @@ the same window, so a neighbour's load shifts both. Columns:
 
 * ms best / median of the steps after the first;
 * ratio: best ms over the reference's best ms in the same window;
-* bytes/param: persistent params + grads + optimizer state (`training_state_bytes`);
+* bytes/param: persistent params + grads + optimizer state
+  (`mixprec.memory.training_state_bytes`);
 * GB/s: ``2 * (params + state) + grads`` bytes per step (every persistent byte
   read and written once, the gradient read) over the best ms, and that as a
   fraction of an in-place elementwise pass (``x.mul_(1.0)`` on fp32, 8 bytes
@@ -37,7 +38,8 @@ from typing import Any
 
 import torch
 
-from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, native, training_state_bytes
+from mixprec.memory import training_state_bytes
+from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, native
 
 Factory = Callable[[torch.Tensor], torch.optim.Optimizer]
 

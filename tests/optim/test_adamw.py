@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tolerances as tol
-from mixprec.optim import MASTER_KINDS, AdamW, optimizer_state_bytes, training_state_bytes
+from mixprec.optim import MASTER_KINDS, AdamW
 
 from .checkpoint import reload
 
@@ -194,34 +194,3 @@ def test_closure_maximize_and_zero_grad() -> None:
     assert w.detach().abs().gt(torch.tensor([1.0, 2.0])).all()  # maximize grows |w|
     opt.zero_grad()
     assert w.grad is None
-
-
-def test_state_bytes_by_category() -> None:
-    n = 1 << 14
-    p = torch.zeros(n, dtype=torch.bfloat16, requires_grad=True)
-    p.grad = torch.zeros_like(p)
-    lean = AdamW([p], master="remainder8", moments="int8", fused=False)
-    got = training_state_bytes(lean)
-    assert got["params"] == 2 * n and got["grads"] == 2 * n
-    assert got["master"] == n
-    assert got["moments"] == 2 * n + 2 * 4 * (n // 256)
-    assert got["total"] / n <= 7.1
-    q = torch.zeros(n, requires_grad=True)
-    ref = torch.optim.AdamW([q])
-    q.grad = torch.zeros_like(q)
-    ref.step()
-    assert optimizer_state_bytes(ref)["moments"] == 8 * n
-    exact = AdamW([torch.zeros(n, dtype=torch.bfloat16, requires_grad=True)], fused=False)
-    assert optimizer_state_bytes(exact)["master"] == 2 * n
-    assert optimizer_state_bytes(exact)["moments"] == 8 * n
-
-
-def test_state_bytes_count_the_parts_of_wrapper_subclass_states() -> None:
-    subclass_8bit = pytest.importorskip("torchao.optim.subclass_8bit")
-    n = 4096
-    p = torch.zeros(n, requires_grad=True)
-    opt = torch.optim.SGD([p])
-    zeros = subclass_8bit.OptimState8bit.zeros  # what torchao's AdamW8bit allocates
-    opt.state[p] = {"exp_avg": zeros((n,), True, 256), "exp_avg_sq": zeros((n,), False, 256)}
-    codes, scales, qmaps = 2 * n, 2 * 4 * (n // 256), 2 * 4 * 256  # uint8, fp32, fp32
-    assert optimizer_state_bytes(opt)["moments"] == codes + scales + qmaps

@@ -191,6 +191,25 @@ def _doctor_for(
     return static, probe
 
 
+def _predicted_bytes(
+    workload: Workload,
+    model: nn.Module,
+    pol: Policy,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    device: str,
+) -> dict[str, int]:
+    """The memory estimate of one step on `batch` (a fake-tensor forward: nothing trains)."""
+    x, y = batch
+    return estimate(
+        model,
+        pol,
+        inputs=x,
+        loss_fn=workload.loss,
+        targets=y,
+        device_type=torch.device(device).type,
+    ).bytes.to_dict()
+
+
 def run_one(
     workload: Workload,
     policy_name: str,
@@ -263,25 +282,26 @@ def run_one(
     # Step 0: the initial weights under this policy (the decision's trained-at-all check).
     evals.append([0, workload.evaluate(model, autocast=prec.autocast).loss])
     try:
+        first_batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        if total:
+            # Memory is predicted from outside the loop, before the first step: a probe
+            # may hook the model after a non-finite step, and the estimate's fake-tensor
+            # forward must not run through it. The first step then trains on this batch.
+            first_batch = workload.train_batch(
+                step=0, seed=seed, batch_size=settings.batch_size, device=device
+            )
+            predicted = _predicted_bytes(workload, model, pol, first_batch, device)
         for step in range(total):
             if should_stop is not None and should_stop():
                 raise KeyboardInterrupt  # a safe point: between steps, no record written
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, settings)
-            x, y = workload.train_batch(
-                step=step, seed=seed, batch_size=settings.batch_size, device=device
-            )
-            if step == 0:
-                # Before the first step: a probe may hook the model after a non-finite
-                # step, and the estimate's fake-tensor forward must not run through it.
-                predicted = estimate(
-                    model,
-                    pol,
-                    inputs=x,
-                    loss_fn=workload.loss,
-                    targets=y,
-                    device_type=torch.device(device).type,
-                ).bytes.to_dict()
+            if step == 0 and first_batch is not None:
+                x, y = first_batch
+            else:
+                x, y = workload.train_batch(
+                    step=step, seed=seed, batch_size=settings.batch_size, device=device
+                )
             t0 = time.perf_counter()
             if step == 0:
                 loss_t, mem = measured_step(x, y)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from mixprec.formats.moments.base import MomentFormat
 
 __all__ = [
-    "OPTIMIZER_ONLY_MOMENT_KEYS",
+    "TORCH_MOMENT_KEYS",
     "auto_master",
     "check_master",
     "check_moments",
@@ -42,9 +42,12 @@ __all__ = [
 _MASTERS: dict[str, MasterFormat] = {}
 _MOMENTS: dict[str, tuple[MomentSpec, Callable[[int], MomentFormat]]] = {}
 
-#: Moment-like state keys of torch's own optimizers that no mixprec format stores
-#: (AMSGrad's running maximum); accounting counts them as moments too.
-OPTIMIZER_ONLY_MOMENT_KEYS: frozenset[str] = frozenset({"max_exp_avg_sq"})
+#: Moment-like state of torch's own optimizers that no mixprec format stores, counted
+#: as moments by accounting: AdamW's AMSGrad maximum ``max_exp_avg_sq``, SGD's and
+#: RMSprop's ``momentum_buffer``, RMSprop's and Adadelta's ``square_avg``, Adagrad's ``sum``.
+TORCH_MOMENT_KEYS: frozenset[str] = frozenset(
+    {"max_exp_avg_sq", "momentum_buffer", "square_avg", "sum"}
+)
 
 
 def _check_new(
@@ -129,9 +132,9 @@ def master_state_keys() -> frozenset[str]:
 
 
 def moment_state_keys() -> frozenset[str]:
-    """Every optimizer-state key a moment format stores, and torch's AMSGrad maximum."""
+    """Every optimizer-state key a moment format stores, and `TORCH_MOMENT_KEYS`."""
     keys = {key for spec in moment_specs() for key in spec.state_keys}
-    return frozenset(keys) | OPTIMIZER_ONLY_MOMENT_KEYS
+    return frozenset(keys) | TORCH_MOMENT_KEYS
 
 
 def auto_master(dtype: torch.dtype) -> str:

@@ -1,0 +1,56 @@
+"""Memory and communication accounting: predicted and measured, by component.
+
+"Half the memory" claims fail because they count activations and forget masters,
+moments, gradients and communication. `estimate` predicts every component for a
+policy; `measure` measures the same components on a real step by walking the
+tensors that exist, so the two can be compared.
+
+One module per concept:
+
+* `breakdown`: the components (`COMPONENTS`, `Components`, `MemoryBreakdown`);
+* `estimation`: the analytic prediction (`estimate`), with communication per step;
+* `state_layout`: optimizer-state bytes per tensor from the formats' layout;
+* `activations`: bytes saved for backward (`saved_activation_bytes`);
+* `transformer`: `TransformerShape`, a decoder-only transformer from its config;
+* `measurement`: real tensors (`measure`, `optimizer_state_bytes`, `training_state_bytes`).
+"""
+
+from mixprec.memory.activations import saved_activation_bytes
+from mixprec.memory.breakdown import (
+    COMPONENTS,
+    Components,
+    MemoryBreakdown,
+    Sharding,
+    format_gib,
+)
+from mixprec.memory.estimation import estimate
+from mixprec.memory.measurement import (
+    MASTER_STATE_KEYS,
+    MOMENT_STATE_KEYS,
+    measure,
+    optimizer_state_bytes,
+    optimizer_state_nbytes,
+    training_state_bytes,
+)
+from mixprec.memory.state_layout import INT8_BLOCK_SIZE, INT8_MIN_NUMEL, state_nbytes
+from mixprec.memory.transformer import TransformerShape
+
+__all__ = [
+    "COMPONENTS",
+    "INT8_BLOCK_SIZE",
+    "INT8_MIN_NUMEL",
+    "MASTER_STATE_KEYS",
+    "MOMENT_STATE_KEYS",
+    "Components",
+    "MemoryBreakdown",
+    "Sharding",
+    "TransformerShape",
+    "estimate",
+    "format_gib",
+    "measure",
+    "optimizer_state_bytes",
+    "optimizer_state_nbytes",
+    "saved_activation_bytes",
+    "state_nbytes",
+    "training_state_bytes",
+]

@@ -1,0 +1,100 @@
+"""Activation accounting: the bytes a forward (and loss) saves for backward.
+
+Saved tensors are seen through `torch.autograd.graph.saved_tensors_hooks` and
+counted once per storage, parameters excluded. `saved_activation_bytes` predicts
+them on fake tensors; `measure` counts them on a real step with the same hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from mixprec.memory.breakdown import island_param_names
+from mixprec.policy import Policy
+from mixprec.policy import policy as get_policy
+
+__all__ = ["count_saved", "saved_activation_bytes", "storage_key"]
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """An identity for `t`'s storage that also works for fake tensors (no data pointer)."""
+    return int(t.untyped_storage()._cdata)
+
+
+@contextlib.contextmanager
+def count_saved(exclude: set[int]) -> Iterator[dict[int, int]]:
+    """Record unique storages saved for backward (not those in `exclude`) -> nbytes.
+
+    Args:
+        exclude: `storage_key` values not to count (parameters, buffers).
+
+    Yields:
+        A dict filled while the context is open: storage key -> bytes.
+    """
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = storage_key(t)
+        if key not in exclude:
+            saved[key] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield saved
+
+
+def saved_activation_bytes(
+    model: nn.Module,
+    inputs: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    policy: Policy | str,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    targets: Any = None,
+    device_type: str = "cpu",
+) -> int:
+    """Predict the bytes saved for backward by one forward (and loss) under `policy`.
+
+    The forward runs on fake tensors (`torch._subclasses.FakeTensorMode`): shapes
+    and dtypes propagate, autocast decides op dtypes exactly as in a real run,
+    and no memory is allocated. Parameters take the policy's storage dtypes (fp32
+    islands included); the model itself is not changed.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mixprec.islands import temporary_fp32_islands
+
+    pol = get_policy(policy)
+    islands = island_param_names(model, pol)
+    args = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        params = {
+            name: mode.from_tensor(p.detach())
+            .to(_param_dtype_for(pol, islands, name) if p.is_floating_point() else p.dtype)
+            .requires_grad_(p.requires_grad)
+            for name, p in model.named_parameters()
+        }
+        buffers = {name: mode.from_tensor(b) for name, b in model.named_buffers()}
+        fake_args = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+        fake_targets = mode.from_tensor(targets) if isinstance(targets, torch.Tensor) else targets
+        exclude = {storage_key(t) for t in params.values()}
+        autocast: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if pol.compute_dtype is not None:
+            autocast = torch.autocast(device_type=device_type, dtype=pol.compute_dtype)
+        with (
+            temporary_fp32_islands(model, pol, device_type),
+            count_saved(exclude) as saved,
+            autocast,
+        ):
+            out = torch.func.functional_call(model, {**params, **buffers}, fake_args)
+            if loss_fn is not None:
+                loss_fn(out, fake_targets)
+        return sum(saved.values())
+
+
+def _param_dtype_for(policy: Policy, islands: set[str], name: str) -> torch.dtype:
+    return torch.float32 if name in islands else policy.param_dtype

@@ -1,0 +1,206 @@
+"""Measurement of real tensors: memory by component on a real step, optimizer state by category.
+
+Every byte is counted once per storage: tensors that share memory (tied weights,
+views) count once, a DTensor counts its local shard, and a wrapper tensor
+subclass (torchao's quantized optimizer states) counts the plain tensors it is
+made of. This module is the one place that measures optimizer state;
+`mixprec.memory.state_layout` is the analytic witness it is compared against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from mixprec.formats import master_state_keys, moment_state_keys
+from mixprec.memory.activations import count_saved, storage_key
+from mixprec.memory.breakdown import Components, MemoryBreakdown, island_param_names
+from mixprec.policy import Policy
+from mixprec.policy import policy as get_policy
+
+__all__ = [
+    "MASTER_STATE_KEYS",
+    "MOMENT_STATE_KEYS",
+    "measure",
+    "optimizer_state_bytes",
+    "optimizer_state_nbytes",
+    "training_state_bytes",
+]
+
+#: State keys holding master-weight information (from the format registry).
+MASTER_STATE_KEYS: frozenset[str] = master_state_keys()
+
+#: State keys holding moments: mixprec's formats (from the registry) and torch's own
+#: optimizers' names (`mixprec.formats.registry.TORCH_MOMENT_KEYS`).
+MOMENT_STATE_KEYS: frozenset[str] = moment_state_keys()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)  # DTensor shards count their local part
+    return to_local() if callable(to_local) else t
+
+
+def _storage_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    # Wrapper subclasses (torchao's quantized optimizer states) have no storage
+    # of their own: count the plain tensors they are made of.
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if not callable(flatten):
+        return [t]
+    names, _ = flatten()
+    return [inner for name in names for inner in _storage_tensors(getattr(t, name))]
+
+
+class _Counter:
+    """Bytes of tensors, each storage counted once over the counter's life."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[str, int]] = set()
+
+    def bytes_of(self, tensors: Iterable[object]) -> int:
+        total = 0
+        for obj in tensors:
+            if not isinstance(obj, torch.Tensor):
+                continue
+            for t in _storage_tensors(_local(obj)):
+                storage = t.untyped_storage()
+                key = (str(t.device), storage.data_ptr())
+                if key in self.seen or storage.nbytes() == 0:
+                    continue
+                self.seen.add(key)
+                total += storage.nbytes()
+        return total
+
+
+def _category(key: object) -> str:
+    if key in master_state_keys():  # read at call time: formats may be registered later
+        return "master"
+    if key in moment_state_keys():
+        return "moments"
+    return "other"
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer, counter: _Counter) -> dict[str, int]:
+    out = {"master": 0, "moments": 0, "other": 0}
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            out[_category(key)] += counter.bytes_of([value])
+    return out
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of optimizer state by category, each storage counted once.
+
+    Works for any `torch.optim.Optimizer`: keys in `MASTER_STATE_KEYS` are
+    ``master``, keys in `MOMENT_STATE_KEYS` are ``moments``, and everything else
+    (step counters, RNG state, unknown keys) is ``other``.
+
+    Returns:
+        ``{"master": ..., "moments": ..., "other": ..., "total": ...}``.
+    """
+    out = _state_bytes(optimizer, _Counter())
+    out["total"] = sum(out.values())
+    return out
+
+
+#: The same measurement under its earlier `mixprec.memory` name.
+optimizer_state_nbytes = optimizer_state_bytes
+
+
+def training_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Persistent bytes of params, grads and optimizer state, each storage counted once.
+
+    Returns:
+        ``{"params", "grads", "master", "moments", "other", "total"}`` in bytes.
+    """
+    counter = _Counter()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    out = {
+        "params": counter.bytes_of(params),
+        "grads": counter.bytes_of(p.grad for p in params if p.grad is not None),
+    }
+    out.update(_state_bytes(optimizer, counter))
+    out["total"] = sum(out.values())
+    return out
+
+
+def measure(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step_fn: Callable[[], Any],
+    *,
+    policy: Policy | str | None = None,
+) -> MemoryBreakdown:
+    """Measure the components on one real training step.
+
+    `step_fn` runs one full step (forward, loss, backward, optimizer step). During
+    it, tensors saved for backward are recorded (unique storages, parameters
+    excluded) and each gradient's size is taken as it is accumulated, so
+    `zero_grad` inside `step_fn` does not hide them. Afterwards parameters and
+    optimizer state (`optimizer_state_bytes`) are walked (unique storages). On
+    CUDA the peak allocated memory of the step is added to the notes.
+
+    Args:
+        model: the prepared model.
+        optimizer: its optimizer (state is created lazily at the first step, so
+            measure a step, not before it).
+        step_fn: runs one training step.
+        policy: the policy in force (for island classification and the name);
+            default: infer nothing about islands and name it ``measured``.
+    """
+    pol = get_policy(policy) if policy is not None else None
+    params = [(n, p) for n, p in model.named_parameters()]
+    param_keys = {storage_key(p) for _, p in params}
+    param_keys |= {storage_key(b) for b in model.buffers()}
+    grad_sizes: dict[int, int] = {}
+    handles = []
+    for _, p in params:
+        if p.requires_grad:
+
+            def hook(t: torch.Tensor) -> None:
+                if t.grad is not None:
+                    grad_sizes[storage_key(t.grad)] = t.grad.untyped_storage().nbytes()
+
+            handles.append(p.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
+    cuda = any(p.is_cuda for _, p in params)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with count_saved(param_keys) as saved:
+            step_fn()
+    finally:
+        for h in handles:
+            h.remove()
+    islands = island_param_names(model, pol) if pol is not None else set()
+    counter = _Counter()
+    params_bytes = islands_bytes = 0
+    for name, p in params:
+        size = counter.bytes_of([p])
+        if name in islands:
+            islands_bytes += size
+        else:
+            params_bytes += size
+    state = optimizer_state_bytes(optimizer)
+    comps = Components(
+        params=params_bytes,
+        fp32_islands=islands_bytes,
+        grads=sum(grad_sizes.values()),
+        master=state["master"],
+        moments=state["moments"],
+        activations=sum(saved.values()),
+    )
+    notes = [f"optimizer other state: {state['other']} bytes (step counters, RNG)"]
+    if cuda:
+        notes.append(
+            f"CUDA peak allocated during the step: {torch.cuda.max_memory_allocated()} bytes"
+        )
+    return MemoryBreakdown(
+        policy=pol.name if pol is not None else "measured",
+        params=sum(p.numel() for _, p in params),
+        bytes=comps,
+        per_rank=comps,
+        measured=True,
+        notes=tuple(notes),
+    )

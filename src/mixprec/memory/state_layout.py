@@ -1,0 +1,51 @@
+"""Bytes `mixprec.optim.AdamW` keeps per parameter tensor, from the formats' registry.
+
+This is the analytic side of optimizer state: `estimate` reads it, and `measure`
+walks the real state tensors instead (`mixprec.memory.measurement`), so the two are
+separate witnesses of the same numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mixprec.formats import master_spec, moment_spec
+
+__all__ = ["INT8_BLOCK_SIZE", "INT8_MIN_NUMEL", "state_nbytes"]
+
+#: `mixprec.optim.AdamW` defaults for int8 moments: elements per quantization block,
+#: and the smallest tensor quantized (smaller ones, and tensors whose size is not a
+#: multiple of the block, keep fp32 moments). A test pins these to the optimizer's.
+INT8_BLOCK_SIZE = 256
+INT8_MIN_NUMEL = 4096
+
+
+def state_nbytes(
+    numel: int,
+    *,
+    param_dtype: torch.dtype,
+    master: str,
+    moments: str,
+    block_size: int = INT8_BLOCK_SIZE,
+    min_int8_numel: int = INT8_MIN_NUMEL,
+    quantizable: bool | None = None,
+) -> dict[str, int]:
+    """Bytes `mixprec.optim.AdamW` keeps for one parameter tensor, by category.
+
+    The bytes come from the formats' declared layouts (`mixprec.formats` specs),
+    not from the tensors the optimizer makes, so `estimate` and `measure` are two
+    separate witnesses (a test checks the specs against real state). Step counters
+    and RNG state are not counted.
+    `quantizable` overrides the int8 eligibility rule (for aggregate counts, which
+    stand for many large tensors).
+    """
+    master_bytes = master_spec(master).nbytes(numel)
+    spec = moment_spec(moments)
+    if spec.blockwise:
+        if quantizable is None:
+            quantizable = numel >= min_int8_numel and numel % block_size == 0
+        if not quantizable:  # the optimizer keeps fp32 moments for such tensors
+            spec = moment_spec("fp32")
+    moment_bytes = spec.nbytes(numel, block_size=block_size)
+    del param_dtype  # the layout does not depend on it beyond the master choice
+    return {"master": master_bytes, "moments": moment_bytes}

@@ -1,0 +1,37 @@
+"""The components of a breakdown, and which parameters count as fp32 islands."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from mixprec.memory import COMPONENTS, Components, MemoryBreakdown
+from mixprec.memory.breakdown import island_param_names
+from mixprec.policy import policy
+
+
+def test_components_sum_and_serialize_in_report_order() -> None:
+    a = Components(params=1, grads=2, activations=4)
+    b = Components(master=8, moments=16, fp32_islands=32)
+    both = a + b
+    assert both.total == 63
+    assert list(both.to_dict()) == [*COMPONENTS, "total"]
+    assert both.to_dict()["total"] == 63
+
+
+def test_state_bytes_per_param_counts_sharded_state_once() -> None:
+    rank = Components(params=2, grads=2, master=2, moments=8, activations=100)
+    fsdp = MemoryBreakdown(
+        policy="p", params=4, world_size=2, sharding="fsdp", bytes=rank, per_rank=rank
+    )
+    ddp = MemoryBreakdown(
+        policy="p", params=4, world_size=2, sharding="ddp", bytes=rank, per_rank=rank
+    )
+    assert fsdp.state_bytes_per_param == 14 * 2 / 4
+    assert ddp.state_bytes_per_param == 14 / 4
+    assert set(fsdp.to_dict()) >= {"policy", "bytes", "per_rank", "comm_bytes_per_step"}
+
+
+def test_islands_are_the_norms_under_16_bit_storage_only() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    assert island_param_names(model, policy("bf16_master")) == {"1.weight", "1.bias"}
+    assert island_param_names(model, policy("fp32")) == set()

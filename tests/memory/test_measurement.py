@@ -1,0 +1,114 @@
+"""Measurement on a real step, held against the estimate; optimizer state by category."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from mixprec import Precision
+from mixprec.memory import (
+    estimate,
+    measure,
+    optimizer_state_bytes,
+    optimizer_state_nbytes,
+    training_state_bytes,
+)
+from mixprec.optim import AdamW
+from mixprec.policy import PRESET_NAMES
+
+from .gpt import gpt_and_batch
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_predicted_equals_measured_on_gpt(name: str) -> None:
+    wl, model, x, y = gpt_and_batch()
+    prec = Precision(name)
+    prec.prepare(model)
+    opt = prec.optimizer(model, lr=1e-3)
+    predicted = estimate(model, prec.policy, inputs=x, loss_fn=wl.loss, targets=y)  # type: ignore[attr-defined]
+
+    def step() -> None:
+        with prec.autocast():
+            out = model(x)
+        prec.backward(wl.loss(out, y))  # type: ignore[attr-defined]
+        prec.step(opt)
+        opt.zero_grad(set_to_none=True)
+
+    got = measure(model, opt, step, policy=prec.policy)
+    for comp in ("params", "fp32_islands", "grads", "master", "moments"):
+        assert getattr(got.bytes, comp) == getattr(predicted.bytes, comp), comp
+    assert predicted.bytes.activations == pytest.approx(got.bytes.activations, rel=0.15)
+
+
+def test_state_bytes_by_category() -> None:
+    n = 1 << 14
+    p = torch.zeros(n, dtype=torch.bfloat16, requires_grad=True)
+    p.grad = torch.zeros_like(p)
+    lean = AdamW([p], master="remainder8", moments="int8", fused=False)
+    got = training_state_bytes(lean)
+    assert got["params"] == 2 * n and got["grads"] == 2 * n
+    assert got["master"] == n
+    assert got["moments"] == 2 * n + 2 * 4 * (n // 256)
+    assert got["total"] / n <= 7.1
+    q = torch.zeros(n, requires_grad=True)
+    ref = torch.optim.AdamW([q])
+    q.grad = torch.zeros_like(q)
+    ref.step()
+    assert optimizer_state_bytes(ref)["moments"] == 8 * n
+    exact = AdamW([torch.zeros(n, dtype=torch.bfloat16, requires_grad=True)], fused=False)
+    assert optimizer_state_bytes(exact)["master"] == 2 * n
+    assert optimizer_state_bytes(exact)["moments"] == 8 * n
+
+
+def test_state_bytes_count_the_parts_of_wrapper_subclass_states() -> None:
+    subclass_8bit = pytest.importorskip("torchao.optim.subclass_8bit")
+    n = 4096
+    p = torch.zeros(n, requires_grad=True)
+    opt = torch.optim.SGD([p])
+    zeros = subclass_8bit.OptimState8bit.zeros  # what torchao's AdamW8bit allocates
+    opt.state[p] = {"exp_avg": zeros((n,), True, 256), "exp_avg_sq": zeros((n,), False, 256)}
+    codes, scales, qmaps = 2 * n, 2 * 4 * (n // 256), 2 * 4 * 256  # uint8, fp32, fp32
+    assert optimizer_state_bytes(opt)["moments"] == codes + scales + qmaps
+
+
+@pytest.mark.parametrize(
+    ("make", "moments"),
+    [
+        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), 4 * 64),  # momentum_buffer
+        (lambda ps: torch.optim.RMSprop(ps, momentum=0.9), 2 * 4 * 64),  # square_avg + momentum
+        (lambda ps: torch.optim.Adagrad(ps), 4 * 64),  # sum
+    ],
+)
+def test_torch_optimizer_moments_are_moments(make: object, moments: int) -> None:
+    p = torch.zeros(64, requires_grad=True)
+    opt = make([p])  # type: ignore[operator]
+    p.grad = torch.ones_like(p)
+    opt.step()
+    got = optimizer_state_bytes(opt)
+    assert got["moments"] == moments
+    assert got["master"] == 0
+    assert got["total"] == got["moments"] + got["other"]
+
+
+def test_one_optimizer_state_measurement() -> None:
+    assert optimizer_state_nbytes is optimizer_state_bytes  # the earlier name, same function
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)).to(torch.bfloat16)
+    opt = AdamW(model.parameters(), master="exact", moments="fp32", fused=False)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+
+    def step() -> None:
+        model(x).float().square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    got = measure(model, opt, step)
+    state = optimizer_state_bytes(opt)
+    n = sum(p.numel() for p in model.parameters())
+    assert got.bytes.master == state["master"] == 2 * n
+    assert got.bytes.moments == state["moments"] == 8 * n
+    assert f"optimizer other state: {state['other']} bytes" in got.notes[0]
+    whole = training_state_bytes(opt)
+    assert got.bytes.params == whole["params"] == 2 * n
+    assert got.bytes.grads == 2 * n and whole["grads"] == 0  # measured as accumulated

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from mixprec.engine import Precision, PrecisionStats, StepObserver, StepReport
     from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
     from mixprec.experiment.compare import Results, compare
+    from mixprec.experiment.compare import rerender as report
     from mixprec.policy import (
         ALIASES,
         PRESET_NAMES,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
         resolve_auto,
     )
 
-#: Public name -> the module that defines it.
+#: Public name -> the module that defines it (``module:attribute`` when named differently).
 _EXPORTS = {
     "DeviceCaps": "mixprec.device",
     "device_caps": "mixprec.device",
@@ -50,6 +51,7 @@ _EXPORTS = {
     "PrecisionWarning": "mixprec.errors",
     "Results": "mixprec.experiment.compare",
     "compare": "mixprec.experiment.compare",
+    "report": "mixprec.experiment.compare:rerender",
     "ALIASES": "mixprec.policy",
     "PRESET_NAMES": "mixprec.policy",
     "LossScaling": "mixprec.policy",
@@ -67,6 +69,7 @@ _SUBMODULES = (
     "engine",
     "errors",
     "experiment",
+    "formats",
     "islands",
     "memory",
     "optim",
@@ -98,6 +101,7 @@ __all__ = [
     "parse_dtype",
     "policy",
     "preset_names",
+    "report",
     "resolve_auto",
 ]
 __version__ = "0.1.0"
@@ -105,7 +109,8 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        module, _, attribute = _EXPORTS[name].partition(":")
+        value = getattr(importlib.import_module(module), attribute or name)
     elif name in _SUBMODULES:
         value = importlib.import_module(f"mixprec.{name}")
     else:

@@ -183,6 +183,23 @@ class FormatInfo:
         out["dtype"] = str(self.dtype).removeprefix("torch.")
         return out
 
+    def training_meaning(self) -> str:
+        """What the format's limits mean for training, in one line.
+
+        Example:
+            >>> format_info("bf16").training_meaning().split(";")[0]
+            'an update under 0.39% of a weight is lost'
+        """
+        parts = [f"an update under {self.min_update_at_one * 100:.2g}% of a weight is lost"]
+        if self.max < torch.finfo(torch.float32).max / 2**8:
+            parts.append(f"values above {self.max:g} overflow")
+            parts.append(
+                f"gradients below {self.smallest_subnormal:.2g} flush to 0: scale the loss"
+            )
+        else:
+            parts.append("fp32's range: no loss scaling needed")
+        return "; ".join(parts)
+
 
 def format_info(dtype: DtypeLike) -> FormatInfo:
     """Facts about a floating format, computed from `torch.finfo`.

@@ -243,14 +243,15 @@ class Rerendered:
     notes: tuple[str, ...]
 
 
-def rerender(folder: Path) -> Rerendered:
+def rerender(folder: str | Path) -> Rerendered:
     """Re-judge and re-render an experiment folder from its stored records, without
-    training (`mixprec report`).
+    training (`mixprec report`; also `mixprec.report(folder)`).
 
     Raises:
         FileNotFoundError, ValueError: not an experiment folder, or no record of its
             contract.
     """
+    folder = Path(folder)
     stored = stored_experiment(folder)
     contract = Contract.from_dict(stored["contract"])
     records, notes = records_of(contract, folder)

@@ -10,7 +10,7 @@ import pytest
 from mixprec.cli import main
 from mixprec.policy import PRESET_NAMES
 
-from .gpt import GiB
+GiB = 2.0**30
 
 
 def test_budget_cli_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""`mixprec compare` and `mixprec report`."""
+"""`mixprec compare`: the precision experiment (runs, gates, decision, report)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parsers"]
+from mixprec.cli.common import load_mapping
+from mixprec.cli.interrupt import INTERRUPTED
+
+__all__ = ["add_parser", "out_folder"]
 
 
-def add_parsers(sub: Any) -> None:
-    """Register the ``compare`` and ``report`` subcommands."""
+def add_parser(sub: Any) -> None:
+    """Register the ``compare`` subcommand."""
     p = sub.add_parser(
         "compare",
         help="the precision experiment: train policies on a workload, gate, decide, report",
@@ -47,24 +50,15 @@ def add_parsers(sub: Any) -> None:
     )
     p.add_argument("--batch-size", type=int, default=None, help="examples per step")
     p.add_argument("--config", type=Path, default=None, help="a YAML contract; flags override it")
-    p.add_argument("--out", type=_out_folder, default=Path("runs/compare"), help="output folder")
+    p.add_argument("--out", type=out_folder, default=Path("runs/compare"), help="output folder")
     p.add_argument("--device", default="cpu", help="device to train on (default cpu)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print results.json to stdout")
-    p.set_defaults(handler=_cmd_compare)
-
-    r = sub.add_parser("report", help="re-render a compare report from its stored run records")
-    r.add_argument("dir", type=Path, help="the output folder of mixprec compare")
-    r.add_argument("--json", action="store_true", help="print results.json to stdout")
-    r.set_defaults(handler=_cmd_report)
+    p.set_defaults(handler=run)
 
 
 def _load_yaml_contract(path: Path) -> dict[str, Any]:
-    from mixprec.safe_yaml import read_yaml_file
-
-    data = read_yaml_file(path).data
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a contract must be a YAML mapping, got {type(data).__name__}")
+    data = load_mapping(path, "a contract (a YAML mapping)")
     data = data.get("compare", data)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: 'compare' must be a mapping")
@@ -100,7 +94,8 @@ def _contract_from_args(args: argparse.Namespace) -> Any:
     return Contract.from_dict(data)
 
 
-def _cmd_compare(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Run the experiment the flags (and ``--config``) describe; 1 when none is recommended."""
     from mixprec.device import resolve_device
     from mixprec.experiment.compare import run_contract
     from mixprec.experiment.report import terminal_table
@@ -139,8 +134,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             f"(up to {contract.seed_limit}) -> {out}",
             file=stream,
         )
-    from mixprec.cli import INTERRUPTED
-
     results = run_contract(
         contract,
         out,
@@ -164,24 +157,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0 if decision.success else 1
 
 
-def _out_folder(text: str) -> Path:
+def out_folder(text: str) -> Path:
+    """An ``--out`` folder; an empty string (an unset shell variable) is refused."""
     if not text.strip():
         raise argparse.ArgumentTypeError(
             "is empty (an unset shell variable?): give a folder, e.g. --out runs/exp1"
         )
     return Path(text)
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    from mixprec.experiment.compare import rerender
-    from mixprec.experiment.report import terminal_table
-
-    out = rerender(args.dir)
-    for note in out.notes:
-        print(f"report: {note}", file=sys.stderr)
-    if args.json:
-        sys.stdout.write(out.report.results_json.read_text(encoding="utf-8"))
-    else:
-        print(terminal_table(out.decision, out.metric_name, out.records))
-        print(f"\nrecommended: {out.decision.recommended or 'none'}  report: {out.report.html}")
-    return 0 if out.decision.success else 1

@@ -1,0 +1,5 @@
+"""``python -m mixprec.cli``."""
+
+from mixprec.cli.app import main
+
+raise SystemExit(main())

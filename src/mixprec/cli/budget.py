@@ -1,0 +1,151 @@
+"""`mixprec budget`: memory and communication by component for a policy."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from mixprec.cli.common import UsageError, emit_json, load_mapping, table
+
+__all__ = ["add_parser", "parse_count"]
+
+
+def add_parser(sub: Any) -> None:
+    """Register the ``budget`` subcommand."""
+    p = sub.add_parser("budget", help="memory and communication by component for a policy")
+    p.add_argument("--params", default=None, help="parameter count (7e9, 7B, 350M)")
+    p.add_argument("--config", default=None, help="a transformers-style config (JSON or YAML)")
+    p.add_argument("--policy", default="all", help="a preset, comma-separated presets, or all")
+    p.add_argument("--world-size", type=int, default=1, help="number of ranks")
+    p.add_argument(
+        "--sharding",
+        choices=["fsdp", "ddp"],
+        default=None,
+        help="with --world-size > 1 (default fsdp)",
+    )
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (with --config)")
+    p.add_argument(
+        "--micro-batch", type=int, default=None, help="sequences per rank (with --config)"
+    )
+    p.add_argument("--activations", default=None, help="activation values saved for backward")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=run)
+
+
+_MAX_COUNT = 1e15  # a thousand times today's largest models
+
+_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str) -> int:
+    """``7e9``, ``7B``, ``350M``, ``1_000`` -> an integer count."""
+    raw = text.strip().lower().replace("_", "").replace(",", "")
+    scale = 1.0
+    if raw and raw[-1] in _SUFFIX:
+        scale, raw = _SUFFIX[raw[-1]], raw[:-1]
+    try:
+        value = float(raw) * scale
+    except ValueError:
+        raise UsageError(f"mixprec budget: {text!r} is not a count (e.g. 7e9, 7B, 350M)") from None
+    if not 1 <= value <= _MAX_COUNT:  # also refuses NaN and inf
+        raise UsageError(
+            f"mixprec budget: the count must be a number from 1 to {_MAX_COUNT:.0e} "
+            f"(e.g. 7e9, 7B, 350M), got {text!r}"
+        )
+    return round(value)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the memory and communication breakdown (or JSON)."""
+    from mixprec.memory import TransformerShape, estimate
+    from mixprec.policy import PRESET_NAMES
+
+    if (args.params is None) == (args.config is None):
+        raise UsageError("mixprec budget: give exactly one of --params N or --config FILE")
+    if args.world_size < 1:
+        raise UsageError(f"mixprec budget: --world-size must be >= 1, got {args.world_size}")
+    if args.config is None and (args.seq_len is not None or args.micro_batch is not None):
+        raise UsageError(
+            "mixprec budget: --seq-len and --micro-batch size activations from a model config: "
+            "give --config FILE, or --activations N with --params"
+        )
+    if args.sharding is not None and args.world_size == 1:
+        raise UsageError(
+            f"mixprec budget: --sharding {args.sharding} needs --world-size > 1 (one rank "
+            "shards nothing)"
+        )
+    for flag, value in (("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch)):
+        if value is not None and value < 1:
+            raise UsageError(f"mixprec budget: {flag} must be >= 1, got {value}")
+    names = (
+        list(PRESET_NAMES) if args.policy == "all" else [n.strip() for n in args.policy.split(",")]
+    )
+    source: Any
+    if args.config is not None:
+        try:
+            source = TransformerShape.from_config(
+                load_mapping(args.config, "a mapping of config keys"),
+                seq_len=args.seq_len,
+                micro_batch=args.micro_batch,
+            )
+        except ValueError as exc:
+            raise ValueError(f"{args.config}: {exc}") from None
+        total = sum(source.param_counts())
+        if total > _MAX_COUNT:
+            raise UsageError(
+                f"mixprec budget: {args.config} describes {total:.3g} parameters, more than "
+                f"{_MAX_COUNT:.0e}: check its sizes"
+            )
+    else:
+        source = parse_count(args.params)
+    activations = parse_count(args.activations) if args.activations else None
+    sharding: Literal["none", "fsdp", "ddp"] = (
+        (args.sharding or "fsdp") if args.world_size > 1 else "none"
+    )
+    results = [
+        estimate(
+            source,
+            n,
+            world_size=args.world_size,
+            sharding=sharding,
+            activation_values=activations,
+        )
+        for n in names
+    ]
+    if args.json:
+        payload = [r.to_dict() for r in results]
+        emit_json(payload if len(payload) > 1 else payload[0])
+        return 0
+    print(_budget_table(results, args.world_size))
+    return 0
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def _budget_table(results: Sequence[Any], world_size: int) -> str:
+    from mixprec.memory import COMPONENTS
+
+    first = results[0]
+    head = f"{first.params:,} parameters"
+    if world_size > 1:
+        head += f", {world_size} ranks ({first.sharding})"
+    lines = [f"Memory by component (GiB), {head}", ""]
+    headers = ["component", *[r.policy for r in results]]
+    rows = []
+    for comp in COMPONENTS:
+        rows.append([comp, *[_gib(getattr(r.bytes, comp)) for r in results]])
+    rows.append(["total", *[_gib(r.bytes.total) for r in results]])
+    rows.append(["bytes/param", *[f"{r.state_bytes_per_param:.2f}" for r in results]])
+    if world_size > 1:
+        rows.append(["per rank", *[_gib(r.per_rank.total) for r in results]])
+        for key in ("all_gather", "reduce_scatter", "all_reduce"):
+            if any(r.comm_bytes_per_step.get(key) for r in results):
+                rows.append([f"{key}/step", *[_gib(r.comm_bytes_per_step[key]) for r in results]])
+    lines.append(table(headers, rows))
+    notes = sorted({n for r in results for n in r.notes})
+    lines += ["", *[f"note: {n}" for n in notes]] if notes else []
+    lines.append("bytes/param: training state (params, grads, master, moments) per parameter")
+    return "\n".join(lines)

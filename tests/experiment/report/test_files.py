@@ -5,10 +5,19 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from typing import Any
 
 import mixprec
 from mixprec.experiment import Contract, decide, render
-from mixprec.experiment.report import terminal_table, verdict_reason
+from mixprec.experiment.report import (
+    build_view,
+    render_html,
+    render_markdown,
+    terminal_table,
+    verdict_reason,
+)
+
+from .judged import STEPS, Judged
 
 
 def test_report_renders_without_display(
@@ -55,3 +64,24 @@ def test_every_reason_is_printed_and_rendered(tmp_path: Path) -> None:
         assert {"gaps", "gap_low", "gap_high", "baseline_spread", "seeds", "verdict"} <= set(
             stored[name]
         )
+
+
+def test_report_files_are_the_view_rendered(judged: Judged, tmp_path: Path) -> None:
+    """render() writes what the renderers make of one view, and the same again on a rerun."""
+    kw: dict[str, Any] = dict(
+        workload_description="8x8 digits",
+        metric_name="macro_f1",
+        settings={"steps": STEPS},
+        notes=("a note",),
+    )
+    report = render(tmp_path, judged.contract, judged.records, judged.decision, **kw)
+    view = build_view(judged.contract, judged.records, judged.decision, **kw)
+    assert report.plots == tuple(tmp_path / p.path for p in view.plots)
+    images = {p.key: (tmp_path / p.path).read_bytes() for p in view.plots}
+    assert report.markdown.read_text(encoding="utf-8") == render_markdown(view)
+    assert report.html.read_text(encoding="utf-8") == render_html(view, images)
+    stored = json.loads(report.results_json.read_text())
+    assert stored["notes"] == ["a note"] and stored["settings"] == {"steps": STEPS}
+    first = report.html.read_bytes()
+    render(tmp_path, judged.contract, judged.records, judged.decision, **kw)
+    assert report.html.read_bytes() == first

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from mixprec.cli import main
-from mixprec.experiment import Contract, decide, read_records, render, run_experiment
-from mixprec.policy import PRESET_NAMES
+from mixprec.experiment import Contract, read_records, run_experiment
 
 RUN_KEYS = {
     "policy",
@@ -27,25 +26,6 @@ RUN_KEYS = {
     "wall_time_s",
     "frozen_fraction",
 }
-
-
-@pytest.fixture(scope="module")
-def every_preset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Contract, list]:  # type: ignore[type-arg]
-    out = tmp_path_factory.mktemp("cmp")
-    contract = Contract(
-        workload="digits",
-        size="tiny",
-        baseline="fp32",
-        candidates=tuple(p for p in PRESET_NAMES if p != "fp32"),
-        seeds=1,
-        max_seeds=1,
-        steps=12,
-        eval_every=6,
-        probe_every=4,
-        step_caps={},
-    )
-    _workload, records = run_experiment(contract, out, stream=None)
-    return out, contract, records
 
 
 def test_runner_trains_every_preset_with_full_records(
@@ -111,23 +91,6 @@ def test_resume_skips_finished_runs(
         on_record=lambda r, was: reused.append(was),
     )
     assert reused == [False, False]
-
-
-def test_report_renders_without_display(
-    every_preset: tuple[Path, Contract, list], tmp_path: Path
-) -> None:  # type: ignore[type-arg]
-    _out, contract, records = every_preset
-    decision = decide(records, contract, higher_is_better=True)
-    report = render(tmp_path, contract, records, decision, metric_name="macro_f1")
-    html = report.html.read_text()
-    assert html.count("data:image/png;base64,") == len(report.plots) >= 4
-    assert "Decision" in html and "fp16_unscaled" in html
-    md = report.markdown.read_text()
-    assert "| policy |" in md and "plots/loss.png" in md
-    results = json.loads(report.results_json.read_text())
-    assert {"workload", "baseline", "runs", "decision"} <= set(results)
-    assert set(results["decision"]) >= {"eligible", "rejected", "recommended"}
-    assert all(isinstance(run["doctor"], list) for run in results["runs"])
 
 
 def test_cli_compare_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,282 @@
+"""The report's plots: PNG images drawn with matplotlib from the run records and the decision.
+
+matplotlib (the ``report`` extra) is imported only when a plot is drawn, with its
+Agg backend (no display needed), so importing mixprec never loads it.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from mixprec.experiment.decision import Decision
+from mixprec.experiment.records import RunRecord
+
+__all__ = ["PLOT_KEYS", "draw"]
+
+_MiB = 2.0**20
+_COMPONENT_COLORS = {
+    "params": "#4C72B0",
+    "fp32_islands": "#8172B3",
+    "grads": "#55A868",
+    "master": "#C44E52",
+    "moments": "#DD8452",
+    "activations": "#937860",
+}
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError("report plots need matplotlib: pip install 'mixprec[report]'") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _policy_colors(policies: Sequence[str]) -> dict[str, Any]:
+    plt = _pyplot()
+    cmap = plt.get_cmap("tab10")
+    return {p: cmap(i % 10) for i, p in enumerate(policies)}
+
+
+def _ema(values: Sequence[float], alpha: float = 0.1) -> list[float]:
+    out, acc = [], math.nan
+    for v in values:
+        if not math.isfinite(v):
+            out.append(math.nan)
+            continue
+        acc = v if not math.isfinite(acc) else alpha * v + (1 - alpha) * acc
+        out.append(acc)
+    return out
+
+
+def _by_policy(records: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
+    out: dict[str, list[RunRecord]] = {}
+    for r in records:
+        out.setdefault(r.policy, []).append(r)
+    return out
+
+
+def _plot_loss(records: Sequence[RunRecord], colors: Mapping[str, Any], plt: Any) -> Any:
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for policy, runs in _by_policy(records).items():
+        curves = [_ema([p[1] for p in r.loss_curve]) for r in runs if r.loss_curve]
+        if not curves:
+            continue
+        steps = [p[0] for p in runs[0].loss_curve]
+        n = min(len(c) for c in curves)
+        lo = [min(c[i] for c in curves) for i in range(n)]
+        hi = [max(c[i] for c in curves) for i in range(n)]
+        mid = [sum(c[i] for c in curves) / len(curves) for i in range(n)]
+        ax.plot(steps[:n], mid, color=colors[policy], label=policy, lw=1.4)
+        if len(curves) > 1:
+            ax.fill_between(steps[:n], lo, hi, color=colors[policy], alpha=0.18, lw=0)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (EMA 0.1)")
+    ax.set_title("Training loss per policy (band: min-max over seeds)")
+    finite = [
+        p[1] for r in records for p in r.loss_curve[len(r.loss_curve) // 5 :] if math.isfinite(p[1])
+    ]
+    if finite:
+        top = sorted(finite)[int(0.98 * (len(finite) - 1))]
+        ax.set_ylim(min(finite) * 0.98, top * 1.05)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def _plot_heldout(
+    records: Sequence[RunRecord],
+    decision: Decision,
+    colors: Mapping[str, Any],
+    gap_limit: float,
+    plt: Any,
+) -> Any:
+    """Left: each candidate's held-out loss gap to the baseline at the same step, per seed.
+    Right: held-out loss along training (mean over seeds), so capped runs sit where
+    they stopped."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax = axes[0]
+    cands = decision.summaries[1:]
+    for i, s in enumerate(cands):
+        gap = s.gap
+        if math.isfinite(gap.mean):
+            ax.bar(i, 100 * gap.mean, color=colors[s.policy], alpha=0.8)
+        if math.isfinite(gap.low) and math.isfinite(gap.high):
+            ax.errorbar(
+                i,
+                100 * gap.mean,
+                yerr=[[100 * (gap.mean - gap.low)], [100 * (gap.high - gap.mean)]],
+                color="black",
+                capsize=4,
+                lw=1,
+                zorder=2,
+            )
+        finite = [100 * g for g in gap.gaps if math.isfinite(g)]
+        ax.scatter([i] * len(finite), finite, color="black", s=12, zorder=3)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axhline(100 * gap_limit, color="#c33", lw=1, ls="--", label=f"gate: +{gap_limit:.2%}")
+    ax.set_xticks(
+        range(len(cands)),
+        [
+            s.policy + ("" if s.steps == decision.summaries[0].steps else f"\n(at step {s.steps})")
+            for s in cands
+        ],
+        rotation=35,
+        ha="right",
+        fontsize=8,
+    )
+    ax.set_ylabel(f"held-out loss vs {decision.baseline} (%)")
+    ax.set_title(
+        "Paired gap to the baseline at the same step\n(dots: seeds; bars: t-interval)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax = axes[1]
+    for policy, runs in _by_policy(records).items():
+        curves = [r.eval_curve for r in runs if r.ok and r.eval_curve]
+        if not curves:
+            continue
+        steps = sorted({int(p[0]) for c in curves for p in c})
+        mean = []
+        for st in steps:
+            vals = [float(p[1]) for c in curves for p in c if int(p[0]) == st]
+            mean.append(sum(vals) / len(vals))
+        ax.plot(steps, mean, marker="o", ms=3, color=colors[policy], label=policy, lw=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out loss")
+    ax.set_title("Held-out loss during training (mean over seeds)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def _plot_scale(records: Sequence[RunRecord], colors: Mapping[str, Any], plt: Any) -> Any | None:
+    scaled = [r for r in records if r.loss_scale_trace]
+    if not scaled:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for r in scaled:
+        xs = [p[0] for p in r.loss_scale_trace] + [r.steps]
+        ys = [p[1] for p in r.loss_scale_trace]
+        ys.append(ys[-1])
+        ax.step(
+            xs, ys, where="post", color=colors[r.policy], label=f"{r.policy} seed {r.seed}", lw=1.2
+        )
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss scale")
+    ax.set_title("Loss scale (drops: overflow, step skipped; rises: growth after clean steps)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _plot_memory(records: Sequence[RunRecord], decision: Decision, plt: Any) -> Any:
+    """Measured bytes by component: everything (left) and the training state alone (right)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.9))
+    names = [s.policy for s in decision.summaries]
+    first = {r.policy: r for r in records if r.bytes}
+    xs = range(len(names))
+    for ax, with_acts in ((axes[0], True), (axes[1], False)):
+        bottoms = [0.0] * len(names)
+        for comp, color in _COMPONENT_COLORS.items():
+            if comp == "activations" and not with_acts:
+                continue
+            vals = [first[n].bytes.get(comp, 0) / _MiB if n in first else 0.0 for n in names]
+            if not any(vals):
+                continue
+            ax.bar(xs, vals, bottom=bottoms, color=color, label=comp)
+            bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
+        predicted = []
+        for n in names:
+            p = first[n].predicted_bytes if n in first else {}
+            total = float(p.get("total", math.nan))
+            predicted.append(
+                (total if with_acts else total - float(p.get("activations", 0))) / _MiB
+            )
+        ax.scatter(xs, predicted, marker="_", s=400, color="black", label="predicted", zorder=3)
+        ax.set_xticks(xs, names, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel("MiB")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_title("Measured memory of one step, by component", fontsize=9)
+    axes[1].set_title("Training state only (params, grads, master, moments)", fontsize=9)
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def _plot_throughput(decision: Decision, colors: Mapping[str, Any], plt: Any) -> Any:
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    names = [s.policy for s in decision.summaries]
+    vals = [s.steps_per_s for s in decision.summaries]
+    ax.bar(range(len(names)), vals, color=[colors[n] for n in names])
+    for i, v in enumerate(vals):
+        if math.isfinite(v):
+            ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("steps / s")
+    ax.set_title("Training throughput on this machine")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _png(fig: Any, plt: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+#: Every plot a report can hold, by key, in report order.
+PLOT_KEYS = ("loss", "heldout", "loss_scale", "memory", "throughput")
+
+
+def draw(
+    keys: Sequence[str],
+    records: Sequence[RunRecord],
+    decision: Decision,
+    *,
+    gap_limit: float,
+) -> dict[str, bytes]:
+    """Draw the plots named by `keys` (see `PLOT_KEYS`) as PNG bytes, by key.
+
+    Args:
+        keys: the plots to draw.
+        records: the run records (curves, loss-scale traces, measured bytes).
+        decision: the decision (policy order, paired gaps, throughput).
+        gap_limit: the loss-gap gate, drawn as a line on the gap plot.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'mixprec[report]'``).
+        ValueError: an unknown key, or ``loss_scale`` without a scaled run.
+    """
+    plt = _pyplot()
+    colors = _policy_colors([s.policy for s in decision.summaries])
+    makers: dict[str, Callable[[], Any]] = {
+        "loss": lambda: _plot_loss(records, colors, plt),
+        "heldout": lambda: _plot_heldout(records, decision, colors, gap_limit, plt),
+        "loss_scale": lambda: _plot_scale(records, colors, plt),
+        "memory": lambda: _plot_memory(records, decision, plt),
+        "throughput": lambda: _plot_throughput(decision, colors, plt),
+    }
+    out: dict[str, bytes] = {}
+    for key in keys:
+        if key not in makers:
+            raise ValueError(f"unknown plot {key!r}; valid plots: {list(PLOT_KEYS)}")
+        fig = makers[key]()
+        if fig is None:
+            raise ValueError(f"plot {key!r} has nothing to draw (no run traced a loss scale)")
+        out[key] = _png(fig, plt)
+    return out

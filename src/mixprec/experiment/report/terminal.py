@@ -1,0 +1,35 @@
+"""The terminal renderer: the decision table as plain text, then every reason."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mixprec.experiment.decision import Decision
+from mixprec.experiment.records import RunRecord
+from mixprec.experiment.report.view import COLUMNS, DecisionTable, decision_table
+
+__all__ = ["render_table", "terminal_table"]
+
+
+def render_table(table: DecisionTable) -> str:
+    """`table` as aligned plain text without the doctor column (the verdict cell shows
+    the label), then a "why:" line per row with a reason."""
+    doctor = COLUMNS.index("doctor")
+    headers = table.headers[:doctor] + table.headers[doctor + 1 :]
+    rows = [(*r.cells[:doctor], r.label) for r in table.rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    reasons = [f"  {r.policy}: {r.label}: {r.reason}" for r in table.rows if r.reason]
+    if reasons:
+        lines += ["", "why:", *reasons]
+    return "\n".join(lines)
+
+
+def terminal_table(
+    decision: Decision, metric_name: str = "metric", records: Sequence[RunRecord] = ()
+) -> str:
+    """A plain-text decision table (without the doctor column), then every reason."""
+    return render_table(decision_table(decision, records, metric_name))

@@ -1,0 +1,353 @@
+"""The report's view model: everything a report shows, computed once.
+
+`build_view` reads the decision, the run records and the contract and returns a
+`ReportView` of finished strings (numbers already formatted, sentences already
+written). The Markdown, HTML and terminal renderers only lay it out, so the
+three say the same thing. Sentences may carry Markdown's inline markers (double
+asterisks for strong text, backticks for code; see `mixprec.experiment.report.wording`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mixprec.experiment.contract import Contract
+from mixprec.experiment.decision import Decision, PolicySummary, format_interval
+from mixprec.experiment.records import RunRecord
+from mixprec.experiment.report.wording import (
+    gates_sentence,
+    headline,
+    observations,
+    verdict_label,
+    verdict_reason,
+)
+
+__all__ = [
+    "COLUMNS",
+    "DECISION_HEADING",
+    "DOCTOR_HEADING",
+    "NO_FINDINGS",
+    "OBSERVATIONS_HEADING",
+    "PLOTS_HEADING",
+    "TABLE_NOTE",
+    "DecisionTable",
+    "DoctorSection",
+    "FindingLine",
+    "PlotRef",
+    "PolicyRow",
+    "ReportView",
+    "build_view",
+    "decision_table",
+]
+
+#: The decision table's columns; ``metric`` is replaced by the workload's metric name.
+COLUMNS = (
+    "policy",
+    "steps",
+    "seeds",
+    "held-out loss",
+    "gap to baseline [interval]",
+    "metric",
+    "skipped",
+    "memory MiB",
+    "steps/s",
+    "frozen",
+    "doctor",
+    "verdict",
+)
+#: The sentence under the decision table.
+TABLE_NOTE = (
+    "gap: mean over seeds of the relative held-out loss difference to the baseline on the "
+    "same seed, with its t-interval in brackets; the baseline row gives its own seed spread. "
+    "Memory is measured on one training step (parameters, gradients, master, moments, "
+    "tensors saved for backward). frozen: share of parameter elements still at their "
+    "initial value at the end."
+)
+DECISION_HEADING = "Decision"
+OBSERVATIONS_HEADING = "What the data show"
+PLOTS_HEADING = "Plots"
+DOCTOR_HEADING = "Doctor"
+NO_FINDINGS = "No findings."
+
+_MiB = 2.0**20
+_SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+_PLOT_TITLES = {
+    "loss": "Training loss",
+    "heldout": "Held-out loss",
+    "loss_scale": "Loss scale",
+    "memory": "Memory by component",
+    "throughput": "Throughput",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyRow:
+    """One policy's row of the decision table, every cell formatted.
+
+    Attributes:
+        policy: the policy name.
+        kind: ``base`` (the baseline), ``rec`` (the recommended candidate), or the
+            verdict status (``eligible``, ``rejected``, ``inconclusive``, ``too_short``).
+        steps: steps trained, ``"12 of 60"`` for a capped run.
+        seeds: how many seeds ran.
+        heldout_loss: mean held-out loss.
+        gap: the paired gap to the baseline with its interval (the baseline: its
+            own seed spread).
+        metric: mean held-out metric.
+        skipped: share of skipped steps.
+        memory_mib: measured memory of one step in MiB.
+        steps_per_s: throughput.
+        frozen: share of parameter elements that never changed.
+        doctor: doctor rule ids with their worst severity.
+        label: the short verdict (``RECOMMENDED``, ``rejected (gate)``...).
+        reason: the sentence behind the verdict ("" when there is none).
+    """
+
+    policy: str
+    kind: str
+    steps: str
+    seeds: str
+    heldout_loss: str
+    gap: str
+    metric: str
+    skipped: str
+    memory_mib: str
+    steps_per_s: str
+    frozen: str
+    doctor: str
+    label: str
+    reason: str
+
+    @property
+    def verdict(self) -> str:
+        """The label and its reason: ``rejected (gate): reason``."""
+        return self.label + (f": {self.reason}" if self.reason else "")
+
+    @property
+    def cells(self) -> tuple[str, ...]:
+        """The row's cells in `COLUMNS` order."""
+        return (
+            self.policy,
+            self.steps,
+            self.seeds,
+            self.heldout_loss,
+            self.gap,
+            self.metric,
+            self.skipped,
+            self.memory_mib,
+            self.steps_per_s,
+            self.frozen,
+            self.doctor,
+            self.verdict,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionTable:
+    """The decision table: headers (the metric column named) and a row per policy."""
+
+    headers: tuple[str, ...]
+    rows: tuple[PolicyRow, ...]
+    note: str = TABLE_NOTE
+
+
+@dataclass(frozen=True, kw_only=True)
+class FindingLine:
+    """One doctor finding as the report lists it."""
+
+    rule: str
+    severity: str
+    where: str
+    message: str
+    fix: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DoctorSection:
+    """A policy's distinct doctor findings over its seeds."""
+
+    policy: str
+    findings: tuple[FindingLine, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlotRef:
+    """A plot of the report: its key (see `plots.PLOT_KEYS`), title and file under the
+    report folder (``plots/<key>.png``)."""
+
+    key: str
+    title: str
+    path: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportView:
+    """Everything a report shows, as finished text.
+
+    Attributes:
+        title: the page title.
+        description: the workload's description.
+        headline: the recommendation, or why there is none.
+        recommended: the recommended policy, or None.
+        settings_line: the run settings and seeds, one sentence.
+        gates_line: the gates, one sentence.
+        table: the decision table.
+        observations: notes, then what the data show, one statement each.
+        plots: the plots, in report order.
+        doctor: doctor findings by policy (policies without findings left out).
+    """
+
+    title: str
+    description: str
+    headline: str
+    recommended: str | None
+    settings_line: str
+    gates_line: str
+    table: DecisionTable
+    observations: tuple[str, ...]
+    plots: tuple[PlotRef, ...]
+    doctor: tuple[DoctorSection, ...]
+
+
+def _fmt(v: float, spec: str) -> str:
+    return "-" if v is None or not math.isfinite(v) else format(v, spec)
+
+
+def _doctor_cell(policy: str, records: Sequence[RunRecord]) -> str:
+    """Rule ids with their worst severity, most severe first."""
+    worst: dict[str, str] = {}
+    for r in records:
+        if r.policy != policy:
+            continue
+        for f in r.doctor:
+            rule, sev = str(f.get("rule", "")), str(f.get("severity", "info"))
+            if rule and _SEVERITY_RANK.get(sev, 3) < _SEVERITY_RANK.get(worst.get(rule, ""), 3):
+                worst[rule] = sev
+    ordered = sorted(worst.items(), key=lambda kv: (_SEVERITY_RANK.get(kv[1], 3), kv[0]))
+    return ", ".join(f"{rule} ({sev})" for rule, sev in ordered) or "-"
+
+
+def _gap_cell(s: PolicySummary, decision: Decision) -> str:
+    if s.policy == decision.baseline:
+        spread = s.baseline_spread
+        return f"seed spread {spread:.2%} (sd)" if math.isfinite(spread) else "-"
+    return format_interval(s.gap)
+
+
+def _kind(policy: str, decision: Decision) -> str:
+    if policy == decision.baseline:
+        return "base"
+    if policy == decision.recommended:
+        return "rec"
+    v = decision.verdicts.get(policy)
+    return v.status if v is not None else ""
+
+
+def decision_table(
+    decision: Decision, records: Sequence[RunRecord] = (), metric_name: str = "metric"
+) -> DecisionTable:
+    """The decision table of `decision`: a formatted row per policy, in decision order."""
+    full = max((s.steps for s in decision.summaries), default=0)
+    rows = tuple(
+        PolicyRow(
+            policy=s.policy,
+            kind=_kind(s.policy, decision),
+            steps=str(s.steps) if s.steps == full else f"{s.steps} of {full}",
+            seeds=str(len(s.heldout_losses)),
+            heldout_loss=_fmt(s.heldout_loss, ".4f"),
+            gap=_gap_cell(s, decision),
+            metric=_fmt(s.metric, ".4f"),
+            skipped=f"{s.skipped_fraction:.1%}",
+            memory_mib=_fmt(s.total_bytes / _MiB, ".2f"),
+            steps_per_s=_fmt(s.steps_per_s, ".1f"),
+            frozen=_fmt(s.frozen_fraction * 100, ".1f") + "%",
+            doctor=_doctor_cell(s.policy, records),
+            label=verdict_label(s.policy, decision),
+            reason=verdict_reason(s.policy, decision),
+        )
+        for s in decision.summaries
+    )
+    headers = tuple(metric_name if h == "metric" else h for h in COLUMNS)
+    return DecisionTable(headers=headers, rows=rows)
+
+
+def _doctor_sections(
+    records: Sequence[RunRecord], order: Sequence[str]
+) -> tuple[DoctorSection, ...]:
+    """Each policy's distinct findings (by rule and place), policies in `order` first."""
+    found: dict[str, list[Mapping[str, Any]]] = {name: [] for name in order}
+    for r in records:
+        seen = {(f.get("rule"), f.get("where")) for f in found.get(r.policy, [])}
+        for f in r.doctor:
+            key = (f.get("rule"), f.get("where"))
+            if key not in seen:
+                found.setdefault(r.policy, []).append(f)
+                seen.add(key)
+    return tuple(
+        DoctorSection(
+            policy=policy,
+            findings=tuple(
+                FindingLine(
+                    rule=str(f.get("rule")),
+                    severity=str(f.get("severity", "info")),
+                    where=str(f.get("where", "")),
+                    message=str(f.get("message", "")),
+                    fix=str(f.get("fix", "")),
+                )
+                for f in fs
+            ),
+        )
+        for policy, fs in found.items()
+        if fs
+    )
+
+
+def _plots(records: Sequence[RunRecord]) -> tuple[PlotRef, ...]:
+    """The plots this report holds: the loss-scale trace only when a run scaled its loss."""
+    keys = ["loss", "heldout"]
+    if any(r.loss_scale_trace for r in records):
+        keys.append("loss_scale")
+    keys += ["memory", "throughput"]
+    return tuple(PlotRef(key=k, title=_PLOT_TITLES[k], path=f"plots/{k}.png") for k in keys)
+
+
+def build_view(
+    contract: Contract,
+    records: Sequence[RunRecord],
+    decision: Decision,
+    *,
+    workload_description: str = "",
+    metric_name: str = "metric",
+    settings: Mapping[str, Any] | None = None,
+    notes: Sequence[str] = (),
+) -> ReportView:
+    """Everything the report shows, from the decision, the records and the contract.
+
+    Args:
+        contract: the contract that ran.
+        records: its run records.
+        decision: the decision over them.
+        workload_description: one line about the workload.
+        metric_name: the workload's held-out metric.
+        settings: the run settings, listed in the settings line.
+        notes: statements listed first under "What the data show" (records skipped
+            or missing, say).
+    """
+    setting_text = ", ".join(f"{k} {v}" for k, v in (settings or {}).items())
+    return ReportView(
+        title=f"mixprec compare: {contract.workload}",
+        description=workload_description,
+        headline=headline(decision),
+        recommended=decision.recommended,
+        settings_line=(
+            f"Settings: {setting_text}; seeds {contract.seeds} (up to {contract.seed_limit})."
+        ),
+        gates_line=f"Gates: {gates_sentence(contract, metric_name)}.",
+        table=decision_table(decision, records, metric_name),
+        observations=(*notes, *observations(records, decision)),
+        plots=_plots(records),
+        doctor=_doctor_sections(records, [s.policy for s in decision.summaries]),
+    )

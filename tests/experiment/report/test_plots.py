@@ -1,0 +1,38 @@
+"""The report's plots: PNGs by key, and matplotlib loaded only when one is drawn."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from mixprec.experiment.report import plots
+
+from .judged import Judged
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_importing_the_experiment_does_not_load_matplotlib() -> None:
+    code = (
+        "import sys, mixprec.experiment, mixprec.experiment.report.plots; "
+        "print('matplotlib' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_draw_makes_a_png_per_key(judged: Judged) -> None:
+    images = plots.draw(plots.PLOT_KEYS, judged.records, judged.decision, gap_limit=0.005)
+    assert list(images) == list(plots.PLOT_KEYS)
+    assert all(png.startswith(PNG) and len(png) > 1000 for png in images.values())
+
+
+def test_draw_refuses_what_it_cannot_draw(judged: Judged) -> None:
+    with pytest.raises(ValueError, match="unknown plot 'nope'; valid plots"):
+        plots.draw(["nope"], judged.records, judged.decision, gap_limit=0.005)
+    unscaled = [dataclasses.replace(r, loss_scale_trace=()) for r in judged.records]
+    with pytest.raises(ValueError, match="no run traced a loss scale"):
+        plots.draw(["loss_scale"], unscaled, judged.decision, gap_limit=0.005)

@@ -1,0 +1,103 @@
+"""The view model: every row, sentence and plot reference, computed once from a decision."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mixprec.experiment.report import (
+    ReportView,
+    build_view,
+    decision_table,
+    headline,
+    verdict_label,
+    verdict_reason,
+)
+from mixprec.experiment.report.view import COLUMNS, TABLE_NOTE
+
+from .judged import CAP, STEPS, Judged
+
+SETTINGS = {"steps": STEPS, "lr": 0.003, "batch_size": 64}
+
+
+def _view(judged: Judged, **kw: object) -> ReportView:
+    return build_view(
+        judged.contract,
+        judged.records,
+        judged.decision,
+        workload_description="8x8 digits, 10 classes",
+        metric_name="macro_f1",
+        settings=SETTINGS,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_rows_follow_the_decision_with_every_kind(judged: Judged) -> None:
+    view = _view(judged)
+    d = judged.decision
+    assert [r.policy for r in view.table.rows] == [s.policy for s in d.summaries]
+    kinds = {r.policy: r.kind for r in view.table.rows}
+    assert kinds == {
+        "fp32": "base",
+        "bf16_master": "rec",
+        "amp_bf16": "inconclusive",
+        "amp_fp16": "eligible",
+        "bf16_pure": "rejected",
+    }
+    for row in view.table.rows:
+        assert row.label == verdict_label(row.policy, d)
+        assert row.reason == verdict_reason(row.policy, d)
+        assert row.verdict == row.label + (f": {row.reason}" if row.reason else "")
+        assert len(row.cells) == len(COLUMNS) and row.cells[-1] == row.verdict
+
+
+def test_cells_are_formatted_once(judged: Judged) -> None:
+    rows = {r.policy: r for r in _view(judged).table.rows}
+    base = judged.decision.summary("fp32")
+    assert rows["fp32"].gap == f"seed spread {base.baseline_spread:.2%} (sd)"
+    assert rows["amp_fp16"].steps == f"{CAP} of {STEPS}" and rows["fp32"].steps == str(STEPS)
+    gap = judged.decision.summary("amp_bf16").gap
+    assert rows["amp_bf16"].gap.startswith(f"{100 * gap.mean:+.2f}%")
+    assert rows["bf16_pure"].frozen == "12.5%" and rows["bf16_pure"].seeds == "3"
+    # The worst severity first, then by rule id.
+    assert rows["bf16_pure"].doctor == "vanishing-updates (error), loss-scale-headroom (warning)"
+    assert rows["fp32"].doctor == "-"
+
+
+def test_headers_name_the_metric(judged: Judged) -> None:
+    table = decision_table(judged.decision, judged.records, "macro_f1")
+    assert table.headers == tuple("macro_f1" if c == "metric" else c for c in COLUMNS)
+    assert table.note == TABLE_NOTE
+
+
+def test_sentences_notes_and_findings(judged: Judged) -> None:
+    view = _view(judged, notes=("ignored 2 record(s) of other policies or settings",))
+    assert view.headline == headline(judged.decision) and view.recommended == "bf16_master"
+    assert view.title == "mixprec compare: digits"
+    assert view.settings_line == "Settings: steps 50, lr 0.003, batch_size 64; seeds 3 (up to 3)."
+    assert view.gates_line.startswith("Gates: held-out loss gap per seed, paired with fp32")
+    assert view.gates_line.endswith(".")
+    assert view.observations[0] == "ignored 2 record(s) of other policies or settings"
+    assert any(f"ran {CAP} of {STEPS} steps" in o for o in view.observations)
+    # Three seeds report the same two findings: listed once each.
+    assert [s.policy for s in view.doctor] == ["bf16_pure"]
+    assert [f.rule for f in view.doctor[0].findings] == ["vanishing-updates", "loss-scale-headroom"]
+
+
+def test_plots_list_the_loss_scale_only_when_a_run_scaled(judged: Judged) -> None:
+    view = _view(judged)
+    assert [p.key for p in view.plots] == ["loss", "heldout", "loss_scale", "memory", "throughput"]
+    assert all(p.path == f"plots/{p.key}.png" for p in view.plots)
+    unscaled = [dataclasses.replace(r, loss_scale_trace=()) for r in judged.records]
+    keys = [p.key for p in build_view(judged.contract, unscaled, judged.decision).plots]
+    assert "loss_scale" not in keys and len(keys) == 4
+
+
+def test_the_view_is_plain_frozen_data(judged: Judged) -> None:
+    view = _view(judged)
+    assert view == _view(judged)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.headline = "something else"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.table.rows[0].gap = "+0.00%"  # type: ignore[misc]

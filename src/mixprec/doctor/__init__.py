@@ -16,7 +16,6 @@ Every `Finding` has a stable rule id (`RULES`), a severity, where, a message,
 JSON-ready evidence and a fix. See docs/doctor.md.
 """
 
-from mixprec.doctor.config import check_file, detect_format, load_config
 from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
 from mixprec.doctor.findings import (
     RULES,
@@ -30,7 +29,14 @@ from mixprec.doctor.findings import (
     has_errors,
     sort_findings,
 )
-from mixprec.doctor.live import check, facts_from_objects, optimizer_facts
+from mixprec.doctor.frontends import (
+    check,
+    check_file,
+    detect_format,
+    facts_from_objects,
+    load_config,
+    optimizer_facts,
+)
 from mixprec.doctor.measure import GradientStats, UpdateStats, gradient_stats, update_stats
 from mixprec.doctor.probes import DEFAULT_EVERY, Probe, ProbeSample
 from mixprec.doctor.rules import SHORT_RUN_STEPS, run_static_rules

@@ -13,7 +13,9 @@ During a run, with runtime probes::
     probe.findings()
 
 Every `Finding` has a stable rule id (`RULES`), a severity, where, a message,
-JSON-ready evidence and a fix. See docs/doctor.md.
+JSON-ready evidence and a fix. Static rules (`rules`, over `facts`) sit here;
+what reads a setup into facts is in `frontends`, what watches a run in `runtime`.
+See docs/doctor.md.
 """
 
 from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
@@ -37,9 +39,17 @@ from mixprec.doctor.frontends import (
     load_config,
     optimizer_facts,
 )
-from mixprec.doctor.measure import GradientStats, UpdateStats, gradient_stats, update_stats
-from mixprec.doctor.probes import DEFAULT_EVERY, Probe, ProbeSample
 from mixprec.doctor.rules import SHORT_RUN_STEPS, run_static_rules
+from mixprec.doctor.runtime import (
+    DEFAULT_EVERY,
+    GradientStats,
+    Probe,
+    ProbeSample,
+    ProbeThresholds,
+    UpdateStats,
+    gradient_stats,
+    update_stats,
+)
 
 __all__ = [
     "DEFAULT_EVERY",
@@ -55,6 +65,7 @@ __all__ = [
     "OptimizerFacts",
     "Probe",
     "ProbeSample",
+    "ProbeThresholds",
     "RuleInfo",
     "Severity",
     "TrainingFacts",

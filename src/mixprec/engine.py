@@ -120,6 +120,16 @@ def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
+def _grad_versions(optimizers: Iterable[torch.optim.Optimizer]) -> dict[int, tuple[int, int]]:
+    """Each gradient's identity and in-place version counter, by parameter id."""
+    return {
+        id(p): (id(p.grad), p.grad._version)
+        for opt in optimizers
+        for p in _optimizer_params(opt)
+        if p.grad is not None
+    }
+
+
 class Precision:
     """Run a training loop under a precision `Policy`.
 
@@ -165,6 +175,10 @@ class Precision:
         # Under loss scaling, gradient hooks note any accumulation outside prec.backward.
         self._in_scaled_backward = False
         self._unscaled_backward = False
+        # Under loss scaling, the gradients' versions when backward returned: an in-place
+        # change before their unscale (torch's clip on scaled gradients) is then seen.
+        self._scaled_versions: dict[int, tuple[int, int]] = {}
+        self._changed_while_scaled = False
         self._watched: dict[int, weakref.ref[torch.Tensor]] = {}  # by id: tensors compare by value
         self.observers: list[StepObserver] = []
 
@@ -406,12 +420,22 @@ class Precision:
         finally:
             self._in_scaled_backward = False
         self._backward_pending = True
+        if self.policy.scales_loss:
+            self._scaled_versions = _grad_versions(list(self._optimizers))
 
     @property
     def gradients_are_scaled(self) -> bool:
         """True between `backward` and the unscale of a loss-scaled step: gradients
         then hold scale x their true value (clipping them now would be a bug)."""
         return self.policy.scales_loss and self._backward_pending and not self._unscaled
+
+    @property
+    def gradients_changed_while_scaled(self) -> bool:
+        """True from the unscale of a loss-scaled step to the end of `step` when a
+        gradient was changed in place between `backward` and that unscale (as
+        ``torch.nn.utils.clip_grad_norm_`` on still-scaled gradients does); the
+        doctor's ``clip-before-unscale`` reads it."""
+        return self._changed_while_scaled
 
     def add_observer(self, observer: StepObserver) -> StepObserver:
         """Call `observer` around every step (see `StepObserver`); returns it."""
@@ -429,6 +453,10 @@ class Precision:
             return
         for opt in optimizers:
             if id(opt) not in self._unscaled:
+                seen = self._scaled_versions
+                now = _grad_versions([opt])
+                if any(seen.get(key, version) != version for key, version in now.items()):
+                    self._changed_while_scaled = True
                 self.scaler.unscale_(opt)
                 self._unscaled.add(id(opt))
 
@@ -521,6 +549,8 @@ class Precision:
             self._pending_ids = frozenset()
             self._backward_pending = False
             self._unscaled_backward = False
+            self._scaled_versions = {}
+            self._changed_while_scaled = False
         stepped = tuple(applied and g for g in with_grads)
         report = self._finish(applied, norm, nonfinite, scale_before, stepped)
         for observer in self.observers:

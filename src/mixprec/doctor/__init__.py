@@ -13,10 +13,11 @@ During a run, with runtime probes::
     probe.findings()
 
 Every `Finding` has a stable rule id (`RULES`), a severity, where, a message,
-JSON-ready evidence and a fix. See docs/doctor.md.
+JSON-ready evidence and a fix. Static rules (`rules`, over `facts`) sit here;
+what reads a setup into facts is in `frontends`, what watches a run in `runtime`.
+See docs/doctor.md.
 """
 
-from mixprec.doctor.config import check_file, detect_format, load_config
 from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
 from mixprec.doctor.findings import (
     RULES,
@@ -30,10 +31,25 @@ from mixprec.doctor.findings import (
     has_errors,
     sort_findings,
 )
-from mixprec.doctor.live import check, facts_from_objects, optimizer_facts
-from mixprec.doctor.measure import GradientStats, UpdateStats, gradient_stats, update_stats
-from mixprec.doctor.probes import DEFAULT_EVERY, Probe, ProbeSample
+from mixprec.doctor.frontends import (
+    check,
+    check_file,
+    detect_format,
+    facts_from_objects,
+    load_config,
+    optimizer_facts,
+)
 from mixprec.doctor.rules import SHORT_RUN_STEPS, run_static_rules
+from mixprec.doctor.runtime import (
+    DEFAULT_EVERY,
+    GradientStats,
+    Probe,
+    ProbeSample,
+    ProbeThresholds,
+    UpdateStats,
+    gradient_stats,
+    update_stats,
+)
 
 __all__ = [
     "DEFAULT_EVERY",
@@ -49,6 +65,7 @@ __all__ = [
     "OptimizerFacts",
     "Probe",
     "ProbeSample",
+    "ProbeThresholds",
     "RuleInfo",
     "Severity",
     "TrainingFacts",

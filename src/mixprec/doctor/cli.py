@@ -17,8 +17,9 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from mixprec.doctor.config import FORMATS, check_config, read_config
 from mixprec.doctor.findings import Finding, count_by_severity, has_errors
+from mixprec.doctor.frontends.dispatch import FORMATS, check_config
+from mixprec.doctor.frontends.document import read_config
 
 __all__ = ["add_parser", "format_report", "main", "run"]
 

@@ -6,13 +6,19 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from mixprec.doctor.findings import Finding, Severity
-from mixprec.doctor.hooks import ClipCall, NonfiniteHit
-from mixprec.doctor.measure import GradientStats, ScaleVerdict, UpdateStats
+from mixprec.doctor.runtime.hunter import NonfiniteHit
+from mixprec.doctor.runtime.measure import (
+    GradientStats,
+    ScaledGradientChange,
+    ScaleVerdict,
+    UpdateStats,
+)
 from mixprec.dtypes import dtype_name, format_info
 
 __all__ = [
@@ -172,7 +178,7 @@ def loss_scale_collapse(
     skipped_steps: int,
     recent_scales: list[list[float]],
 ) -> Finding:
-    """The dynamic loss scale collapsed (see `mixprec.doctor.measure.judge_loss_scale`)."""
+    """The dynamic loss scale collapsed (see `mixprec.doctor.runtime.measure.judge_loss_scale`)."""
     return Finding(
         rule="loss-scale-collapse",
         severity="error",
@@ -198,27 +204,40 @@ def loss_scale_collapse(
     )
 
 
-def clip_before_unscale(call: ClipCall, *, step: int, loss_scale: float | None) -> Finding:
-    """A clipping call on gradients that still carry the loss scale."""
+def clip_before_unscale(
+    change: ScaledGradientChange, *, step: int, loss_scale: float | None
+) -> Finding:
+    """Gradients changed in place while they still carried the loss scale (a clip before
+    the unscale, most likely).
+
+    Evidence: ``caller``, ``step``, ``loss_scale``, ``grad_norm`` (the true norm
+    the gradients were left with) and, when finite, ``scaled_grad_norm``
+    (``grad_norm * loss_scale``: a norm clip that engaged leaves its ``max_norm`` here).
+    """
     evidence: dict[str, Any] = {
-        "function": call.function,
-        "caller": call.caller,
+        "caller": change.caller,
         "step": step,
         "loss_scale": loss_scale,
-        "limit": call.limit,
+        "grad_norm": change.grad_norm,
     }
-    effective = "far tighter than asked"
-    if call.limit is not None and loss_scale:
-        evidence["effective_limit"] = call.limit / loss_scale
-        effective = f"{call.limit / loss_scale:.3g} instead of {call.limit:g}"
+    scale = "unknown" if loss_scale is None else f"{loss_scale:g}"
+    left = ""
+    if loss_scale and math.isfinite(change.grad_norm):
+        scaled = change.grad_norm * loss_scale
+        evidence["scaled_grad_norm"] = scaled
+        left = (
+            f" (the gradients were left with a scaled norm of {scaled:.3g}, the max_norm of a "
+            f"norm clip that engaged, which is a true norm of {change.grad_norm:.3g})"
+        )
     return Finding(
         rule="clip-before-unscale",
         severity="error",
-        where=call.caller,
+        where=change.caller,
         message=(
-            f"{call.function} was called on gradients still multiplied by the loss scale "
-            f"({loss_scale:g}) at step {step}: the threshold applies to scaled gradients, so "
-            f"clipping is effectively {effective}"
+            f"the gradients were changed in place after prec.backward, while still multiplied "
+            f"by the loss scale ({scale}), before step {step}: a clip there "
+            "(torch.nn.utils.clip_grad_norm_ or clip_grad_value_) applies its threshold to "
+            f"scaled gradients, so clipping is effectively far tighter than asked{left}"
         ),
         evidence=evidence,
         fix=(

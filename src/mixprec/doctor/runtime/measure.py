@@ -1,4 +1,5 @@
-"""Pure measurements behind the runtime probes: gradient range, lost updates, scale trend.
+"""Pure measurements behind the runtime probes: gradient range, lost updates, scale trend,
+and the record of gradients changed while still scaled.
 
 These take tensors or plain numbers and return frozen records, so they are tested
 against closed-form fractions on constructed tensors. Thresholds come from
@@ -20,6 +21,7 @@ __all__ = [
     "GradientStats",
     "ScaleEntry",
     "ScaleVerdict",
+    "ScaledGradientChange",
     "UpdateStats",
     "gradient_stats",
     "judge_loss_scale",
@@ -273,3 +275,23 @@ def judge_loss_scale(
         drops_since_growth=drops,
         reason=reason,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaledGradientChange:
+    """Gradients changed in place between ``prec.backward`` and their unscale.
+
+    What a clip on still-scaled gradients leaves behind: `Precision` notes it
+    (`Precision.gradients_changed_while_scaled`) from the gradients' version
+    counters, without wrapping any function.
+
+    Attributes:
+        caller: ``"file.py:42"`` of the training-loop call that took the step
+            (``prec.step``), or ``"unknown"``.
+        grad_norm: the true (unscaled) total norm of the gradients after the
+            change, as the step reported it; inf or NaN when non-finite. After a
+            norm clip that engaged, ``grad_norm * loss_scale`` is its ``max_norm``.
+    """
+
+    caller: str
+    grad_norm: float

@@ -147,7 +147,7 @@ def test_clip_before_unscale_is_caught_and_prec_clip_is_not() -> None:
     prec, model, opt = _amp_fp16_setup()
     probe = Probe(every=1, model=model)
     with probe.watching(prec):
-        assert torch.nn.utils.clip_grad_norm_ is not original
+        assert torch.nn.utils.clip_grad_norm_ is original  # nothing is wrapped
         _backward(prec, model)
         prec.clip_grad_norm_(model.parameters(), 1.0)  # unscales first
         prec.step(opt)
@@ -162,8 +162,10 @@ def test_clip_before_unscale_is_caught_and_prec_clip_is_not() -> None:
     (f,) = probe.findings()
     assert f.rule == "clip-before-unscale" and f.severity == "error"
     assert __file__ in f.where and f.evidence["step"] == 1
-    assert f.evidence["loss_scale"] == 2.0**16 and f.evidence["limit"] == 1.0
-    assert f.evidence["effective_limit"] == 1.0 / 2.0**16
+    # The clip left the scaled norm at its max_norm (1.0): a true norm of 1 / scale.
+    assert f.evidence["loss_scale"] == 2.0**16
+    assert f.evidence["scaled_grad_norm"] == pytest.approx(1.0, rel=1e-5)
+    assert f.evidence["grad_norm"] == pytest.approx(1.0 / 2.0**16, rel=1e-5)
 
 
 class _Bomb(nn.Module):
@@ -257,7 +259,7 @@ def test_probe_arguments_are_validated(kwargs: dict[str, float], match: str) -> 
 def test_nonfinite_hunter_ignores_a_fake_tensor_forward() -> None:
     """memory.estimate runs a fake-tensor forward; with the hunter's hooks in place it
     raised DataDependentOutputException (an fp16 run that overflowed at step 0)."""
-    from mixprec.doctor.hooks import NonfiniteHunter
+    from mixprec.doctor.runtime.hunter import NonfiniteHunter
     from mixprec.memory import estimate
 
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from mixprec.doctor.config import DeviceArg, resolve_device
 from mixprec.doctor.facts import (
     GroupFacts,
     OptimizerFacts,
@@ -25,6 +24,7 @@ from mixprec.doctor.facts import (
     resolve_mixprec_master,
 )
 from mixprec.doctor.findings import Finding, sort_findings
+from mixprec.doctor.frontends.frontend import DeviceArg, resolve_device
 from mixprec.doctor.rules import run_static_rules
 from mixprec.dtypes import dtype_name, is_16bit, is_fp8
 from mixprec.errors import PrecisionWarning

@@ -30,26 +30,47 @@ from typing import Any
 import torch
 
 from mixprec.device import DeviceCaps
-from mixprec.doctor.config import ConfigDoc
 from mixprec.doctor.facts import (
     GroupFacts,
     OptimizerFacts,
     TrainingFacts,
     resolve_mixprec_master,
 )
+from mixprec.doctor.frontends.document import ConfigDoc
+from mixprec.doctor.frontends.frontend import FrontEnd
 from mixprec.dtypes import dtype_name, is_16bit, is_fp8, parse_dtype
 
 __all__ = [
     "FLASHOPTIM_TARGETS",
+    "FRONT_END",
     "MIXPREC_TARGETS",
     "MP_POLICY_TARGETS",
+    "NEMO_MARKERS",
     "OPTIMI_TARGETS",
     "TE_FUSED_ADAM_TARGETS",
     "TORCHAO_TARGETS",
     "TORCH_ADAM_TARGETS",
     "TORCH_OTHER_TARGETS",
+    "claims_nemo",
     "facts_from_nemo",
 ]
+
+#: Top-level keys that mark a NeMo AutoModel recipe.
+NEMO_MARKERS: frozenset[str] = frozenset(
+    {
+        "step_scheduler",
+        "dist_env",
+        "recipe",
+        "peft",
+        "loss_fn",
+        "distributed_config",
+        "packed_sequence",
+        "validation_dataset",
+        "dataloader",
+        "autopipeline",
+        "parallelizer",
+    }
+)
 
 #: torch.optim Adam family: no master, moments in the parameters' dtype.
 TORCH_ADAM_TARGETS: frozenset[str] = frozenset(
@@ -406,3 +427,31 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
         device=device,
         where=where,
     )
+
+
+def _has_target(node: Any) -> bool:
+    if isinstance(node, Mapping):
+        return "_target_" in node or any(_has_target(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_target(v) for v in node)
+    return False
+
+
+def claims_nemo(data: Mapping[str, Any]) -> bool:
+    """A NeMo AutoModel recipe: a NeMo top-level key (`NEMO_MARKERS`), a
+    ``model._target_`` or ``model.torch_dtype``, or any ``_target_`` key."""
+    model = data.get("model")
+    if NEMO_MARKERS & set(data) or (
+        isinstance(model, Mapping) and ("_target_" in model or "torch_dtype" in model)
+    ):
+        return True
+    return _has_target(data)
+
+
+#: NeMo AutoModel YAML as a front end (see `mixprec.doctor.frontends.dispatch.FRONT_ENDS`).
+FRONT_END = FrontEnd(
+    name="nemo",
+    claims=claims_nemo,
+    read=facts_from_nemo,
+    hint="a NeMo AutoModel recipe has 'model:', 'optimizer:', 'step_scheduler:'...",
+)

@@ -3,8 +3,9 @@ from __future__ import annotations
 import torch
 
 from mixprec.doctor import UpdateStats
-from mixprec.doctor.hooks import ClipCall, NonfiniteHit
-from mixprec.doctor.runtime_rules import (
+from mixprec.doctor.runtime.hunter import NonfiniteHit
+from mixprec.doctor.runtime.measure import ScaledGradientChange
+from mixprec.doctor.runtime.rules import (
     clip_before_unscale,
     nonfinite_source,
     vanishing_updates,
@@ -12,15 +13,16 @@ from mixprec.doctor.runtime_rules import (
 from mixprec.dtypes import format_info
 
 
-def test_clip_without_a_numeric_limit_still_reports() -> None:
-    call = ClipCall(function="torch.nn.utils.clip_grad_value_", caller="train.py:7", limit=None)
-    f = clip_before_unscale(call, step=3, loss_scale=1024.0)
+def test_clip_without_a_finite_norm_still_reports() -> None:
+    change = ScaledGradientChange(caller="train.py:7", grad_norm=float("inf"))
+    f = clip_before_unscale(change, step=3, loss_scale=1024.0)
     assert f.where == "train.py:7" and "far tighter" in f.message
-    assert "effective_limit" not in f.evidence
+    assert "scaled_grad_norm" not in f.evidence
     g = clip_before_unscale(
-        ClipCall(function="x", caller="t.py:1", limit=2.0), step=0, loss_scale=4.0
+        ScaledGradientChange(caller="t.py:1", grad_norm=0.5), step=0, loss_scale=4.0
     )
-    assert g.evidence["effective_limit"] == 0.5
+    assert g.evidence["scaled_grad_norm"] == 2.0 and g.evidence["grad_norm"] == 0.5
+    assert "scaled norm of 2" in g.message
 
 
 def test_nonfinite_input_points_at_the_data() -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mixprec.doctor import gradient_stats, update_stats
-from mixprec.doctor.measure import ScaleEntry, judge_loss_scale
+from mixprec.doctor.runtime.measure import ScaleEntry, judge_loss_scale
 from mixprec.dtypes import format_info
 
 FP16 = format_info("fp16")

@@ -1,16 +1,13 @@
-"""Temporary instrumentation for the runtime probes: clip-call watching, non-finite hunting.
+"""The non-finite hunt: temporary forward hooks that name the first module with inf/NaN output.
 
-Both are installed only while needed and removed after: `ClipWatch` wraps
-``torch.nn.utils.clip_grad_norm_``/``clip_grad_value_`` (restoring the originals
-on `uninstall`); `NonfiniteHunter` adds forward hooks to every module while it
-looks for the first module whose output turned inf/NaN, then removes them.
+`NonfiniteHunter` adds a forward hook to every module of one model while it
+looks for the first module whose output turned inf/NaN, and removes them after.
+Nothing outside that model is touched.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,81 +15,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
-__all__ = ["CLIP_FUNCTIONS", "ClipCall", "ClipWatch", "NonfiniteHit", "NonfiniteHunter"]
-
-#: The gradient-clipping functions watched, by name.
-CLIP_FUNCTIONS: tuple[str, ...] = ("clip_grad_norm_", "clip_grad_value_")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClipCall:
-    """A call to a clipping function, as seen by `ClipWatch`.
-
-    Attributes:
-        function: ``"torch.nn.utils.clip_grad_norm_"`` or ``...clip_grad_value_``.
-        caller: ``"file.py:42"`` of the code that called it.
-        limit: the ``max_norm``/``clip_value`` it was called with, if a number.
-    """
-
-    function: str
-    caller: str
-    limit: float | None = None
-
-
-class ClipWatch:
-    """Wraps torch's clipping functions and reports each call to `on_call`.
-
-    Args:
-        on_call: called with a `ClipCall` before the real function runs.
-    """
-
-    def __init__(self, on_call: Callable[[ClipCall], None]) -> None:
-        self._on_call = on_call
-        self._active = False
-        self._saved: list[tuple[Any, str, Any, Any]] = []
-
-    @property
-    def installed(self) -> bool:
-        """Whether the wrappers are in place."""
-        return self._active
-
-    def install(self) -> None:
-        """Wrap the clipping functions (idempotent)."""
-        if self._active:
-            return
-        import torch.nn.utils as utils
-        import torch.nn.utils.clip_grad as clip_grad
-
-        self._active = True
-        for name in CLIP_FUNCTIONS:
-            original = getattr(utils, name)
-            wrapper = self._wrap(original, f"torch.nn.utils.{name}")
-            for module in (utils, clip_grad):
-                if getattr(module, name, None) is original:
-                    setattr(module, name, wrapper)
-                    self._saved.append((module, name, original, wrapper))
-
-    def _wrap(self, original: Callable[..., Any], label: str) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if self._active:
-                frame = sys._getframe(1)
-                raw = args[1] if len(args) > 1 else kwargs.get("max_norm", kwargs.get("clip_value"))
-                limit = float(raw) if isinstance(raw, int | float) else None
-                caller = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-                self._on_call(ClipCall(function=label, caller=caller, limit=limit))
-            return original(*args, **kwargs)
-
-        return wrapper
-
-    def uninstall(self) -> None:
-        """Restore the originals. A wrapper that someone wrapped again stays in place as a
-        pass-through (it no longer reports)."""
-        self._active = False
-        for module, name, original, wrapper in reversed(self._saved):
-            if getattr(module, name, None) is wrapper:
-                setattr(module, name, original)
-        self._saved.clear()
+__all__ = ["NonfiniteHit", "NonfiniteHunter"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,13 +32,14 @@ from typing import Any
 import torch
 
 from mixprec.device import DeviceCaps, device_caps
-from mixprec.doctor.config import ConfigDoc
 from mixprec.doctor.facts import (
     GroupFacts,
     OptimizerFacts,
     TrainingFacts,
     resolve_mixprec_master,
 )
+from mixprec.doctor.frontends.document import ConfigDoc
+from mixprec.doctor.frontends.frontend import FrontEnd
 from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
 from mixprec.errors import PrecisionWarning
 from mixprec.formats import check_master, check_moments
@@ -46,8 +47,10 @@ from mixprec.policy import Policy, policy
 
 __all__ = [
     "FP8_SCALINGS",
+    "FRONT_END",
     "NORM_CLASS_NAMES",
     "OPTIMIZER_NAMES",
+    "claims_mixprec",
     "facts_from_mixprec",
     "policy_from_config",
 ]
@@ -285,3 +288,17 @@ def facts_from_mixprec(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
         device=device if device is not None else _device(doc),
         where=where,
     )
+
+
+def claims_mixprec(data: Mapping[str, Any]) -> bool:
+    """A mixprec config has a top-level ``precision:`` mapping."""
+    return isinstance(data.get("precision"), Mapping)
+
+
+#: mixprec's YAML as a front end (see `mixprec.doctor.frontends.dispatch.FRONT_ENDS`).
+FRONT_END = FrontEnd(
+    name="mixprec",
+    claims=claims_mixprec,
+    read=facts_from_mixprec,
+    hint="a mixprec config has a top-level 'precision:' mapping",
+)

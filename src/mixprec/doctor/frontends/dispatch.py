@@ -1,0 +1,120 @@
+"""Which front end reads a config file, and the file-level entry points.
+
+`FRONT_ENDS` is the registry: each config format is one module that defines a
+`FrontEnd` (``mixprec_yaml.FRONT_END``, ``nemo_yaml.FRONT_END``); this module
+imports them, never the other way round. `detect_format` asks them in order;
+`check_file` reads, dispatches and runs the static rules.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from mixprec.doctor.facts import TrainingFacts
+from mixprec.doctor.findings import Finding, sort_findings
+from mixprec.doctor.frontends import mixprec_yaml, nemo_yaml
+from mixprec.doctor.frontends.document import ConfigDoc, read_config
+from mixprec.doctor.frontends.frontend import DeviceArg, FrontEnd, resolve_device
+from mixprec.doctor.rules import run_static_rules
+
+__all__ = [
+    "FORMATS",
+    "FRONT_ENDS",
+    "ConfigFormat",
+    "check_config",
+    "check_file",
+    "detect_format",
+    "front_end",
+    "load_config",
+]
+
+#: A config format: the name of a registered front end (``"mixprec"``, ``"nemo"``).
+ConfigFormat = str
+
+#: The registered front ends, in the order `detect_format` asks them (the first
+#: that claims a file reads it). A new format is one module plus one entry here.
+FRONT_ENDS: tuple[FrontEnd, ...] = (mixprec_yaml.FRONT_END, nemo_yaml.FRONT_END)
+
+#: The accepted values of ``--format``.
+FORMATS: tuple[str, ...] = ("auto", *(fe.name for fe in FRONT_ENDS))
+
+
+def front_end(name: str) -> FrontEnd:
+    """The registered front end called `name`.
+
+    Raises:
+        ValueError: for a name no front end has, listing the valid ones.
+    """
+    for fe in FRONT_ENDS:
+        if fe.name == name:
+            return fe
+    raise ValueError(f"unknown config format {name!r}; valid: {', '.join(FORMATS)}")
+
+
+def detect_format(data: Mapping[str, Any], *, source: str = "config") -> ConfigFormat:
+    """The name of the first front end that claims `data`: ``"mixprec"`` for a
+    top-level ``precision:`` mapping, ``"nemo"`` for NeMo AutoModel recipes
+    (``step_scheduler``, ``model._target_``, ``_target_`` keys...).
+
+    Raises:
+        ValueError: when the content matches none (pass the format explicitly).
+    """
+    for fe in FRONT_ENDS:
+        if fe.claims(data):
+            return fe.name
+    keys = ", ".join(sorted(str(k) for k in data)[:8]) or "none"
+    hints = ", ".join(fe.hint for fe in FRONT_ENDS)
+    flags = " or ".join(f"--format {fe.name}" for fe in FRONT_ENDS)
+    raise ValueError(
+        f"{source}: cannot tell the config format (top-level keys: {keys}); {hints}; pass {flags}"
+    )
+
+
+def check_config(
+    doc: ConfigDoc, *, format: str = "auto", device: DeviceArg = None
+) -> tuple[ConfigFormat, TrainingFacts, list[Finding]]:
+    """Judge a parsed config: its format, its facts, and the findings (sorted).
+
+    Raises:
+        ValueError: for an unknown `format`, an undetectable format, or invalid values.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"unknown config format {format!r}; valid: {', '.join(FORMATS)}")
+    name = detect_format(doc.data, source=doc.source) if format == "auto" else format
+    facts = front_end(name).read(doc, device=resolve_device(device))
+    return name, facts, sort_findings(run_static_rules(facts))
+
+
+def load_config(
+    path: str | os.PathLike[str], *, format: str = "auto", device: DeviceArg = None
+) -> TrainingFacts:
+    """The `TrainingFacts` of a config file (mixprec YAML or NeMo AutoModel YAML).
+
+    Raises:
+        FileNotFoundError: when the file does not exist.
+        ValueError: for invalid YAML, an unknown format, or invalid values.
+    """
+    return check_config(read_config(path), format=format, device=device)[1]
+
+
+def check_file(
+    path: str | os.PathLike[str], *, format: str = "auto", device: DeviceArg = None
+) -> list[Finding]:
+    """Lint one config file: the findings of every static rule, errors first.
+
+    Args:
+        path: a mixprec YAML config or a NeMo AutoModel recipe.
+        format: ``"auto"`` (detect from content) or a front end's name
+            (`FORMATS`: ``"mixprec"``, ``"nemo"``).
+        device: the device the run targets (a `DeviceCaps`, a device or its name);
+            overrides a mixprec config's ``device:``. Without one,
+            ``format-not-accelerated`` is not judged for NeMo recipes.
+
+    Raises:
+        FileNotFoundError: when the file does not exist.
+        ValueError: for invalid YAML, an unknown format, or invalid values, with a
+            one-line reason.
+    """
+    return check_config(read_config(path), format=format, device=device)[2]

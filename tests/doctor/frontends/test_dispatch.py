@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mixprec.doctor import STATIC_RULES, check_file, detect_format, load_config
+from mixprec.doctor.frontends import FORMATS, FRONT_ENDS, front_end
+
+from .cases import CLEAN, FIXTURES, MIXPREC_CASES, NEMO_CASES, write
+
+
+def test_every_static_rule_has_a_fixture_in_each_format() -> None:
+    assert {r for _, rules, _ in MIXPREC_CASES for r in rules} == set(STATIC_RULES)
+    nemo = {r for _, rules, _ in NEMO_CASES for r in rules} | {"format-not-accelerated"}
+    assert nemo == set(STATIC_RULES) - {"loss-scaling-unneeded"}
+
+
+@pytest.mark.parametrize("name", CLEAN)
+def test_clean_configs_have_no_findings(name: str) -> None:
+    assert check_file(FIXTURES / name) == []
+
+
+def test_bad_input_raises_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        check_file(tmp_path / "missing.yaml")
+    broken = write(tmp_path, "precision:\n  preset: [bf16\n")
+    with pytest.raises(ValueError, match=r"recipe\.yaml:\d+: not valid YAML") as exc:
+        check_file(broken)
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ValueError, match=r"cannot tell the config format.*--format"):
+        check_file(write(tmp_path, "seed: 3\nlr: 0.1\n", "odd.yaml"))
+    with pytest.raises(ValueError, match="needs a top-level 'precision:'"):
+        check_file(FIXTURES / "nemo" / "clean_te_fused_adam.yaml", format="mixprec")
+    with pytest.raises(ValueError, match="unknown config format 'yaml'"):
+        check_file(FIXTURES / "mixprec" / "clean_amp_bf16.yaml", format="yaml")
+
+
+def test_load_config_exposes_the_facts() -> None:
+    facts = load_config(FIXTURES / "nemo" / "clean_te_fused_adam.yaml")
+    assert facts.dialect == "nemo" and str(facts.param_dtype) == "torch.bfloat16"
+    assert facts.optimizer is not None
+    (group,) = facts.optimizer.groups
+    assert (group.master, group.moments) == ("exact", "fp32")
+    assert str(facts.reduce_dtype) == "torch.float32" and facts.steps == 100000
+
+
+def test_formats_are_the_registered_front_ends_in_detection_order() -> None:
+    assert FORMATS == ("auto", *(fe.name for fe in FRONT_ENDS)) == ("auto", "mixprec", "nemo")
+    assert [front_end(n).name for n in FORMATS[1:]] == list(FORMATS[1:])
+    with pytest.raises(ValueError, match="unknown config format 'hf'; valid: auto, mixprec"):
+        front_end("hf")
+    # a NeMo recipe that also has a precision mapping is read by the first claimant
+    both = {"precision": {"preset": "fp32"}, "step_scheduler": {"max_steps": 1}}
+    assert [fe.name for fe in FRONT_ENDS if fe.claims(both)] == ["mixprec", "nemo"]
+    assert detect_format(both) == "mixprec"
+
+
+def test_an_undetectable_config_names_every_front_end() -> None:
+    with pytest.raises(ValueError) as exc:
+        detect_format({"seed": 3, "lr": 0.1}, source="odd.yaml")
+    message = str(exc.value)
+    assert message.startswith("odd.yaml: cannot tell the config format (top-level keys: lr, seed)")
+    for fe in FRONT_ENDS:
+        assert fe.hint in message and f"--format {fe.name}" in message

@@ -1,7 +1,9 @@
-"""``python -m mixprec.doctor FILE...``: the doctor's command line on its own."""
+"""``python -m mixprec.doctor FILE...``: the same as ``mixprec doctor FILE...``."""
 
-from mixprec.doctor.cli import main
+import sys
+
+from mixprec.cli import main
 
 __all__: list[str] = []
 
-raise SystemExit(main())
+raise SystemExit(main(["doctor", *sys.argv[1:]]))

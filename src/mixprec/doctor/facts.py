@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 
 from mixprec.device import DeviceCaps
+from mixprec.formats import master_specs
 
 __all__ = [
     "FULL_PRECISION_MASTERS",
@@ -28,9 +29,10 @@ __all__ = [
 #: How the facts were described; rules word their fixes in the user's own terms.
 Dialect = Literal["mixprec", "nemo", "live"]
 
-#: Master representations that keep updates at (about) fp32 precision.
+#: Master representations that keep updates below the parameter's half-ulp (from the
+#: format registry: exact, 24-bit, compensated or stochastic ones).
 FULL_PRECISION_MASTERS: frozenset[str] = frozenset(
-    {"fp32", "exact", "remainder8", "kahan", "stochastic"}
+    spec.name for spec in master_specs() if spec.keeps_small_updates
 )
 
 

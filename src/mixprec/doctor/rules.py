@@ -15,6 +15,7 @@ import torch
 from mixprec.doctor.facts import FULL_PRECISION_MASTERS, GroupFacts, TrainingFacts
 from mixprec.doctor.findings import Finding, Severity
 from mixprec.dtypes import dtype_name, format_info, is_16bit, is_fp8
+from mixprec.formats import master_specs, moment_specs
 
 __all__ = [
     "MASTER_EXTRA_BYTES",
@@ -35,18 +36,20 @@ __all__ = [
 #: gets a warning instead of an error (the damage compounds with the step count).
 SHORT_RUN_STEPS = 1000
 
-#: Extra bytes per parameter each master representation costs (beyond the params).
+#: Extra bytes per parameter each master representation costs (beyond the params):
+#: mixprec's formats from the registry, plus the 16-bit scaled master of Transformer
+#: Engine that configs of other tools can name.
 MASTER_EXTRA_BYTES: dict[str, int] = {
-    "none": 0,
-    "fp32": 4,
-    "exact": 2,
-    "remainder8": 1,
-    "kahan": 2,
-    "stochastic": 0,
+    **{spec.name: spec.bytes_per_element for spec in master_specs()},
     "fp16": 2,
 }
 
-_16BIT_MOMENTS = frozenset({"bf16", "fp16", "fp8", "int4"})
+#: Moment formats whose elements are rounded to a narrow float every step, so small
+#: moving-average increments are lost: mixprec's from the registry, plus the ones
+#: other tools' configs can name (fp16, fp8, int4 without block scales).
+_16BIT_MOMENTS = frozenset(
+    {spec.name for spec in moment_specs() if spec.rounds_increments} | {"fp16", "fp8", "int4"}
+)
 
 
 def _name(dtype: torch.dtype | None) -> str:

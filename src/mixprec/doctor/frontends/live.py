@@ -9,7 +9,6 @@ may be given; rules whose facts are missing stay silent.
 from __future__ import annotations
 
 import fnmatch
-import warnings
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -27,7 +26,6 @@ from mixprec.doctor.findings import Finding, sort_findings
 from mixprec.doctor.frontends.frontend import DeviceArg, resolve_device
 from mixprec.doctor.rules import run_static_rules
 from mixprec.dtypes import dtype_name, is_16bit, is_fp8
-from mixprec.errors import PrecisionWarning
 from mixprec.policy import DEFAULT_FP32_MODULES, Policy, policy
 
 __all__ = [
@@ -193,9 +191,7 @@ def facts_from_objects(
     """The `TrainingFacts` of live objects (see `check` for the arguments)."""
     pol: Policy | None = None
     if policy is not None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", PrecisionWarning)
-            pol = _resolve_policy(policy, device)
+        pol = _resolve_policy(policy, device)
     caps = resolve_device(device)
     where: dict[str, str] = {}
 

@@ -25,7 +25,6 @@ except inside ``precision``, which `mixprec.Policy.from_dict` validates)::
 from __future__ import annotations
 
 import fnmatch
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,7 +40,6 @@ from mixprec.doctor.facts import (
 from mixprec.doctor.frontends.document import ConfigDoc
 from mixprec.doctor.frontends.frontend import FrontEnd
 from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
-from mixprec.errors import PrecisionWarning
 from mixprec.formats import check_master, check_moments
 from mixprec.policy import Policy, policy
 
@@ -108,10 +106,8 @@ def policy_from_config(
     if not isinstance(allow_raw, bool):
         raise ValueError(f"{where}: allow_unscaled must be true or false, got {allow_raw!r}")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", PrecisionWarning)
-            preset_master = policy(str(data["preset"])).master if "preset" in data else "none"
-            pol = Policy.from_dict({**data, "master": "none", "allow_unscaled": True})
+        preset_master = policy(str(data["preset"])).master if "preset" in data else "none"
+        pol = Policy.from_dict({**data, "master": "none", "allow_unscaled": True})
         master = check_master(str(master_raw)) if master_raw is not None else preset_master
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{where}: {exc}") from exc

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from mixprec.doctor.cli import add_parser, main, run
+from mixprec.cli import main as mixprec_main
+from mixprec.cli.doctor import add_parser, run
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "doctor" / "fixtures"
 CLEAN = str(FIXTURES / "mixprec" / "clean_bf16_master.yaml")
 ERROR = str(FIXTURES / "nemo" / "optimizer-state-16bit.yaml")
 WARNING = str(FIXTURES / "nemo" / "reduce-dtype-16bit.yaml")
@@ -38,7 +39,7 @@ def test_doctor_flags_are_pinned() -> None:
 )
 def test_exit_codes(files: list[str], code: int, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_parse(["doctor", *files])) == code
-    assert main(files) == code
+    assert mixprec_main(["doctor", *files]) == code
     capsys.readouterr()
 
 
@@ -84,7 +85,7 @@ def test_bad_input_is_exit_2_with_one_line(
     with pytest.raises((ValueError, FileNotFoundError), match=expected) as exc:
         run(_parse(["doctor", str(path)]))
     assert "\n" not in str(exc.value)
-    assert main([CLEAN, str(path)]) == 2
+    assert mixprec_main(["doctor", CLEAN, str(path)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing printed for the good file either
     assert captured.err.count("\n") == 1 and expected in captured.err

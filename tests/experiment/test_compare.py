@@ -14,7 +14,7 @@ import pytest
 import mixprec
 from mixprec.cli import main
 from mixprec.experiment import Contract, RunRecord
-from mixprec.experiment.decision import tail_start
+from mixprec.experiment.summary import tail_start
 from mixprec.policy import PRESET_NAMES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

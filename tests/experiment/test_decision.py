@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from mixprec.experiment.contract import Contract, Gates
-from mixprec.experiment.decision import decide, tail_start
+from mixprec.experiment.decision import decide
 from mixprec.experiment.records import RunRecord
+from mixprec.experiment.summary import tail_start
 
 STEPS = 100
 

@@ -2,10 +2,11 @@
 
 from mixprec.experiment.compare import Rerendered, Results, compare, rerender, run_contract
 from mixprec.experiment.contract import DEFAULT_CANDIDATES, Contract, Gates
-from mixprec.experiment.decision import Decision, PolicySummary, Verdict, decide, summarize
+from mixprec.experiment.decision import Decision, Verdict, decide
 from mixprec.experiment.records import RunRecord, read_records
 from mixprec.experiment.report import Report, render, terminal_table
 from mixprec.experiment.runner import RunSettings, run_experiment, run_one, settings_for
+from mixprec.experiment.summary import PolicySummary, summarize
 
 __all__ = [
     "DEFAULT_CANDIDATES",

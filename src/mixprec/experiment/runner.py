@@ -31,8 +31,9 @@ from mixprec.device import device_caps, resolve_device
 from mixprec.engine import Precision
 from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
 from mixprec.experiment.contract import Contract
-from mixprec.experiment.decision import decide, tail_start
+from mixprec.experiment.decision import decide
 from mixprec.experiment.records import RunRecord, load_records, record_path, write_json_atomic
+from mixprec.experiment.summary import tail_start
 from mixprec.memory import MemoryBreakdown, estimate, measure
 from mixprec.policy import DEFAULT_FP32_MODULES, Policy, matches_fp32_module
 from mixprec.policy import policy as get_policy

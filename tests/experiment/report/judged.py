@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mixprec.experiment import Contract, Decision, RunRecord, decide
-from mixprec.experiment.decision import tail_start
+from mixprec.experiment.summary import tail_start
 
 STEPS = 50
 CAP = 10

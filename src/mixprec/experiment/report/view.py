@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mixprec.experiment.contract import Contract
-from mixprec.experiment.decision import Decision, PolicySummary, format_interval
+from mixprec.experiment.decision import Decision
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.report.wording import (
     gates_sentence,
@@ -24,6 +24,7 @@ from mixprec.experiment.report.wording import (
     verdict_label,
     verdict_reason,
 )
+from mixprec.experiment.summary import PolicySummary, format_interval
 
 __all__ = [
     "COLUMNS",

@@ -13,8 +13,9 @@ import math
 from collections.abc import Sequence
 
 from mixprec.experiment.contract import Contract
-from mixprec.experiment.decision import Decision, format_interval, tail_start
+from mixprec.experiment.decision import Decision
 from mixprec.experiment.records import RunRecord
+from mixprec.experiment.summary import format_interval, tail_start
 
 __all__ = [
     "gates_sentence",

@@ -1,0 +1,93 @@
+"""Rules about what the hardware does with the formats.
+
+16-bit gradient reduction across ranks, and formats the device does not accelerate.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mixprec.doctor.facts import TrainingFacts
+from mixprec.doctor.findings import Finding
+from mixprec.doctor.rules.common import (
+    dtype_label,
+)
+from mixprec.dtypes import format_info, is_16bit
+
+__all__ = ["format_not_accelerated", "reduce_dtype_16bit"]
+
+
+def reduce_dtype_16bit(facts: TrainingFacts) -> list[Finding]:
+    """Gradient reduction across ranks in bf16/fp16."""
+    if facts.reduce_dtype is None or not is_16bit(facts.reduce_dtype):
+        return []
+    info = format_info(facts.reduce_dtype)
+    if facts.dialect == "nemo":
+        fix = (
+            "reduce in fp32: distributed.mp_policy.reduce_dtype: float32 (FSDP2), or "
+            "grad_reduce_in_fp32: true (Megatron FSDP)"
+        )
+    elif facts.dialect == "mixprec":
+        fix = "set distributed.reduce_dtype: fp32 (mixprec's default)"
+    else:
+        fix = "use a policy with reduce_dtype=torch.float32 (mixprec's default)"
+    return [
+        Finding(
+            rule="reduce-dtype-16bit",
+            severity="warning",
+            where=facts.locate("reduce_dtype"),
+            message=(
+                f"gradients are summed across ranks in {dtype_label(facts.reduce_dtype)}"
+                + (f" ({facts.reduce_note})" if facts.reduce_note else "")
+                + f": each addition rounds to {info.mantissa_bits} mantissa bits, so with many "
+                "ranks small contributions are lost and the error grows with the world size"
+            ),
+            evidence={
+                "reduce_dtype": dtype_label(facts.reduce_dtype),
+                "reduce_dtype_source": facts.reduce_note or "stated",
+                "eps": info.eps,
+            },
+            fix=fix,
+        )
+    ]
+
+
+def format_not_accelerated(facts: TrainingFacts) -> list[Finding]:
+    """The effective compute format is emulated or unsupported on the target device."""
+    caps = facts.device
+    dt = facts.compute_dtype
+    if caps is None or dt is None or not is_16bit(dt):
+        return []
+    supported, fast = caps.supported(dt), caps.fast(dt)
+    if supported and fast:
+        return []
+    better = next(
+        (d for d in (torch.bfloat16, torch.float16) if caps.supported(d) and caps.fast(d)), None
+    )
+    effective = "not supported" if not supported else "emulated (slower than fp32)"
+    fix = (
+        f"compute in {dtype_label(better)}, which is accelerated on {caps.name}"
+        if better is not None
+        else "compute in fp32 here (preset 'auto' picks the fastest correct format)"
+    )
+    return [
+        Finding(
+            rule="format-not-accelerated",
+            severity="error" if not supported else "warning",
+            where=facts.locate("compute_dtype", "device"),
+            message=(
+                f"{dtype_label(dt)} compute requested on {caps.name}, where it is {effective}: "
+                f"{caps.reason(dt)}"
+            ),
+            evidence={
+                "requested": dtype_label(dt),
+                "effective": effective,
+                "device": caps.device_type,
+                "device_name": caps.name,
+                "supported": supported,
+                "fast": fast,
+                "reason": caps.reason(dt),
+            },
+            fix=fix,
+        )
+    ]

@@ -23,7 +23,6 @@ imported.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,14 +30,23 @@ import torch
 
 from mixprec.device import DeviceCaps
 from mixprec.doctor.facts import (
-    GroupFacts,
-    OptimizerFacts,
     TrainingFacts,
-    resolve_mixprec_master,
 )
 from mixprec.doctor.frontends.document import ConfigDoc
 from mixprec.doctor.frontends.frontend import FrontEnd
-from mixprec.dtypes import dtype_name, is_16bit, is_fp8, parse_dtype
+from mixprec.doctor.frontends.optimizers import (
+    FLASHOPTIM_TARGETS,
+    MIXPREC_TARGETS,
+    OPTIMI_TARGETS,
+    TE_FUSED_ADAM_TARGETS,
+    TORCH_ADAM_TARGETS,
+    TORCH_OTHER_TARGETS,
+    TORCHAO_TARGETS,
+    config_bool,
+    config_dtype,
+    optimizer_facts,
+)
+from mixprec.dtypes import dtype_name, is_16bit, is_fp8
 
 __all__ = [
     "FLASHOPTIM_TARGETS",
@@ -72,42 +80,6 @@ NEMO_MARKERS: frozenset[str] = frozenset(
     }
 )
 
-#: torch.optim Adam family: no master, moments in the parameters' dtype.
-TORCH_ADAM_TARGETS: frozenset[str] = frozenset(
-    {
-        "torch.optim.Adam",
-        "torch.optim.AdamW",
-        "torch.optim.adam.Adam",
-        "torch.optim.adamw.AdamW",
-        "torch.optim.NAdam",
-        "torch.optim.RAdam",
-        "torch.optim.Adamax",
-    }
-)
-#: Other torch.optim optimizers (no Adam moments).
-TORCH_OTHER_TARGETS: frozenset[str] = frozenset(
-    {"torch.optim.SGD", "torch.optim.sgd.SGD", "torch.optim.Adagrad", "torch.optim.RMSprop"}
-)
-#: Transformer Engine's fused Adam.
-TE_FUSED_ADAM_TARGETS: frozenset[str] = frozenset(
-    {
-        "transformer_engine.pytorch.optimizers.FusedAdam",
-        "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam",
-    }
-)
-#: flashoptim's AdamW (``master_weight_bits`` 24 or 32, quantized moments).
-FLASHOPTIM_TARGETS: frozenset[str] = frozenset({"flashoptim.FlashAdamW", "flashoptim.FlashAdam"})
-#: torchao's low-bit AdamW variants, with the moment format of each.
-TORCHAO_TARGETS: dict[str, str] = {
-    "torchao.optim.AdamW8bit": "int8",
-    "torchao.optim.AdamW4bit": "int4",
-    "torchao.optim.AdamWFp8": "fp8",
-    "torchao.optim.AdamW": "param",
-}
-#: torch-optimi optimizers (Kahan summation for 16-bit params by default).
-OPTIMI_TARGETS: frozenset[str] = frozenset({"optimi.AdamW", "optimi.Adam", "optimi.StableAdamW"})
-#: mixprec's own AdamW.
-MIXPREC_TARGETS: frozenset[str] = frozenset({"mixprec.optim.AdamW"})
 #: FSDP2 MixedPrecisionPolicy spellings.
 MP_POLICY_TARGETS: frozenset[str] = frozenset(
     {
@@ -122,35 +94,6 @@ _AUTO_NOTE = (
     "model.torch_dtype {how}: NeMo AutoModel / Hugging Face load the checkpoint's dtype, "
     "commonly bf16; treated as bf16"
 )
-_PRECISION_RANK = {"fp32": 3, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0}
-
-
-def _dtype(doc: ConfigDoc, path: str, value: Any) -> torch.dtype | None:
-    """A dtype from a config value; None for null. ValueError names the key."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
-        return None
-    try:
-        return parse_dtype(str(value))
-    except ValueError as exc:
-        raise ValueError(f"{doc.loc(path)}: {exc}") from exc
-
-
-def _state_format(doc: ConfigDoc, path: str, value: Any) -> str:
-    """A TE optimizer-state dtype as a format name (torch.uint8 means fp8)."""
-    if isinstance(value, str) and value.strip().lower().removeprefix("torch.") == "uint8":
-        return "fp8"
-    dt = _dtype(doc, path, value)
-    return "fp32" if dt is None else dtype_name(dt)
-
-
-def _bool(doc: ConfigDoc, path: str, value: Any, default: bool) -> bool:
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise ValueError(f"{doc.loc(path)}: must be true or false, got {value!r}")
 
 
 def _param_dtype(doc: ConfigDoc) -> tuple[torch.dtype, str]:
@@ -160,111 +103,8 @@ def _param_dtype(doc: ConfigDoc) -> tuple[torch.dtype, str]:
         return torch.bfloat16, _AUTO_NOTE.format(how="unset")
     if isinstance(raw, str) and raw.strip().lower() == "auto":
         return torch.bfloat16, _AUTO_NOTE.format(how="auto")
-    dt = _dtype(doc, key, raw)
+    dt = config_dtype(doc, key, raw)
     return (dt, "") if dt is not None else (torch.bfloat16, _AUTO_NOTE.format(how="null"))
-
-
-def _mixprec_default(name: str) -> str | None:
-    """The default of mixprec.optim.AdamW's `name` argument, if that class exists."""
-    try:
-        from mixprec.optim import AdamW
-
-        default = inspect.signature(AdamW).parameters[name].default
-    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
-        return None
-    return default if isinstance(default, str) else None
-
-
-def _optimizer(doc: ConfigDoc, storage: torch.dtype) -> OptimizerFacts | None:
-    section = doc.mapping("optimizer")
-    if section is None:
-        return None
-    target = section.get("_target_", section.get("name"))
-    if not isinstance(target, str):
-        return None
-    target = target.strip()
-    nested = isinstance(section.get("kwargs"), Mapping)
-    kw: Mapping[str, Any] = section["kwargs"] if nested else section
-    prefix = "optimizer.kwargs." if nested else "optimizer."
-    param = dtype_name(storage)
-
-    def group(master: str, moments: str) -> tuple[GroupFacts, ...]:
-        return (GroupFacts(param_dtype=storage, master=master, moments=moments),)
-
-    if target in TORCH_ADAM_TARGETS:
-        return OptimizerFacts(
-            name=target,
-            adam_like=True,
-            groups=group("none", param),
-            note="torch.optim keeps its moments in the parameters' dtype and has no master",
-        )
-    if target in TORCH_OTHER_TARGETS:
-        return OptimizerFacts(name=target, adam_like=False, groups=group("none", "none"))
-    if target in TE_FUSED_ADAM_TARGETS:
-        master_on = _bool(doc, prefix + "master_weights", kw.get("master_weights"), False)
-        master = "none"
-        if master_on:
-            mdt = _dtype(doc, prefix + "master_weight_dtype", kw.get("master_weight_dtype"))
-            remainders = _bool(
-                doc, prefix + "store_param_remainders", kw.get("store_param_remainders"), False
-            )
-            if mdt is not None and mdt != torch.float32:
-                master = dtype_name(mdt)
-            elif remainders and storage == torch.bfloat16:
-                master = "exact"  # bf16 param + 16-bit remainder reconstructs fp32 bitwise
-            else:
-                master = "fp32"
-        formats = [
-            _state_format(doc, prefix + key, kw.get(key))
-            for key in ("exp_avg_dtype", "exp_avg_sq_dtype")
-        ]
-        moments = min(formats, key=lambda f: _PRECISION_RANK.get(f, 3))
-        return OptimizerFacts(
-            name=target,
-            adam_like=True,
-            groups=group(master, moments),
-            note=f"master_weights={master_on}, exp_avg/exp_avg_sq in {'/'.join(formats)}",
-        )
-    if target in FLASHOPTIM_TARGETS:
-        bits = kw.get("master_weight_bits", 24)
-        master = {24: "remainder8", 32: "exact"}.get(bits, "none") if bits is not None else "none"
-        quantize = _bool(doc, prefix + "quantize", kw.get("quantize"), True)
-        return OptimizerFacts(
-            name=target,
-            adam_like=True,
-            groups=group(master, "int8" if quantize else param),
-            note=f"master_weight_bits={bits}",
-        )
-    if target in TORCHAO_TARGETS:
-        sr = _bool(doc, prefix + "bf16_stochastic_round", kw.get("bf16_stochastic_round"), False)
-        moments = TORCHAO_TARGETS[target]
-        return OptimizerFacts(
-            name=target,
-            adam_like=True,
-            groups=group("stochastic" if sr else "none", param if moments == "param" else moments),
-        )
-    if target in OPTIMI_TARGETS:
-        kahan = kw.get("kahan_sum")
-        on = is_16bit(storage) if kahan is None else _bool(doc, prefix + "kahan_sum", kahan, True)
-        return OptimizerFacts(
-            name=target,
-            adam_like=True,
-            groups=group("kahan" if on else "none", param),
-            note="kahan_sum defaults to on for 16-bit parameters" if kahan is None else "",
-        )
-    if target in MIXPREC_TARGETS:
-        master = kw.get("master", _mixprec_default("master"))
-        moments = kw.get("moments", _mixprec_default("moments"))
-        if master is None or moments is None:
-            return OptimizerFacts(
-                name=target,
-                adam_like=True,
-                groups=(),
-                note="master/moments not stated and mixprec.optim.AdamW's defaults unknown",
-            )
-        resolved = resolve_mixprec_master(str(master), storage)
-        return OptimizerFacts(name=target, adam_like=True, groups=group(resolved, str(moments)))
-    return None  # not on an allowlist: not judged
 
 
 def _mp_policy(doc: ConfigDoc) -> tuple[str, Mapping[str, Any]] | None:
@@ -303,16 +143,16 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
 
     autocast: torch.dtype | None = None
     autocast_path = ""
-    if _bool(doc, "autocast.enabled", doc.get("autocast.enabled"), doc.has("autocast.dtype")):
+    if config_bool(doc, "autocast.enabled", doc.get("autocast.enabled"), doc.has("autocast.dtype")):
         autocast, autocast_path = (
-            _dtype(doc, "autocast.dtype", doc.get("autocast.dtype")),
+            config_dtype(doc, "autocast.dtype", doc.get("autocast.dtype")),
             "autocast.dtype",
         )
     for path in ("distributed.autocast_dtype", "distributed_config.autocast_dtype"):
         if autocast is None and doc.get(path) is not None:
-            autocast, autocast_path = _dtype(doc, path, doc.get(path)), path
+            autocast, autocast_path = config_dtype(doc, path, doc.get(path)), path
 
-    mp_param = _dtype(doc, f"{mp_path}.param_dtype", mp_values.get("param_dtype"))
+    mp_param = config_dtype(doc, f"{mp_path}.param_dtype", mp_values.get("param_dtype"))
     reduce_note = ""
     if strategy == "fsdp2":
         if mp is None and doc.has("distributed.mp_policy"):
@@ -322,7 +162,9 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
             compute, reduce_dtype = torch.bfloat16, torch.float32  # FSDP2Config's default
         else:
             compute = mp_param or storage
-            reduce_dtype = _dtype(doc, f"{mp_path}.reduce_dtype", mp_values.get("reduce_dtype"))
+            reduce_dtype = config_dtype(
+                doc, f"{mp_path}.reduce_dtype", mp_values.get("reduce_dtype")
+            )
             if reduce_dtype is None:
                 reduce_dtype = compute
                 reduce_note = (
@@ -330,7 +172,7 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
                 )
     elif strategy == "megatron_fsdp":
         compute = storage
-        in_fp32 = _bool(
+        in_fp32 = config_bool(
             doc,
             "distributed.grad_reduce_in_fp32",
             doc.get("distributed.grad_reduce_in_fp32"),
@@ -348,15 +190,15 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
     if autocast is not None:
         compute = autocast
 
-    output = _dtype(doc, f"{mp_path}.output_dtype", mp_values.get("output_dtype")) or compute
+    output = config_dtype(doc, f"{mp_path}.output_dtype", mp_values.get("output_dtype")) or compute
     upcast = doc.get("loss_fn.fp32_upcast")
     loss_fp32: bool | None = None
     if upcast is not None:
-        loss_fp32 = _bool(doc, "loss_fn.fp32_upcast", upcast, True) or not is_16bit(output)
+        loss_fp32 = config_bool(doc, "loss_fn.fp32_upcast", upcast, True) or not is_16bit(output)
 
     fp8_enabled, fp8_scaling, fp8_detail = False, None, ""
     fp8 = doc.mapping("fp8")
-    if fp8 is not None and _bool(doc, "fp8.enabled", fp8.get("enabled"), False):
+    if fp8 is not None and config_bool(doc, "fp8.enabled", fp8.get("enabled"), False):
         recipe = fp8.get("recipe_name")
         fp8_enabled, fp8_scaling = True, str(recipe) if recipe else "tensorwise (NeMo default)"
     te_fp8 = doc.mapping("model.backend.te_fp8")
@@ -415,7 +257,7 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
         param_dtype_note=storage_note,
         compute_dtype=compute,
         loss_scaling=False,  # NeMo AutoModel recipes declare no loss scaler
-        optimizer=_optimizer(doc, storage),
+        optimizer=optimizer_facts(doc, storage),
         reduce_dtype=reduce_dtype,
         reduce_note=reduce_note,
         loss_fp32=loss_fp32,

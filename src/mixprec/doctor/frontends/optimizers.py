@@ -1,0 +1,214 @@
+"""What other tools' optimizer classes keep, read from a config's ``_target_`` entry.
+
+Shared by the config front ends: torch.optim's Adam family, Transformer Engine's
+``FusedAdam``, flashoptim, torchao and torch-optimi AdamW variants and
+``mixprec.optim.AdamW`` are recognised by their dotted names (allowlists below;
+nothing is imported), and their keyword arguments are read into `OptimizerFacts`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mixprec.doctor.facts import GroupFacts, OptimizerFacts, resolve_mixprec_master
+from mixprec.doctor.frontends.document import ConfigDoc
+from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
+
+__all__ = [
+    "FLASHOPTIM_TARGETS",
+    "MIXPREC_TARGETS",
+    "OPTIMI_TARGETS",
+    "TE_FUSED_ADAM_TARGETS",
+    "TORCHAO_TARGETS",
+    "TORCH_ADAM_TARGETS",
+    "TORCH_OTHER_TARGETS",
+    "config_bool",
+    "config_dtype",
+    "optimizer_facts",
+    "state_format",
+]
+
+#: torch.optim Adam family: no master, moments in the parameters' dtype.
+TORCH_ADAM_TARGETS: frozenset[str] = frozenset(
+    {
+        "torch.optim.Adam",
+        "torch.optim.AdamW",
+        "torch.optim.adam.Adam",
+        "torch.optim.adamw.AdamW",
+        "torch.optim.NAdam",
+        "torch.optim.RAdam",
+        "torch.optim.Adamax",
+    }
+)
+#: Other torch.optim optimizers (no Adam moments).
+TORCH_OTHER_TARGETS: frozenset[str] = frozenset(
+    {"torch.optim.SGD", "torch.optim.sgd.SGD", "torch.optim.Adagrad", "torch.optim.RMSprop"}
+)
+#: Transformer Engine's fused Adam.
+TE_FUSED_ADAM_TARGETS: frozenset[str] = frozenset(
+    {
+        "transformer_engine.pytorch.optimizers.FusedAdam",
+        "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam",
+    }
+)
+#: flashoptim's AdamW (``master_weight_bits`` 24 or 32, quantized moments).
+FLASHOPTIM_TARGETS: frozenset[str] = frozenset({"flashoptim.FlashAdamW", "flashoptim.FlashAdam"})
+#: torchao's low-bit AdamW variants, with the moment format of each.
+TORCHAO_TARGETS: dict[str, str] = {
+    "torchao.optim.AdamW8bit": "int8",
+    "torchao.optim.AdamW4bit": "int4",
+    "torchao.optim.AdamWFp8": "fp8",
+    "torchao.optim.AdamW": "param",
+}
+#: torch-optimi optimizers (Kahan summation for 16-bit params by default).
+OPTIMI_TARGETS: frozenset[str] = frozenset({"optimi.AdamW", "optimi.Adam", "optimi.StableAdamW"})
+#: mixprec's own AdamW.
+MIXPREC_TARGETS: frozenset[str] = frozenset({"mixprec.optim.AdamW"})
+
+_PRECISION_RANK = {"fp32": 3, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0}
+
+
+def config_dtype(doc: ConfigDoc, path: str, value: Any) -> torch.dtype | None:
+    """A dtype from a config value; None for null. ValueError names the key."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
+        return None
+    try:
+        return parse_dtype(str(value))
+    except ValueError as exc:
+        raise ValueError(f"{doc.loc(path)}: {exc}") from exc
+
+
+def state_format(doc: ConfigDoc, path: str, value: Any) -> str:
+    """A TE optimizer-state dtype as a format name (torch.uint8 means fp8)."""
+    if isinstance(value, str) and value.strip().lower().removeprefix("torch.") == "uint8":
+        return "fp8"
+    dt = config_dtype(doc, path, value)
+    return "fp32" if dt is None else dtype_name(dt)
+
+
+def config_bool(doc: ConfigDoc, path: str, value: Any, default: bool) -> bool:
+    """A boolean config value (``true``/``false`` strings too); ValueError names the key."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"{doc.loc(path)}: must be true or false, got {value!r}")
+
+
+def _mixprec_default(name: str) -> str | None:
+    """The default of mixprec.optim.AdamW's `name` argument, if that class exists."""
+    try:
+        from mixprec.optim import AdamW
+
+        default = inspect.signature(AdamW).parameters[name].default
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return default if isinstance(default, str) else None
+
+
+def optimizer_facts(
+    doc: ConfigDoc, storage: torch.dtype, *, path: str = "optimizer"
+) -> OptimizerFacts | None:
+    """What the optimizer named at `path` (a ``_target_`` or ``name`` + ``kwargs``
+    section) keeps for parameters stored in `storage`; None when it is not on an allowlist."""
+    section = doc.mapping(path)
+    if section is None:
+        return None
+    target = section.get("_target_", section.get("name"))
+    if not isinstance(target, str):
+        return None
+    target = target.strip()
+    nested = isinstance(section.get("kwargs"), Mapping)
+    kw: Mapping[str, Any] = section["kwargs"] if nested else section
+    prefix = f"{path}.kwargs." if nested else f"{path}."
+    param = dtype_name(storage)
+
+    def group(master: str, moments: str) -> tuple[GroupFacts, ...]:
+        return (GroupFacts(param_dtype=storage, master=master, moments=moments),)
+
+    if target in TORCH_ADAM_TARGETS:
+        return OptimizerFacts(
+            name=target,
+            adam_like=True,
+            groups=group("none", param),
+            note="torch.optim keeps its moments in the parameters' dtype and has no master",
+        )
+    if target in TORCH_OTHER_TARGETS:
+        return OptimizerFacts(name=target, adam_like=False, groups=group("none", "none"))
+    if target in TE_FUSED_ADAM_TARGETS:
+        master_on = config_bool(doc, prefix + "master_weights", kw.get("master_weights"), False)
+        master = "none"
+        if master_on:
+            mdt = config_dtype(doc, prefix + "master_weight_dtype", kw.get("master_weight_dtype"))
+            remainders = config_bool(
+                doc, prefix + "store_param_remainders", kw.get("store_param_remainders"), False
+            )
+            if mdt is not None and mdt != torch.float32:
+                master = dtype_name(mdt)
+            elif remainders and storage == torch.bfloat16:
+                master = "exact"  # bf16 param + 16-bit remainder reconstructs fp32 bitwise
+            else:
+                master = "fp32"
+        formats = [
+            state_format(doc, prefix + key, kw.get(key))
+            for key in ("exp_avg_dtype", "exp_avg_sq_dtype")
+        ]
+        moments = min(formats, key=lambda f: _PRECISION_RANK.get(f, 3))
+        return OptimizerFacts(
+            name=target,
+            adam_like=True,
+            groups=group(master, moments),
+            note=f"master_weights={master_on}, exp_avg/exp_avg_sq in {'/'.join(formats)}",
+        )
+    if target in FLASHOPTIM_TARGETS:
+        bits = kw.get("master_weight_bits", 24)
+        master = {24: "remainder8", 32: "exact"}.get(bits, "none") if bits is not None else "none"
+        quantize = config_bool(doc, prefix + "quantize", kw.get("quantize"), True)
+        return OptimizerFacts(
+            name=target,
+            adam_like=True,
+            groups=group(master, "int8" if quantize else param),
+            note=f"master_weight_bits={bits}",
+        )
+    if target in TORCHAO_TARGETS:
+        sr = config_bool(
+            doc, prefix + "bf16_stochastic_round", kw.get("bf16_stochastic_round"), False
+        )
+        moments = TORCHAO_TARGETS[target]
+        return OptimizerFacts(
+            name=target,
+            adam_like=True,
+            groups=group("stochastic" if sr else "none", param if moments == "param" else moments),
+        )
+    if target in OPTIMI_TARGETS:
+        kahan = kw.get("kahan_sum")
+        on = (
+            is_16bit(storage)
+            if kahan is None
+            else config_bool(doc, prefix + "kahan_sum", kahan, True)
+        )
+        return OptimizerFacts(
+            name=target,
+            adam_like=True,
+            groups=group("kahan" if on else "none", param),
+            note="kahan_sum defaults to on for 16-bit parameters" if kahan is None else "",
+        )
+    if target in MIXPREC_TARGETS:
+        master = kw.get("master", _mixprec_default("master"))
+        moments = kw.get("moments", _mixprec_default("moments"))
+        if master is None or moments is None:
+            return OptimizerFacts(
+                name=target,
+                adam_like=True,
+                groups=(),
+                note="master/moments not stated and mixprec.optim.AdamW's defaults unknown",
+            )
+        resolved = resolve_mixprec_master(str(master), storage)
+        return OptimizerFacts(name=target, adam_like=True, groups=group(resolved, str(moments)))
+    return None  # not on an allowlist: not judged

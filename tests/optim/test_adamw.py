@@ -141,9 +141,9 @@ def test_defaults_auto_formats_and_small_int8_fallback() -> None:
     [
         ({"master": "fp64"}, "unknown master 'fp64'; valid: auto, none, fp32"),
         ({"moments": "int4"}, "unknown moments 'int4'; valid: fp32, bf16, int8"),
-        ({"lr": -1.0}, "invalid lr -1.0"),
-        ({"betas": (0.9, 1.0)}, r"invalid betas\[1\]"),
-        ({"weight_decay": -0.1}, "invalid weight_decay"),
+        ({"lr": -1.0}, "Invalid learning rate: -1.0"),
+        ({"betas": (0.9, 1.0)}, r"Invalid beta parameter at index 1"),
+        ({"weight_decay": -0.1}, "Invalid weight_decay value"),
     ],
 )
 def test_bad_options_raise_value_error(kwargs: dict[str, object], match: str) -> None:

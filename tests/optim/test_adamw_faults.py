@@ -90,7 +90,7 @@ def test_a_bad_entry_changes_nothing() -> None:
         opt.load_state_dict(missing)
     bad_lr = copy.deepcopy(saved)
     bad_lr["param_groups"][0]["lr"] = -1.0
-    with pytest.raises(ValueError, match="invalid lr"):
+    with pytest.raises(ValueError, match="Invalid learning rate"):
         opt.load_state_dict(bad_lr)
     after = opt.state_dict()
     for pid, state in current["state"].items():
@@ -265,10 +265,10 @@ def test_state_for_unknown_parameters_is_refused() -> None:
 def test_eps_must_be_positive(eps: float) -> None:
     """eps=0 with a zero gradient gave 0/0 = NaN weights, reported as applied."""
     w = torch.nn.Parameter(torch.zeros(4))
-    with pytest.raises(ValueError, match="invalid eps"):
+    with pytest.raises(ValueError, match="Invalid epsilon value"):
         AdamW([w], eps=eps)
     opt = AdamW([w])
     state = copy.deepcopy(opt.state_dict())
     state["param_groups"][0]["eps"] = eps
-    with pytest.raises(ValueError, match="invalid eps"):
+    with pytest.raises(ValueError, match="Invalid epsilon value"):
         opt.load_state_dict(state)

@@ -46,21 +46,81 @@ class _ParamPlan:
     dtype: torch.dtype  # the parameter's dtype the formats were resolved for
 
 
-def _check_hyper(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-    if not isinstance(lr, float | int) or not lr >= 0.0:
-        raise ValueError(f"invalid lr {lr!r}: must be a float >= 0")
+def _scalar(value: object) -> float:
+    # torch accepts 1-element tensors for lr and betas; the step reads them as floats.
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)  # type: ignore[arg-type]
+
+
+def _check_hyper(
+    lr: float | torch.Tensor,
+    betas: tuple[float | torch.Tensor, float | torch.Tensor],
+    eps: float,
+    weight_decay: float,
+    *,
+    foreach: bool | None = None,
+    capturable: bool = False,
+) -> None:
+    """torch's checks and messages (so torch code fails alike), plus mixprec's eps > 0."""
+    if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if foreach and not capturable:
+            raise ValueError(
+                "lr as a Tensor is not supported for capturable=False and foreach=True"
+            )
+    elif isinstance(lr, bool) or not isinstance(lr, float | int):
+        raise ValueError(f"Invalid learning rate: {lr!r} (a float or a 1-element Tensor)")
+    if not _scalar(lr) >= 0.0:
+        raise ValueError(f"Invalid learning rate: {_scalar(lr)} (must be >= 0)")
     if not (isinstance(betas, tuple | list) and len(betas) == 2):
-        raise ValueError(f"invalid betas {betas!r}: must be a pair (beta1, beta2) in [0, 1)")
+        raise ValueError(f"Invalid betas {betas!r}: must be a pair (beta1, beta2) in [0, 1)")
+    tensors = [isinstance(b, torch.Tensor) for b in betas]
+    if any(tensors):
+        if not all(tensors):
+            raise ValueError("betas must be either both floats or both Tensors")
+        if foreach and not capturable:
+            raise ValueError(
+                "betas[0] as a Tensor is not supported for capturable=False and foreach=True"
+            )
+        if any(cast(torch.Tensor, b).numel() != 1 for b in betas):
+            raise ValueError("Tensor betas must be 1-element")
     for i, beta in enumerate(betas):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"invalid betas[{i}] {beta!r}: must be in [0, 1)")
+        if isinstance(beta, bool) or not isinstance(beta, float | int | torch.Tensor):
+            raise ValueError(f"Invalid beta parameter at index {i}: {beta!r} (a float in [0, 1))")
+        if not 0.0 <= _scalar(beta) < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {_scalar(beta)} (in [0, 1))")
     if not (isinstance(eps, float | int) and eps > 0.0 and math.isfinite(eps)):
         raise ValueError(
-            f"invalid eps {eps!r}: must be a finite number > 0 (with eps=0 a zero gradient "
-            "and a zero second moment give 0/0 = NaN in the update)"
+            f"Invalid epsilon value: {eps!r}: must be a finite number > 0 (with eps=0 a zero "
+            "gradient and a zero second moment give 0/0 = NaN in the update)"
         )
-    if not weight_decay >= 0.0:
-        raise ValueError(f"invalid weight_decay {weight_decay!r}: must be >= 0")
+    if isinstance(weight_decay, bool) or not (
+        isinstance(weight_decay, float | int) and weight_decay >= 0.0
+    ):
+        raise ValueError(f"Invalid weight_decay value: {weight_decay!r} (must be >= 0)")
+
+
+def _refuse_unsupported(where: str, options: dict[str, Any]) -> None:
+    """torch.optim.AdamW options this optimizer cannot honour raise, never pass silently."""
+    if options.get("amsgrad"):
+        raise ValueError(
+            f"{where}amsgrad=True is not supported by mixprec.optim.AdamW (its running maximum "
+            "of the second moment has no storage format here); use torch.optim.AdamW for "
+            "AMSGrad, or amsgrad=False"
+        )
+    if options.get("capturable"):
+        raise ValueError(
+            f"{where}capturable=True is not supported: mixprec.optim.AdamW reads the step count "
+            "on the host, so its step cannot be captured in a CUDA graph; use capturable=False"
+        )
+    if options.get("differentiable"):
+        raise ValueError(
+            f"{where}differentiable=True is not supported: the fused step writes the "
+            "parameters and state in place outside autograd; use differentiable=False"
+        )
+    foreach = options.get("foreach")
+    if foreach is not None and not isinstance(foreach, bool):
+        raise TypeError(f"{where}foreach must be True, False or None, got {foreach!r}")
 
 
 def _check_state_values(key: str, src: torch.Tensor) -> None:
@@ -100,16 +160,24 @@ def _local_grad(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 class AdamW(torch.optim.Optimizer):
     """AdamW with decoupled weight decay and a chosen master/moment storage.
 
-    Bias correction and operation order follow `torch.optim.AdamW`
-    (``amsgrad`` is not supported). Parameters may be fp32, bf16 or fp16.
+    Takes `torch.optim.AdamW`'s signature; bias correction and operation order
+    follow it. Parameters may be fp32, bf16 or fp16 (float64 raises: the update
+    is computed in fp32). torch options it cannot honour raise `ValueError`
+    instead of being ignored: ``amsgrad=True``, ``capturable=True``,
+    ``differentiable=True`` (also per group). ``foreach`` is accepted and changes
+    nothing: every step already runs as fused kernels.
 
     Args:
         params: parameters or param groups (groups may override every option
             below except ``fused``, ``seed``, ``block_size``, ``min_int8_numel``).
-        lr: learning rate (>= 0).
-        betas: moment decay rates, each in [0, 1).
-        eps: denominator term (>= 0).
+        lr: learning rate (>= 0), a float or a 1-element Tensor.
+        betas: moment decay rates, each in [0, 1) (floats, or both 1-element Tensors).
+        eps: denominator term (> 0).
         weight_decay: decoupled weight decay (>= 0).
+        amsgrad: must be False (see above).
+        foreach: accepted for torch compatibility (no effect).
+        capturable: must be False.
+        differentiable: must be False.
         master: how full precision is kept for 16-bit params: ``"auto"``
             (``none`` for fp32 params, ``exact`` for bf16, ``fp32`` for fp16)
             or one of `MASTER_KINDS`. A master for fp32 params raises.
@@ -140,20 +208,33 @@ class AdamW(torch.optim.Optimizer):
     def __init__(
         self,
         params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
+        lr: float | torch.Tensor = 1e-3,
+        betas: tuple[float | torch.Tensor, float | torch.Tensor] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        amsgrad: bool = False,
         *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
         master: str = "auto",
         moments: str = "fp32",
-        maximize: bool = False,
-        fused: bool | None = None,
         seed: int | None = None,
         block_size: int = 256,
         min_int8_numel: int = 4096,
     ) -> None:
-        _check_hyper(lr, betas, eps, weight_decay)
+        _refuse_unsupported(
+            "",
+            {
+                "amsgrad": amsgrad,
+                "capturable": capturable,
+                "differentiable": differentiable,
+                "foreach": foreach,
+            },
+        )
+        _check_hyper(lr, betas, eps, weight_decay, foreach=foreach, capturable=capturable)
         if fused is not None and not isinstance(fused, bool):
             raise TypeError(f"fused must be True, False or None, got {fused!r}")
         if block_size < 1 or min_int8_numel < 0:
@@ -178,9 +259,13 @@ class AdamW(torch.optim.Optimizer):
             "betas": tuple(betas),
             "eps": eps,
             "weight_decay": weight_decay,
+            "amsgrad": amsgrad,
+            "maximize": maximize,
+            "foreach": foreach,
+            "capturable": capturable,
+            "differentiable": differentiable,
             "master": master,
             "moments": moments,
-            "maximize": maximize,
         }
         super().__init__(params, defaults)
 
@@ -200,7 +285,15 @@ class AdamW(torch.optim.Optimizer):
             raise
 
     def _setup_group(self, group: dict[str, Any]) -> None:
-        _check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+        _refuse_unsupported("param group: ", group)
+        _check_hyper(
+            group["lr"],
+            group["betas"],
+            group["eps"],
+            group["weight_decay"],
+            foreach=group.get("foreach"),
+            capturable=bool(group.get("capturable")),
+        )
         master = group["master"]
         if master != "auto" and master not in MASTER_KINDS:
             raise ValueError(f"unknown master {master!r}; valid: auto, {', '.join(MASTER_KINDS)}")
@@ -215,6 +308,12 @@ class AdamW(torch.optim.Optimizer):
         for offset, p in enumerate(params):
             if not p.is_floating_point():
                 raise ValueError(f"AdamW needs floating params, got {dtype_name(p.dtype)}")
+            if p.dtype == torch.float64:
+                raise ValueError(
+                    f"parameter {tuple(p.shape)} is float64: mixprec.optim.AdamW computes its "
+                    "update in fp32 and would silently drop fp64 precision; use "
+                    "torch.optim.AdamW for fp64 parameters, or cast them to fp32"
+                )
             lp = sharding.local(p.detach())  # the local shard of a DTensor param
             if not lp.is_contiguous():
                 raise ValueError(
@@ -286,7 +385,7 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
+            beta1, beta2 = (_scalar(b) for b in group["betas"])
             scalars_by_step: dict[int, torch.Tensor] = {}
             for p in group["params"]:
                 grad = p.grad
@@ -309,7 +408,7 @@ class AdamW(torch.optim.Optimizer):
                 scalars = scalars_by_step.get(step)
                 if scalars is None:
                     scalars = adamw_scalars(
-                        lr=float(group["lr"]),
+                        lr=_scalar(group["lr"]),
                         beta1=beta1,
                         beta2=beta2,
                         eps=group["eps"],
@@ -487,6 +586,7 @@ class AdamW(torch.optim.Optimizer):
                         f"this optimizer's {group[key]!r}"
                     )
             try:
+                _refuse_unsupported("", saved)
                 _check_hyper(
                     saved["lr"], tuple(saved["betas"]), saved["eps"], saved["weight_decay"]
                 )

@@ -8,7 +8,6 @@ one fused kernel per parameter (`mixprec.optim.kernels`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -30,8 +29,10 @@ from mixprec.formats.moments import Int8Moments
 from mixprec.optim import sharding
 from mixprec.optim.functional import adamw_scalars
 from mixprec.optim.kernels import KernelMode, StepFamily, StepKernel, resolve_mode
+from mixprec.optim.options import check_hyper, refuse_unsupported, scalar
 from mixprec.optim.resync import resync_master
 from mixprec.optim.rng import derive_seed, step_key
+from mixprec.optim.state_dicts import StateConversion, check_param_state, to_native, to_torch
 
 __all__ = ["AdamW"]
 
@@ -44,99 +45,6 @@ class _ParamPlan:
     moments: MomentFormat
     mode: KernelMode
     dtype: torch.dtype  # the parameter's dtype the formats were resolved for
-
-
-def _scalar(value: object) -> float:
-    # torch accepts 1-element tensors for lr and betas; the step reads them as floats.
-    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)  # type: ignore[arg-type]
-
-
-def _check_hyper(
-    lr: float | torch.Tensor,
-    betas: tuple[float | torch.Tensor, float | torch.Tensor],
-    eps: float,
-    weight_decay: float,
-    *,
-    foreach: bool | None = None,
-    capturable: bool = False,
-) -> None:
-    """torch's checks and messages (so torch code fails alike), plus mixprec's eps > 0."""
-    if isinstance(lr, torch.Tensor):
-        if lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
-        if foreach and not capturable:
-            raise ValueError(
-                "lr as a Tensor is not supported for capturable=False and foreach=True"
-            )
-    elif isinstance(lr, bool) or not isinstance(lr, float | int):
-        raise ValueError(f"Invalid learning rate: {lr!r} (a float or a 1-element Tensor)")
-    if not _scalar(lr) >= 0.0:
-        raise ValueError(f"Invalid learning rate: {_scalar(lr)} (must be >= 0)")
-    if not (isinstance(betas, tuple | list) and len(betas) == 2):
-        raise ValueError(f"Invalid betas {betas!r}: must be a pair (beta1, beta2) in [0, 1)")
-    tensors = [isinstance(b, torch.Tensor) for b in betas]
-    if any(tensors):
-        if not all(tensors):
-            raise ValueError("betas must be either both floats or both Tensors")
-        if foreach and not capturable:
-            raise ValueError(
-                "betas[0] as a Tensor is not supported for capturable=False and foreach=True"
-            )
-        if any(cast(torch.Tensor, b).numel() != 1 for b in betas):
-            raise ValueError("Tensor betas must be 1-element")
-    for i, beta in enumerate(betas):
-        if isinstance(beta, bool) or not isinstance(beta, float | int | torch.Tensor):
-            raise ValueError(f"Invalid beta parameter at index {i}: {beta!r} (a float in [0, 1))")
-        if not 0.0 <= _scalar(beta) < 1.0:
-            raise ValueError(f"Invalid beta parameter at index {i}: {_scalar(beta)} (in [0, 1))")
-    if not (isinstance(eps, float | int) and eps > 0.0 and math.isfinite(eps)):
-        raise ValueError(
-            f"Invalid epsilon value: {eps!r}: must be a finite number > 0 (with eps=0 a zero "
-            "gradient and a zero second moment give 0/0 = NaN in the update)"
-        )
-    if isinstance(weight_decay, bool) or not (
-        isinstance(weight_decay, float | int) and weight_decay >= 0.0
-    ):
-        raise ValueError(f"Invalid weight_decay value: {weight_decay!r} (must be >= 0)")
-
-
-def _refuse_unsupported(where: str, options: dict[str, Any]) -> None:
-    """torch.optim.AdamW options this optimizer cannot honour raise, never pass silently."""
-    if options.get("amsgrad"):
-        raise ValueError(
-            f"{where}amsgrad=True is not supported by mixprec.optim.AdamW (its running maximum "
-            "of the second moment has no storage format here); use torch.optim.AdamW for "
-            "AMSGrad, or amsgrad=False"
-        )
-    if options.get("capturable"):
-        raise ValueError(
-            f"{where}capturable=True is not supported: mixprec.optim.AdamW reads the step count "
-            "on the host, so its step cannot be captured in a CUDA graph; use capturable=False"
-        )
-    if options.get("differentiable"):
-        raise ValueError(
-            f"{where}differentiable=True is not supported: the fused step writes the "
-            "parameters and state in place outside autograd; use differentiable=False"
-        )
-    foreach = options.get("foreach")
-    if foreach is not None and not isinstance(foreach, bool):
-        raise TypeError(f"{where}foreach must be True, False or None, got {foreach!r}")
-
-
-def _check_state_values(key: str, src: torch.Tensor) -> None:
-    """Refuse values no step could have written: they would reach the weights next step."""
-    local = sharding.local(src)
-    if key == "step":
-        value = float(local)
-        if not (math.isfinite(value) and value >= 0 and value.is_integer()):
-            raise ValueError(f"state 'step' must be a whole number >= 0, got {value!r}")
-        return
-    if not local.is_floating_point():
-        return  # codes, remainders and seeds: every bit pattern is valid
-    if not bool(torch.isfinite(local).all()):
-        raise ValueError(f"state {key!r} holds inf/NaN: the checkpoint is corrupt")
-    if key in ("exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax") and bool((local < 0).any()):
-        raise ValueError(f"state {key!r} holds negative values: the checkpoint is corrupt")
 
 
 def _view_like(t: torch.Tensor, p: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -225,7 +133,7 @@ class AdamW(torch.optim.Optimizer):
         block_size: int = 256,
         min_int8_numel: int = 4096,
     ) -> None:
-        _refuse_unsupported(
+        refuse_unsupported(
             "",
             {
                 "amsgrad": amsgrad,
@@ -234,7 +142,7 @@ class AdamW(torch.optim.Optimizer):
                 "foreach": foreach,
             },
         )
-        _check_hyper(lr, betas, eps, weight_decay, foreach=foreach, capturable=capturable)
+        check_hyper(lr, betas, eps, weight_decay, foreach=foreach, capturable=capturable)
         if fused is not None and not isinstance(fused, bool):
             raise TypeError(f"fused must be True, False or None, got {fused!r}")
         if block_size < 1 or min_int8_numel < 0:
@@ -254,6 +162,8 @@ class AdamW(torch.optim.Optimizer):
         self._versions: dict[torch.Tensor, int] = {}
         self._kernels: dict[tuple[str, str, bool, KernelMode], StepKernel] = {}
         self._unused_seed = torch.zeros((), dtype=torch.int64)
+        #: What the last `load_state_dict` converted (a torch or older state dict).
+        self.last_conversion: StateConversion | None = None
         defaults = {
             "lr": lr,
             "betas": tuple(betas),
@@ -285,8 +195,8 @@ class AdamW(torch.optim.Optimizer):
             raise
 
     def _setup_group(self, group: dict[str, Any]) -> None:
-        _refuse_unsupported("param group: ", group)
-        _check_hyper(
+        refuse_unsupported("param group: ", group)
+        check_hyper(
             group["lr"],
             group["betas"],
             group["eps"],
@@ -385,7 +295,7 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = (_scalar(b) for b in group["betas"])
+            beta1, beta2 = (scalar(b) for b in group["betas"])
             scalars_by_step: dict[int, torch.Tensor] = {}
             for p in group["params"]:
                 grad = p.grad
@@ -408,7 +318,7 @@ class AdamW(torch.optim.Optimizer):
                 scalars = scalars_by_step.get(step)
                 if scalars is None:
                     scalars = adamw_scalars(
-                        lr=_scalar(group["lr"]),
+                        lr=scalar(group["lr"]),
                         beta1=beta1,
                         beta2=beta2,
                         eps=group["eps"],
@@ -553,19 +463,27 @@ class AdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state dict saved by an `AdamW` with the same groups and formats.
+        """Load a state dict of this optimizer, of an older mixprec version, or of
+        `torch.optim.AdamW`, converted to this optimizer's formats.
 
         State tensors are copied into the existing (preallocated) ones, keeping
         their dtypes exactly; group hyperparameters (lr, betas...) are taken from
-        the saved groups, as `torch.optim.Optimizer` does.
+        the saved groups, as `torch.optim.Optimizer` does. A torch state dict's
+        fp32 moments are encoded into this optimizer's moment formats and its
+        masters start equal to the parameters; what was converted is in
+        `last_conversion` (``last_conversion.describe()``).
 
         Raises:
-            ValueError: if groups, formats, state keys, shapes or dtypes differ.
+            ValueError: if groups, formats, state keys, shapes or dtypes differ, or
+                the torch state uses what this optimizer refuses (AMSGrad, L2 Adam).
         """
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
+        state_dict, conversion = to_native(
+            state_dict, self.param_groups, self.state, self._formats_of
+        )
         saved_groups = state_dict["param_groups"]
         saved_state = state_dict["state"]
         if len(saved_groups) != len(self.param_groups):
@@ -586,10 +504,8 @@ class AdamW(torch.optim.Optimizer):
                         f"this optimizer's {group[key]!r}"
                     )
             try:
-                _refuse_unsupported("", saved)
-                _check_hyper(
-                    saved["lr"], tuple(saved["betas"]), saved["eps"], saved["weight_decay"]
-                )
+                refuse_unsupported("", saved)
+                check_hyper(saved["lr"], tuple(saved["betas"]), saved["eps"], saved["weight_decay"])
             except (KeyError, TypeError) as exc:
                 raise ValueError(f"group {i}: saved hyperparameters are malformed: {exc}") from exc
             except ValueError as exc:
@@ -605,7 +521,7 @@ class AdamW(torch.optim.Optimizer):
         if extra:
             raise ValueError(f"state dict holds state for parameters {extra} that no group names")
         for p, saved_p in pairs:
-            self._check_param_state(p, saved_p)
+            check_param_state(self.state[p], saved_p)
         for p, saved_p in pairs:
             for key, dst in self.state[p].items():
                 dst.copy_(cast(dict[str, torch.Tensor], saved_p)[key])
@@ -614,23 +530,21 @@ class AdamW(torch.optim.Optimizer):
                 if key != "params":
                     group[key] = tuple(value) if key == "betas" else value
         self._record_versions()  # the loaded state matches the parameters as they are now
+        self.last_conversion = conversion
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 
-    def _check_param_state(self, p: torch.Tensor, saved: dict[str, Any] | None) -> None:
-        state = self.state[p]
-        if not isinstance(saved, dict) or set(saved) != set(state):
-            got = "nothing" if saved is None else sorted(saved)
-            raise ValueError(f"param state keys {got} do not match expected {sorted(state)}")
-        for key, dst in state.items():
-            src = cast(torch.Tensor, saved[key])
-            ok = isinstance(src, torch.Tensor) and src.shape == dst.shape
-            if not ok or src.dtype != dst.dtype:
-                raise ValueError(
-                    f"state {key!r}: saved {getattr(src, 'dtype', type(src))} "
-                    f"{tuple(getattr(src, 'shape', ()))}, expected {dst.dtype} {tuple(dst.shape)}"
-                )
-            _check_state_values(key, src)
+    @torch.no_grad()
+    def torch_state_dict(self) -> dict[str, Any]:
+        """This optimizer's state as `torch.optim.AdamW` saves it, for
+        `torch.optim.AdamW.load_state_dict` (moments decoded into the parameters'
+        dtype; masters left out: torch keeps none, see `master_weights`)."""
+        self.sync_edited()
+        return to_torch(self.param_groups, self.state, self._formats_of)
+
+    def _formats_of(self, p: torch.Tensor) -> tuple[MasterFormat, MomentFormat]:
+        plan = self._plans[p]
+        return plan.master, plan.moments
 
     def __repr__(self) -> str:
         kinds = sorted(set(self.formats()))

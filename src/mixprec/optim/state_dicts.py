@@ -1,0 +1,333 @@
+"""State dicts of `mixprec.optim.AdamW`: validation, migration in from torch, export out.
+
+`to_native` turns what `AdamW.load_state_dict` is given into this optimizer's
+own form, reporting what it converted:
+
+* its own current form passes through unchanged;
+* its own older forms (no ``maximize`` in a group, a ``step`` saved as a Python
+  number or a float32 tensor) are upgraded;
+* a `torch.optim.AdamW` state dict (groups without ``master``/``moments``) is
+  converted: fp32 moments are encoded into the optimizer's moment formats
+  (rounded to bf16 or quantized to int8 where those are chosen) and masters
+  start equal to the parameters (torch keeps none).
+
+`to_torch` goes the other way: moments decoded into the parameters' dtype, as
+torch keeps them; masters cannot be expressed and are left out (export the
+weights with `AdamW.master_weights` first when they matter).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from mixprec.optim import sharding
+from mixprec.optim.options import refuse_unsupported
+
+if TYPE_CHECKING:
+    from mixprec.formats import MasterFormat, MomentFormat
+
+#: A parameter's (master, moments) formats.
+FormatsOf = Callable[[torch.Tensor], "tuple[MasterFormat, MomentFormat]"]
+
+__all__ = [
+    "TORCH_GROUP_DEFAULTS",
+    "StateConversion",
+    "check_param_state",
+    "check_state_values",
+    "is_torch_form",
+    "param_state_from_torch",
+    "param_state_to_torch",
+    "step_tensor",
+    "to_native",
+    "to_torch",
+]
+
+#: The group options `torch.optim.AdamW` stores that mixprec's groups do not carry
+#: (with the values mixprec's behaviour corresponds to).
+TORCH_GROUP_DEFAULTS: Mapping[str, Any] = {
+    "amsgrad": False,
+    "foreach": None,
+    "capturable": False,
+    "differentiable": False,
+    "fused": None,
+    "decoupled_weight_decay": True,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateConversion:
+    """What loading a state dict converted (`AdamW.last_conversion`).
+
+    Attributes:
+        source: ``"torch.optim.AdamW"``, ``"mixprec.optim.AdamW (older form)"``
+            or ``"mixprec.optim.AdamW"`` (nothing converted).
+        params: parameters whose saved state was converted.
+        moments: moment format -> parameters whose fp32 moments were encoded into it.
+        masters_from_params: parameters whose master starts equal to the parameter.
+        notes: anything else that changed.
+    """
+
+    source: str
+    params: int = 0
+    moments: Mapping[str, int] = field(default_factory=dict)
+    masters_from_params: int = 0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def converted(self) -> bool:
+        """Whether anything was converted."""
+        return bool(self.params or self.notes)
+
+    def describe(self) -> str:
+        """One line: what was converted into what."""
+        if not self.converted:
+            return f"loaded a {self.source} state dict as it is"
+        parts = [f"loaded a {self.source} state dict, converting {self.params} parameter(s)"]
+        for kind, count in sorted(self.moments.items()):
+            parts.append(f"moments of {count} into {kind}")
+        if self.masters_from_params:
+            parts.append(f"{self.masters_from_params} master(s) started from the parameters")
+        return "; ".join([*parts, *self.notes])
+
+
+def check_state_values(key: str, src: torch.Tensor) -> None:
+    """Refuse values no step could have written: they would reach the weights next step."""
+    local = sharding.local(src)
+    if key == "step":
+        value = float(local)
+        if not (math.isfinite(value) and value >= 0 and value.is_integer()):
+            raise ValueError(f"state 'step' must be a whole number >= 0, got {value!r}")
+        return
+    if not local.is_floating_point():
+        return  # codes, remainders and seeds: every bit pattern is valid
+    if not bool(torch.isfinite(local).all()):
+        raise ValueError(f"state {key!r} holds inf/NaN: the checkpoint is corrupt")
+    if key in ("exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax") and bool((local < 0).any()):
+        raise ValueError(f"state {key!r} holds negative values: the checkpoint is corrupt")
+
+
+def is_torch_form(groups: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether saved param groups come from `torch.optim.AdamW` (no ``master``/``moments``)."""
+    return bool(groups) and all("master" not in g and "moments" not in g for g in groups)
+
+
+def step_tensor(value: object, device: torch.device) -> torch.Tensor:
+    """A saved step (a number, or a tensor of any float dtype) as this optimizer's float64."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"state 'step' must be one number, got shape {tuple(value.shape)}")
+        value = float(value.item())
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"state 'step' must be a number, got {value!r}")
+    return torch.tensor(float(value), dtype=torch.float64, device=device)
+
+
+def _moment(saved: Mapping[str, Any], key: str, p: torch.Tensor) -> torch.Tensor:
+    value = saved.get(key)
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(p.shape):
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(
+            f"torch state {key!r} of parameter {tuple(p.shape)} is {got}; expected a tensor "
+            "shaped like the parameter"
+        )
+    if not value.is_floating_point():
+        raise ValueError(f"torch state {key!r} is {value.dtype}; expected a float tensor")
+    return value.detach().to(device=p.device, dtype=torch.float32)
+
+
+@torch.no_grad()
+def param_state_from_torch(
+    saved: Mapping[str, Any],
+    p: torch.Tensor,
+    master: MasterFormat,
+    moments: MomentFormat,
+    fresh: Mapping[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """One parameter's `torch.optim.AdamW` state in this optimizer's formats.
+
+    Args:
+        saved: torch's state (``step``, ``exp_avg``, ``exp_avg_sq``).
+        p: the parameter (a plain tensor: convert before sharding).
+        master, moments: the parameter's formats here.
+        fresh: this optimizer's freshly made state for `p` (shapes, dtypes, seeds).
+    """
+    if "max_exp_avg_sq" in saved:
+        raise ValueError(
+            "the torch state dict holds AMSGrad state (max_exp_avg_sq), which "
+            "mixprec.optim.AdamW does not support; load it into torch.optim.AdamW(amsgrad=True)"
+        )
+    if sharding.is_dtensor(p):
+        raise ValueError(
+            "converting a torch.optim.AdamW state dict needs unsharded parameters: load it "
+            "before fully_shard, then shard"
+        )
+    unknown = sorted(set(saved) - {"step", "exp_avg", "exp_avg_sq"})
+    if unknown:
+        raise ValueError(f"torch AdamW state holds unknown keys {unknown}")
+    exp_avg, exp_avg_sq = _moment(saved, "exp_avg", p), _moment(saved, "exp_avg_sq", p)
+    shape = moments.kernel_shape(p.numel())
+    encoded = moments.encode(exp_avg.reshape(shape), exp_avg_sq.reshape(shape))
+    out = dict(fresh)
+    out["step"] = step_tensor(saved.get("step"), p.device)
+    for key, value in zip(moments.spec.state_keys, encoded, strict=True):
+        out[key] = value.reshape(fresh[key].shape).to(fresh[key].dtype)
+    out.update(master.init_state(p.detach()))  # torch keeps no master: start at the param
+    return out
+
+
+@torch.no_grad()
+def param_state_to_torch(
+    state: Mapping[str, torch.Tensor], p: torch.Tensor, moments: MomentFormat
+) -> dict[str, torch.Tensor]:
+    """One parameter's state as `torch.optim.AdamW` keeps it (moments in the param dtype)."""
+    lp = sharding.local(p.detach())
+    shape = moments.kernel_shape(lp.numel())
+    local = {k: sharding.local(v) for k, v in state.items()}
+    views = [
+        local[k].view(shape) if local[k].shape == lp.shape else local[k].view(-1)
+        for k in moments.spec.state_keys
+    ]
+    exp_avg, exp_avg_sq = moments.decode(views)
+    return {
+        "step": torch.tensor(float(local["step"]), dtype=torch.float32),
+        "exp_avg": exp_avg.reshape(lp.shape).to(p.dtype).clone(),
+        "exp_avg_sq": exp_avg_sq.reshape(lp.shape).to(p.dtype).clone(),
+    }
+
+
+def check_param_state(state: Mapping[str, torch.Tensor], saved: object) -> None:
+    """Refuse a saved parameter state whose keys, shapes, dtypes or values do not fit `state`."""
+    if not isinstance(saved, dict) or set(saved) != set(state):
+        got = sorted(map(str, saved)) if isinstance(saved, dict) else repr(saved)
+        raise ValueError(f"param state keys {got} do not match expected {sorted(state)}")
+    for key, dst in state.items():
+        src = cast(torch.Tensor, saved[key])
+        ok = isinstance(src, torch.Tensor) and src.shape == dst.shape
+        if not ok or src.dtype != dst.dtype:
+            raise ValueError(
+                f"state {key!r}: saved {getattr(src, 'dtype', type(src))} "
+                f"{tuple(getattr(src, 'shape', ()))}, expected {dst.dtype} {tuple(dst.shape)}"
+            )
+        check_state_values(key, src)
+
+
+def to_native(
+    state_dict: dict[str, Any],
+    param_groups: Sequence[dict[str, Any]],
+    fresh_state: Mapping[torch.Tensor, dict[str, torch.Tensor]],
+    formats_of: FormatsOf,
+) -> tuple[dict[str, Any], StateConversion]:
+    """`state_dict` in the optimizer's current form, and what was converted.
+
+    Args:
+        state_dict: what `AdamW.load_state_dict` was given.
+        param_groups: the optimizer's groups.
+        fresh_state: the optimizer's state (shapes, dtypes and seeds to fill).
+        formats_of: a parameter's (master, moments) formats.
+    """
+    if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+        raise ValueError("an optimizer state dict needs 'state' and 'param_groups'")
+    groups, saved_state = state_dict["param_groups"], state_dict["state"]
+    if not isinstance(groups, list) or not isinstance(saved_state, dict):
+        raise ValueError("'param_groups' must be a list and 'state' a dict")
+    if len(groups) != len(param_groups):
+        raise ValueError(
+            f"state dict has {len(groups)} param groups, optimizer has {len(param_groups)}"
+        )
+    if is_torch_form(groups):
+        return _from_torch(groups, saved_state, param_groups, fresh_state, formats_of)
+    notes: list[str] = []
+    new_groups = []
+    for saved in groups:
+        if "maximize" not in saved:
+            saved = {**saved, "maximize": False}
+            notes.append("groups without 'maximize' read as maximize=False")
+        new_groups.append(saved)
+    new_state: dict[Any, Any] = {}
+    for pid, param_state in saved_state.items():
+        step = param_state.get("step") if isinstance(param_state, dict) else None
+        old_step = not (isinstance(step, torch.Tensor) and step.dtype == torch.float64)
+        if step is not None and old_step:
+            param_state = {**param_state, "step": step_tensor(step, torch.device("cpu"))}
+            notes.append("'step' saved as a number or a float32 tensor read as float64")
+        new_state[pid] = param_state
+    source = "mixprec.optim.AdamW (older form)" if notes else "mixprec.optim.AdamW"
+    conversion = StateConversion(source=source, notes=tuple(dict.fromkeys(notes)))
+    return {**state_dict, "state": new_state, "param_groups": new_groups}, conversion
+
+
+def _from_torch(
+    groups: list[dict[str, Any]],
+    saved_state: dict[Any, Any],
+    param_groups: Sequence[dict[str, Any]],
+    fresh_state: Mapping[torch.Tensor, dict[str, torch.Tensor]],
+    formats_of: FormatsOf,
+) -> tuple[dict[str, Any], StateConversion]:
+    new_groups: list[dict[str, Any]] = []
+    new_state: dict[Any, Any] = {}
+    moments: dict[str, int] = {}
+    params = masters = 0
+    for i, (group, saved) in enumerate(zip(param_groups, groups, strict=True)):
+        if saved.get("decoupled_weight_decay") is False:
+            raise ValueError(
+                f"group {i}: the state dict is torch Adam with L2 weight decay "
+                "(decoupled_weight_decay=False), not AdamW; it cannot continue here"
+            )
+        refuse_unsupported(f"group {i}: ", saved)
+        new_group = {k: v for k, v in saved.items() if k not in ("fused", "decoupled_weight_decay")}
+        new_group.update(master=group["master"], moments=group["moments"])
+        new_group.setdefault("maximize", False)
+        new_groups.append(new_group)
+        if len(saved.get("params", ())) != len(group["params"]):
+            continue  # the generic check names the mismatch
+        for p, pid in zip(group["params"], saved["params"], strict=True):
+            fresh = fresh_state[p]
+            if pid not in saved_state:  # never stepped in torch: fresh state
+                new_state[pid] = {k: v.clone() for k, v in fresh.items()}
+                continue
+            master, moments_fmt = formats_of(p)
+            try:
+                new_state[pid] = param_state_from_torch(
+                    saved_state[pid], p, master, moments_fmt, fresh
+                )
+            except ValueError as exc:
+                raise ValueError(f"group {i}, parameter {tuple(p.shape)}: {exc}") from None
+            params += 1
+            name = moments_fmt.spec.name
+            moments[name] = moments.get(name, 0) + 1
+            masters += bool(master.spec.state)
+    conversion = StateConversion(
+        source="torch.optim.AdamW",
+        params=params,
+        moments=moments,
+        masters_from_params=masters,
+    )
+    return {"state": new_state, "param_groups": new_groups}, conversion
+
+
+def to_torch(
+    param_groups: Sequence[dict[str, Any]],
+    state: Mapping[torch.Tensor, dict[str, torch.Tensor]],
+    formats_of: FormatsOf,
+) -> dict[str, Any]:
+    """The optimizer's state as `torch.optim.AdamW` saves it (see module docs)."""
+    groups: list[dict[str, Any]] = []
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    index = 0
+    for group in param_groups:
+        saved = {k: v for k, v in group.items() if k not in ("params", "master", "moments")}
+        for key, default in TORCH_GROUP_DEFAULTS.items():
+            saved.setdefault(key, default)
+        ids = []
+        for p in group["params"]:
+            if float(state[p]["step"]) > 0:
+                out[index] = param_state_to_torch(state[p], p, formats_of(p)[1])
+            ids.append(index)
+            index += 1
+        groups.append({**saved, "params": ids})
+    return {"state": out, "param_groups": groups}

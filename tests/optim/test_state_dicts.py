@@ -1,0 +1,142 @@
+"""Migrating in from torch.optim.AdamW, older mixprec forms, and exporting back to torch."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from mixprec.optim import AdamW
+
+TOLERANCE = 1e-6
+
+
+def _params(seed: int = 0, dtype: torch.dtype = torch.float32) -> list[torch.nn.Parameter]:
+    torch.manual_seed(seed)
+    return [
+        torch.nn.Parameter(torch.randn(64, 128).to(dtype)),  # 8192 elements: int8-eligible
+        torch.nn.Parameter(torch.randn(7).to(dtype)),
+    ]
+
+
+def _grads(step: int, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(p.shape, generator=gen).to(p.dtype) for p in params]
+
+
+def _run(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], steps: range) -> None:
+    for step in steps:
+        for p, g in zip(params, _grads(step, params), strict=True):
+            p.grad = g
+        opt.step()
+
+
+def _roundtrip(sd: dict[str, object]) -> dict[str, object]:
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def test_a_torch_adamw_run_continues_here_within_tolerance() -> None:
+    ref_params, our_params = _params(), _params()
+    ref = torch.optim.AdamW(
+        [{"params": ref_params[:1]}, {"params": ref_params[1:], "weight_decay": 0.0}], lr=1e-2
+    )
+    _run(ref, ref_params, range(3))
+    saved = _roundtrip(ref.state_dict())
+    for p, q in zip(our_params, ref_params, strict=True):
+        p.data.copy_(q.data)
+    ours = AdamW([{"params": our_params[:1]}, {"params": our_params[1:], "weight_decay": 0.0}])
+    ours.load_state_dict(saved)
+    assert ours.last_conversion is not None
+    assert ours.last_conversion.source == "torch.optim.AdamW"
+    assert ours.last_conversion.params == 2
+    assert "converting 2 parameter(s)" in ours.last_conversion.describe()
+    assert ours.param_groups[0]["lr"] == 1e-2 and ours.param_groups[1]["weight_decay"] == 0.0
+    _run(ref, ref_params, range(3, 6))
+    _run(ours, our_params, range(3, 6))
+    for p, q in zip(our_params, ref_params, strict=True):
+        torch.testing.assert_close(p, q, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_a_torch_state_dict_is_converted_into_bf16_masters_and_int8_moments() -> None:
+    ref_params = _params()
+    ref = torch.optim.AdamW(ref_params, lr=1e-3)
+    _run(ref, ref_params, range(2))
+    params = _params(dtype=torch.bfloat16)
+    for p, q in zip(params, ref_params, strict=True):
+        p.data.copy_(q.data)
+    ours = AdamW(params, master="exact", moments="int8")
+    ours.load_state_dict(ref.state_dict())
+    conv = ours.last_conversion
+    assert conv is not None
+    assert conv.moments == {"int8": 1, "fp32": 1}  # the 7-element tensor keeps fp32 moments
+    assert conv.masters_from_params == 2
+    state = ours.state[params[0]]
+    assert float(state["step"]) == 2.0 and state["step"].dtype == torch.float64
+    m, v = ref.state[ref_params[0]]["exp_avg"], ref.state[ref_params[0]]["exp_avg_sq"]
+    back = ours.torch_state_dict()["state"][0]
+    assert torch.allclose(back["exp_avg"].float(), m, rtol=0.05, atol=1e-3 * m.abs().max())
+    assert torch.allclose(back["exp_avg_sq"].float(), v, rtol=0.1, atol=1e-3 * v.abs().max())
+
+
+def test_the_export_loads_into_torch_and_continues_alike() -> None:
+    ours_params, ref_params = _params(), _params()
+    ours = AdamW(ours_params, lr=1e-2, weight_decay=0.05)
+    _run(ours, ours_params, range(4))
+    exported = _roundtrip(ours.torch_state_dict())
+    for p, q in zip(ref_params, ours_params, strict=True):
+        p.data.copy_(q.data)
+    ref = torch.optim.AdamW(ref_params)
+    ref.load_state_dict(exported)
+    _run(ours, ours_params, range(4, 7))
+    _run(ref, ref_params, range(4, 7))
+    for p, q in zip(ours_params, ref_params, strict=True):
+        torch.testing.assert_close(p, q, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_older_forms_of_its_own_load_and_say_so() -> None:
+    params = _params()
+    ours = AdamW(params, lr=1e-2)
+    _run(ours, params, range(2))
+    sd = ours.state_dict()
+    for group in sd["param_groups"]:
+        del group["maximize"]
+    for state in sd["state"].values():
+        state["step"] = float(state["step"])
+    again = AdamW(_params(), lr=1e-2)
+    again.load_state_dict(sd)
+    assert again.last_conversion is not None
+    assert again.last_conversion.source == "mixprec.optim.AdamW (older form)"
+    assert again.param_groups[0]["maximize"] is False
+    assert again.state[again.param_groups[0]["params"][0]]["step"].dtype == torch.float64
+
+
+def test_own_state_dicts_load_without_conversion() -> None:
+    params = _params()
+    ours = AdamW(params)
+    _run(ours, params, range(1))
+    again = AdamW(_params())
+    again.load_state_dict(_roundtrip(ours.state_dict()))
+    assert again.last_conversion is not None and not again.last_conversion.converted
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda ps: torch.optim.AdamW(ps, amsgrad=True), "amsgrad=True is not supported"),
+        (lambda ps: torch.optim.Adam(ps, weight_decay=0.1), "decoupled_weight_decay=False"),
+    ],
+)
+def test_torch_states_it_cannot_continue_are_refused(make: object, words: str) -> None:
+    ref_params = _params()
+    ref = make(ref_params)  # type: ignore[operator]
+    _run(ref, ref_params, range(1))
+    ours = AdamW(_params())
+    before = {k: v.clone() for k, v in ours.state[ours.param_groups[0]["params"][0]].items()}
+    with pytest.raises(ValueError, match=words):
+        ours.load_state_dict(ref.state_dict())
+    after = ours.state[ours.param_groups[0]["params"][0]]
+    assert all(torch.equal(before[k], after[k]) for k in before)

@@ -46,6 +46,8 @@ def test_state_bytes_by_category() -> None:
     p = torch.zeros(n, dtype=torch.bfloat16, requires_grad=True)
     p.grad = torch.zeros_like(p)
     lean = AdamW([p], master="remainder8", moments="int8", fused=False)
+    assert training_state_bytes(lean)["master"] == 0  # as torch: no state before a step
+    lean.step()
     got = training_state_bytes(lean)
     assert got["params"] == 2 * n and got["grads"] == 2 * n
     assert got["master"] == n
@@ -56,7 +58,10 @@ def test_state_bytes_by_category() -> None:
     q.grad = torch.zeros_like(q)
     ref.step()
     assert optimizer_state_bytes(ref)["moments"] == 8 * n
-    exact = AdamW([torch.zeros(n, dtype=torch.bfloat16, requires_grad=True)], fused=False)
+    w = torch.zeros(n, dtype=torch.bfloat16, requires_grad=True)
+    exact = AdamW([w], fused=False)
+    w.grad = torch.zeros_like(w)
+    exact.step()
     assert optimizer_state_bytes(exact)["master"] == 2 * n
     assert optimizer_state_bytes(exact)["moments"] == 8 * n
 

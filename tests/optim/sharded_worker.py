@@ -54,10 +54,11 @@ def main() -> None:
         for index, case in enumerate(cases.CASES):
             model = sharded_model(mesh, case)
             opt = cases.make_optimizer(case, list(model.ps))
-            kinds = {type(v).__name__ for s in opt.state.values() for v in s.values() if v.dim()}
+            assert not opt.state, "state is made at the first step, as in torch"
             for step in range(cases.SAVE_AT):
                 set_grads(model, mesh, case, step)
                 opt.step()
+            kinds = {type(v).__name__ for s in opt.state.values() for v in s.values() if v.dim()}
             msd, osd = get_state_dict(model, opt)
             where = ckpt / str(index)
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=where)

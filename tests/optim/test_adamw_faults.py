@@ -84,10 +84,11 @@ def test_a_bad_entry_changes_nothing() -> None:
     broken["state"][last]["exp_avg"] = broken["state"][last]["exp_avg"][:3]
     with pytest.raises(ValueError, match="exp_avg"):
         opt.load_state_dict(broken)
-    missing = copy.deepcopy(saved)
-    del missing["state"][last]
+    partial = copy.deepcopy(saved)
+    first = min(partial["state"])
+    del partial["state"][first]["exp_avg_sq"]  # a partial entry, unlike a missing one
     with pytest.raises(ValueError, match="do not match"):
-        opt.load_state_dict(missing)
+        opt.load_state_dict(partial)
     bad_lr = copy.deepcopy(saved)
     bad_lr["param_groups"][0]["lr"] = -1.0
     with pytest.raises(ValueError, match="Invalid learning rate"):
@@ -207,6 +208,8 @@ def test_stochastic_rounding_noise_keeps_changing_past_2_to_the_24_steps() -> No
     """The step counter was float32: from step 2**24 on every step drew the same noise."""
     w = torch.nn.Parameter(torch.randn(256).to(torch.bfloat16))
     opt = AdamW([w], lr=1e-3, master="stochastic", moments="fp32", fused=False, seed=3)
+    w.grad = torch.ones_like(w)
+    opt.step()  # state is made at the first step, as in torch
     opt.state[w]["step"].fill_(2**24 - 2)
     keys, counts = set(), []
     for _ in range(4):
@@ -254,7 +257,9 @@ def test_state_values_no_step_could_write_are_refused(
 
 
 def test_state_for_unknown_parameters_is_refused() -> None:
-    _params, opt = _setup("exact", "fp32")
+    params, opt = _setup("exact", "fp32")
+    _grads(params, 1)
+    opt.step()
     state = copy.deepcopy(opt.state_dict())
     state["state"][99] = state["state"][0]
     with pytest.raises(ValueError, match="no group names"):
@@ -272,3 +277,19 @@ def test_eps_must_be_positive(eps: float) -> None:
     state["param_groups"][0]["eps"] = eps
     with pytest.raises(ValueError, match="Invalid epsilon value"):
         opt.load_state_dict(state)
+
+
+def test_a_parameter_without_saved_state_has_none_afterwards_as_in_torch() -> None:
+    # torch's state dicts leave out parameters that never had a gradient (frozen ones).
+    params, opt = _setup("exact", "fp32")
+    _grads(params, 1)
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    last = max(saved["state"])
+    del saved["state"][last]
+    opt.load_state_dict(saved)
+    assert len(opt.state) == len(saved["state"])
+    assert (
+        opt.param_groups[-1]["params"][-1] not in opt.state
+        or not opt.state[opt.param_groups[-1]["params"][-1]]
+    )

@@ -140,3 +140,19 @@ def test_torch_states_it_cannot_continue_are_refused(make: object, words: str) -
         ours.load_state_dict(ref.state_dict())
     after = ours.state[ours.param_groups[0]["params"][0]]
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_state_is_made_at_the_first_step_and_never_for_frozen_parameters() -> None:
+    trainable = torch.nn.Parameter(torch.randn(64, 64).to(torch.bfloat16))
+    frozen = torch.nn.Parameter(torch.randn(256, 64).to(torch.bfloat16), requires_grad=False)
+    opt = AdamW([trainable, frozen], master="exact")
+    ref = torch.optim.AdamW(
+        [torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(4))]
+    )
+    assert len(opt.state) == len(ref.state) == 0
+    trainable.grad = torch.ones_like(trainable)
+    opt.step()
+    assert list(opt.state) == [trainable]
+    assert opt.state_dict()["state"].keys() == {0}
+    masters = opt.master_weights()  # a never-stepped parameter: its value, upcast
+    assert torch.equal(masters[1], frozen.detach().float())

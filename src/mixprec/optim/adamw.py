@@ -1,9 +1,9 @@
 """`AdamW`: a drop-in `torch.optim.AdamW` with explicit master and moment formats.
 
 The class only owns state and calls the pure pieces: formats are resolved once
-per parameter when its group is added, state is allocated then (so it can be
-measured, sharded and loaded into before the first step), and each step runs
-one fused kernel per parameter (`mixprec.optim.kernels`).
+per parameter when its group is added, state is made at a parameter's first
+step (as torch's optimizers do: a frozen parameter never gets any), and each
+step runs one fused kernel per parameter (`mixprec.optim.kernels`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class _ParamPlan:
     moments: MomentFormat
     mode: KernelMode
     dtype: torch.dtype  # the parameter's dtype the formats were resolved for
+    index: int  # the parameter's position when added (derives its rounding seed)
 
 
 def _view_like(t: torch.Tensor, p: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -182,7 +183,7 @@ class AdamW(torch.optim.Optimizer):
     # -- construction -----------------------------------------------------------------
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group; its formats are resolved and its state allocated now."""
+        """Add a group; its formats are resolved now, its state at each parameter's first step."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
@@ -230,35 +231,49 @@ class AdamW(torch.optim.Optimizer):
                     f"parameter of shape {tuple(p.shape)} is not contiguous; "
                     "mixprec AdamW updates flattened views (make it contiguous first)"
                 )
-            plan = self._plan(p, group, mode)
-            self._plans[p] = plan
-            # float64: exact to 2**53 steps (float32 stops counting at 2**24, which would
-            # freeze the bias correction and repeat the stochastic-rounding noise).
-            state: dict[str, torch.Tensor] = {
-                "step": torch.zeros((), dtype=torch.float64, device=p.device)
-            }
-            state.update(plan.master.init_state(lp))
-            state.update(plan.moments.init_state(lp))
-            if plan.master.spec.uses_noise:
-                seed = derive_seed(self._seed, first_index + offset)
-                state["rng_seed"] = torch.tensor(seed, dtype=torch.int64, device=p.device)
-            if sharding.is_dtensor(p):
-                # Sharded like the param, with the shapes an unsharded param's state has.
-                whole = torch.empty(p.shape, dtype=p.dtype, device="meta")
-                shapes = {**plan.master.init_state(whole), **plan.moments.init_state(whole)}
-                state = {
-                    k: sharding.shard_like(v, p, shapes[k].shape) if k in shapes else v
-                    for k, v in state.items()
-                }
-            self.state[p] = state
-            self._versions[p] = lp._version
+            self._plans[p] = self._plan(p, group, mode, first_index + offset)
 
-    def _plan(self, p: torch.Tensor, group: dict[str, Any], mode: KernelMode) -> _ParamPlan:
+    def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        """New state for `p`: master equal to the parameter as it is now, zero moments."""
+        plan = self._plans[p]
+        lp = sharding.local(p.detach())  # the local shard of a DTensor param
+        # float64: exact to 2**53 steps (float32 stops counting at 2**24, which would
+        # freeze the bias correction and repeat the stochastic-rounding noise).
+        state: dict[str, torch.Tensor] = {
+            "step": torch.zeros((), dtype=torch.float64, device=p.device)
+        }
+        state.update(plan.master.init_state(lp))
+        state.update(plan.moments.init_state(lp))
+        if plan.master.spec.uses_noise:
+            seed = derive_seed(self._seed, plan.index)
+            state["rng_seed"] = torch.tensor(seed, dtype=torch.int64, device=p.device)
+        if sharding.is_dtensor(p):
+            # Sharded like the param, with the shapes an unsharded param's state has.
+            whole = torch.empty(p.shape, dtype=p.dtype, device="meta")
+            shapes = {**plan.master.init_state(whole), **plan.moments.init_state(whole)}
+            state = {
+                k: sharding.shard_like(v, p, shapes[k].shape) if k in shapes else v
+                for k, v in state.items()
+            }
+        return state
+
+    def _state_of(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        """`p`'s state, made on first use (as torch's optimizers do: none before a step)."""
+        state = self.state.get(p)
+        if not state:
+            state = self._fresh_state(p)
+            self.state[p] = state
+            self._versions[p] = sharding.local(p.detach())._version
+        return state
+
+    def _plan(
+        self, p: torch.Tensor, group: dict[str, Any], mode: KernelMode, index: int
+    ) -> _ParamPlan:
         master = resolve_master(group["master"], p.dtype)
         moments = moment_format(group["moments"], block_size=self._block_size)
         if moments.spec.blockwise and not self._quantizable(p, moments):
             moments = moment_format("fp32")
-        return _ParamPlan(master, moments, mode, p.dtype)
+        return _ParamPlan(master, moments, mode, p.dtype, index)
 
     def _quantizable(self, p: torch.Tensor, moments: MomentFormat) -> bool:
         # Blockwise moments for tensors of whole blocks only (others keep fp32 moments).
@@ -303,7 +318,6 @@ class AdamW(torch.optim.Optimizer):
                     continue
                 if grad.is_sparse:
                     raise ValueError("mixprec AdamW does not support sparse gradients")
-                state = self.state[p]
                 plan = self._plans[p]
                 if p.dtype != plan.dtype:
                     raise PrecisionError(
@@ -312,6 +326,7 @@ class AdamW(torch.optim.Optimizer):
                         f"{dtype_name(p.dtype)} now; its master and moments no longer fit: "
                         "cast the model (or prec.prepare it) before building the optimizer"
                     )
+                state = self._state_of(p)
                 step_t = state["step"]
                 step_t += 1
                 step = int(step_t.item())
@@ -372,7 +387,7 @@ class AdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 lp = sharding.local(p.detach())
-                if lp._version != self._versions.get(p):
+                if self.state.get(p) and lp._version != self._versions.get(p):
                     state = {k: sharding.local(v) for k, v in self.state[p].items()}
                     self._resync_edited(self._plans[p], lp, state)
                     self._versions[p] = lp._version
@@ -387,16 +402,17 @@ class AdamW(torch.optim.Optimizer):
         """The fp32 master value of every parameter, in parameter order (new tensors).
 
         Remainder formats are reconstructed; ``kahan`` gives ``param + compensation``;
-        ``none`` and ``stochastic`` give the parameter upcast. A DTensor parameter
-        gets a DTensor sharded like it (``.full_tensor()`` gathers it).
+        ``none`` and ``stochastic`` give the parameter upcast, as does a parameter
+        never stepped (it has no state yet). A DTensor parameter gets a DTensor
+        sharded like it (``.full_tensor()`` gathers it).
         """
         self.sync_edited()
         out: list[torch.Tensor] = []
         for group in self.param_groups:
             for p in group["params"]:
                 plan = self._plans[p]
-                state = self.state[p]
                 lp = sharding.local(p.detach())
+                state = self.state.get(p) or plan.master.init_state(lp)
                 flat_state = [
                     sharding.local(state[k]).view(-1) for k in plan.master.spec.state_keys
                 ]
@@ -482,7 +498,7 @@ class AdamW(torch.optim.Optimizer):
             if result is not None:
                 state_dict = result
         state_dict, conversion = to_native(
-            state_dict, self.param_groups, self.state, self._formats_of
+            state_dict, self.param_groups, self._fresh_state, self._formats_of
         )
         saved_groups = state_dict["param_groups"]
         saved_state = state_dict["state"]
@@ -510,7 +526,9 @@ class AdamW(torch.optim.Optimizer):
                 raise ValueError(f"group {i}: saved hyperparameters are malformed: {exc}") from exc
             except ValueError as exc:
                 raise ValueError(f"group {i}: saved {exc}") from exc
-        # Validate every parameter's state before copying any: a bad entry changes nothing.
+        # Validate every parameter's state before taking any: a bad entry changes nothing.
+        # Saved state goes into new tensors made like this optimizer's own (dtypes exactly);
+        # a parameter with no saved state has none afterwards, as in torch.
         pairs = [
             (p, saved_state.get(pid) if isinstance(saved_state, dict) else None)
             for group, saved in zip(self.param_groups, saved_groups, strict=True)
@@ -520,11 +538,17 @@ class AdamW(torch.optim.Optimizer):
         extra = sorted(map(str, set(saved_state) - named)) if isinstance(saved_state, dict) else []
         if extra:
             raise ValueError(f"state dict holds state for parameters {extra} that no group names")
+        fresh = {p: self._fresh_state(p) for p, saved_p in pairs if saved_p is not None}
         for p, saved_p in pairs:
-            check_param_state(self.state[p], saved_p)
+            if saved_p is not None:
+                check_param_state(fresh[p], saved_p)
         for p, saved_p in pairs:
-            for key, dst in self.state[p].items():
+            if saved_p is None:
+                self.state.pop(p, None)
+                continue
+            for key, dst in fresh[p].items():
                 dst.copy_(cast(dict[str, torch.Tensor], saved_p)[key])
+            self.state[p] = fresh[p]
         for group, saved in zip(self.param_groups, saved_groups, strict=True):
             for key, value in saved.items():
                 if key != "params":

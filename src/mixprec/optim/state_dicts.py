@@ -219,7 +219,7 @@ def check_param_state(state: Mapping[str, torch.Tensor], saved: object) -> None:
 def to_native(
     state_dict: dict[str, Any],
     param_groups: Sequence[dict[str, Any]],
-    fresh_state: Mapping[torch.Tensor, dict[str, torch.Tensor]],
+    fresh_state: Callable[[torch.Tensor], dict[str, torch.Tensor]],
     formats_of: FormatsOf,
 ) -> tuple[dict[str, Any], StateConversion]:
     """`state_dict` in the optimizer's current form, and what was converted.
@@ -227,7 +227,7 @@ def to_native(
     Args:
         state_dict: what `AdamW.load_state_dict` was given.
         param_groups: the optimizer's groups.
-        fresh_state: the optimizer's state (shapes, dtypes and seeds to fill).
+        fresh_state: new state for a parameter (shapes, dtypes and seeds to fill).
         formats_of: a parameter's (master, moments) formats.
     """
     if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
@@ -265,7 +265,7 @@ def _from_torch(
     groups: list[dict[str, Any]],
     saved_state: dict[Any, Any],
     param_groups: Sequence[dict[str, Any]],
-    fresh_state: Mapping[torch.Tensor, dict[str, torch.Tensor]],
+    fresh_state: Callable[[torch.Tensor], dict[str, torch.Tensor]],
     formats_of: FormatsOf,
 ) -> tuple[dict[str, Any], StateConversion]:
     new_groups: list[dict[str, Any]] = []
@@ -286,10 +286,9 @@ def _from_torch(
         if len(saved.get("params", ())) != len(group["params"]):
             continue  # the generic check names the mismatch
         for p, pid in zip(group["params"], saved["params"], strict=True):
-            fresh = fresh_state[p]
-            if pid not in saved_state:  # never stepped in torch: fresh state
-                new_state[pid] = {k: v.clone() for k, v in fresh.items()}
+            if pid not in saved_state:  # never stepped in torch: no state here either
                 continue
+            fresh = fresh_state(p)
             master, moments_fmt = formats_of(p)
             try:
                 new_state[pid] = param_state_from_torch(
@@ -325,7 +324,7 @@ def to_torch(
             saved.setdefault(key, default)
         ids = []
         for p in group["params"]:
-            if float(state[p]["step"]) > 0:
+            if p in state and state[p] and float(state[p]["step"]) > 0:
                 out[index] = param_state_to_torch(state[p], p, formats_of(p)[1])
             ids.append(index)
             index += 1

@@ -80,6 +80,12 @@ class Precision:
             below this (None: never).
         history_size: how many loss-scale changes `stats.scale_history` keeps.
 
+    Attributes:
+        policy: the `Policy` as given (kept for `state_dict` and messages).
+        plan: the `PrecisionPlan` every method executes, resolved once here.
+        stats: the telemetry (`PrecisionStats`).
+        observers: the `StepObserver`s called around every step.
+
     Raises:
         ValueError: a policy field this setup cannot honour (see `resolve_plan`),
             or a bad limit.

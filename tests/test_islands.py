@@ -11,7 +11,19 @@ import torch
 from torch import nn
 
 import mixprec
-from mixprec.islands import add_fp32_island, is_fp32_island, remove_fp32_island
+from mixprec.islands import (
+    IslandRule,
+    add_fp32_island,
+    add_fp32_islands,
+    is_fp32_island,
+    is_norm_layer,
+    island_names,
+    island_param_names,
+    matches_fp32_module,
+    remove_fp32_island,
+    remove_fp32_islands,
+    temporary_fp32_islands,
+)
 from mixprec.policy import Policy
 
 
@@ -127,3 +139,91 @@ def test_remove_restores_the_module() -> None:
     assert not module._forward_pre_hooks and not module._forward_hooks
     out = module(torch.randn(2, 4, dtype=torch.bfloat16).float())
     assert out.dtype == torch.float32
+
+
+class MyRMSNorm(nn.Module):
+    pass
+
+
+class SubLayerNorm(nn.LayerNorm):
+    pass
+
+
+def test_fp32_module_matching() -> None:
+    p = mixprec.policy("bf16_master")
+    assert matches_fp32_module(p, "blocks.0.ln_1", nn.LayerNorm(4))
+    assert matches_fp32_module(p, "x", nn.BatchNorm2d(4))
+    assert matches_fp32_module(p, "x", nn.GroupNorm(2, 4))
+    assert matches_fp32_module(p, "x", MyRMSNorm())
+    assert matches_fp32_module(p, "x", SubLayerNorm(4))
+    assert not matches_fp32_module(p, "x", nn.Linear(2, 2))
+    by_name = p.replace(fp32_modules=("lm_head",))
+    assert matches_fp32_module(by_name, "lm_head", nn.Linear(2, 2))
+    assert not matches_fp32_module(by_name, "x", nn.LayerNorm(2))
+    by_type = p.replace(fp32_modules=(nn.Embedding,))
+    assert matches_fp32_module(by_type, "wte", nn.Embedding(3, 2))
+
+
+def _norm_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.BatchNorm1d(16), nn.Linear(16, 2))
+
+
+def test_the_rule_names_the_modules_and_parameters_of_a_model() -> None:
+    model = _norm_model()
+    pol = mixprec.policy("bf16_master")
+    rule = IslandRule.of(pol)
+    assert rule.active and rule.entries == pol.fp32_modules
+    assert rule.module_names(model) == ("1", "2")
+    assert island_param_names(model, pol) == {"1.weight", "1.bias", "2.weight", "2.bias"}
+    # fp32 storage: the patterns still match, but no island applies.
+    fp32 = IslandRule.of(mixprec.policy("amp_bf16"))
+    assert not fp32.active and fp32.matches("1", model[1])
+    assert (
+        fp32.module_names(model) == ()
+        and island_param_names(model, mixprec.policy("fp32")) == set()
+    )
+    assert add_fp32_islands(model, fp32, "cpu") == [] and island_names(model) == ()
+    assert is_norm_layer(model[1]) and not is_norm_layer(model[0])
+    assert rule.covers_class_name("LlamaRMSNorm") and not rule.covers_class_name("Linear")
+    assert IslandRule((nn.Linear,)).covers_class_name("Linear")
+
+
+def test_apply_then_remove_restores_the_model_exactly() -> None:
+    model = _norm_model()
+    keys = {k: (v.dtype, v.shape) for k, v in model.state_dict().items()}
+    forwards = {name: m.forward for name, m in model.named_modules()}
+    classes = {name: type(m) for name, m in model.named_modules()}
+    added = add_fp32_islands(model, mixprec.policy("bf16_master"), "cpu")
+    assert added == [model[1], model[2]] and island_names(model) == ("1", "2")
+    for name, module in model.named_modules():
+        # Hooks only: forward, class and state_dict keys are the module's own.
+        assert module.forward == forwards[name] and type(module) is classes[name]
+        assert "forward" not in vars(module)
+    assert {k: (v.dtype, v.shape) for k, v in model.state_dict().items()} == keys
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        with_islands = model(x)
+    assert remove_fp32_islands(model) == ("1", "2")
+    assert island_names(model) == ()
+    for module in model.modules():
+        assert not module._forward_pre_hooks and not module._forward_hooks
+        assert not hasattr(module, "_mixprec_fp32_island")
+    assert {k: (v.dtype, v.shape) for k, v in model.state_dict().items()} == keys
+    with torch.no_grad():
+        assert torch.equal(model(x), with_islands)  # fp32 model: islands change nothing
+    assert remove_fp32_islands(model) == ()
+
+
+def test_temporary_islands_keep_the_ones_that_existed() -> None:
+    model = _norm_model()
+    add_fp32_island(model[1], "cpu")
+    with temporary_fp32_islands(model, mixprec.policy("bf16_master"), "cpu"):
+        assert island_names(model) == ("1", "2")
+    assert island_names(model) == ("1",)
+
+
+def test_islands_are_the_norms_under_16_bit_storage_only() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    assert island_param_names(model, mixprec.policy("bf16_master")) == {"1.weight", "1.bias"}
+    assert island_param_names(model, mixprec.policy("fp32")) == set()

@@ -20,7 +20,6 @@ from mixprec.policy import (
     PRESET_NAMES,
     LossScaling,
     Policy,
-    matches_fp32_module,
     policy,
     resolve_auto,
 )
@@ -196,29 +195,6 @@ def test_from_dict_preset_with_overrides() -> None:
 def test_from_dict_errors(data: dict[str, object], fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         Policy.from_dict(data)
-
-
-class MyRMSNorm(nn.Module):
-    pass
-
-
-class SubLayerNorm(nn.LayerNorm):
-    pass
-
-
-def test_fp32_module_matching() -> None:
-    p = policy("bf16_master")
-    assert matches_fp32_module(p, "blocks.0.ln_1", nn.LayerNorm(4))
-    assert matches_fp32_module(p, "x", nn.BatchNorm2d(4))
-    assert matches_fp32_module(p, "x", nn.GroupNorm(2, 4))
-    assert matches_fp32_module(p, "x", MyRMSNorm())
-    assert matches_fp32_module(p, "x", SubLayerNorm(4))
-    assert not matches_fp32_module(p, "x", nn.Linear(2, 2))
-    by_name = p.replace(fp32_modules=("lm_head",))
-    assert matches_fp32_module(by_name, "lm_head", nn.Linear(2, 2))
-    assert not matches_fp32_module(by_name, "x", nn.LayerNorm(2))
-    by_type = p.replace(fp32_modules=(nn.Embedding,))
-    assert matches_fp32_module(by_type, "wte", nn.Embedding(3, 2))
 
 
 def test_replace_revalidates() -> None:

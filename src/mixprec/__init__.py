@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from mixprec.device import DeviceCaps, device_caps
     from mixprec.dtypes import FormatInfo, dtype_name, format_info, parse_dtype
-    from mixprec.engine import Precision, PrecisionStats, StepObserver, StepReport
+    from mixprec.engine import Precision, PrecisionPlan, PrecisionStats, StepObserver, StepReport
     from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
     from mixprec.experiment.compare import Results, compare
     from mixprec.experiment.compare import rerender as report
@@ -43,6 +43,7 @@ _EXPORTS = {
     "format_info": "mixprec.dtypes",
     "parse_dtype": "mixprec.dtypes",
     "Precision": "mixprec.engine",
+    "PrecisionPlan": "mixprec.engine",
     "PrecisionStats": "mixprec.engine",
     "StepObserver": "mixprec.engine",
     "StepReport": "mixprec.engine",
@@ -89,6 +90,7 @@ __all__ = [
     "Policy",
     "Precision",
     "PrecisionError",
+    "PrecisionPlan",
     "PrecisionStats",
     "PrecisionWarning",
     "Results",

@@ -1,9 +1,20 @@
-"""fp32 islands: modules kept in fp32 inside a 16-bit model, by forward hooks.
+"""fp32 islands: which modules stay fp32 inside a 16-bit model, and how, by forward hooks.
 
-Norm layers (by default) keep fp32 parameters under 16-bit storage policies, and
-run in fp32: their floating inputs are upcast, autocast is off inside, and the
-output goes back to the dtype of the first floating input, so the 16-bit model
-around the island sees the dtype it passed in.
+This module is the one home of the concept:
+
+* the rule (`IslandRule`, from `Policy.fp32_modules`): module types, or fnmatch
+  patterns matched against class names (any class in the MRO) and qualified
+  names; norm layers by default;
+* the names it picks in a model (`IslandRule.module_names`, `island_param_names`)
+  and the names of the islands a model runs now (`island_names`);
+* applying and removing islands (`add_fp32_islands`, `remove_fp32_islands`,
+  `temporary_fp32_islands`).
+
+Islands apply only under 16-bit parameter storage: there they keep fp32
+parameters and run in fp32 (their floating inputs are upcast, autocast is off
+inside, and the output goes back to the dtype of the first floating input, so the
+16-bit model around the island sees the dtype it passed in). With fp32 storage,
+autocast's own op lists decide.
 
 An island is a pair of forward hooks on the module, nothing else: the module's
 ``forward``, its class and torch are left alone, ``state_dict`` keys do not
@@ -17,24 +28,130 @@ when the forward raises.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from mixprec.policy import Policy, matches_fp32_module
+from mixprec.policy import DEFAULT_FP32_MODULES, Policy
 
 __all__ = [
+    "NORM_LAYERS",
     "Fp32Island",
+    "IslandRule",
     "add_fp32_island",
     "add_fp32_islands",
     "is_fp32_island",
+    "is_norm_layer",
+    "island_names",
+    "island_param_names",
+    "matches_fp32_module",
     "remove_fp32_island",
+    "remove_fp32_islands",
     "temporary_fp32_islands",
 ]
 
 _ATTR = "_mixprec_fp32_island"  # on the module: (island, pre-hook id, post-hook id)
+
+
+# ------------------------------------------------------------------ the rule
+
+
+@dataclass(frozen=True)
+class IslandRule:
+    """Which modules of a model run as fp32 islands.
+
+    Attributes:
+        entries: module types, or fnmatch patterns matched against class names
+            (any class in the MRO) and qualified module names
+            (`Policy.fp32_modules`).
+        active: whether islands apply at all: only under 16-bit parameter storage
+            (with fp32 storage, autocast's op lists decide).
+    """
+
+    entries: tuple[type[nn.Module] | str, ...]
+    active: bool = True
+
+    @classmethod
+    def of(cls, policy: Policy) -> IslandRule:
+        """The rule of `policy`: its ``fp32_modules``, active under 16-bit storage."""
+        return cls(tuple(policy.fp32_modules), active=policy.param_dtype != torch.float32)
+
+    def matches(self, qualified_name: str, module: nn.Module) -> bool:
+        """Whether `module` (at `qualified_name` in its model, ``""`` if unknown)
+        matches the entries; `active` is not consulted."""
+        for entry in self.entries:
+            if isinstance(entry, type):
+                if isinstance(module, entry):
+                    return True
+                continue
+            if qualified_name and fnmatch.fnmatchcase(qualified_name, entry):
+                return True
+            if any(fnmatch.fnmatchcase(cls.__name__, entry) for cls in type(module).__mro__):
+                return True
+        return False
+
+    def covers_class_name(self, class_name: str) -> bool:
+        """Whether a module class named `class_name` matches, known by name only (a
+        config that names no model): patterns match the name, types their own name."""
+        return any(
+            fnmatch.fnmatchcase(class_name, entry)
+            if isinstance(entry, str)
+            else entry.__name__ == class_name
+            for entry in self.entries
+        )
+
+    def named_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """The modules of `model` that become islands, with their qualified names
+        (``""`` is the model itself); empty when the rule is not active."""
+        if not self.active:
+            return []
+        return [
+            (name, module) for name, module in model.named_modules() if self.matches(name, module)
+        ]
+
+    def module_names(self, model: nn.Module) -> tuple[str, ...]:
+        """Qualified names of the modules of `model` that become islands."""
+        return tuple(name for name, _ in self.named_modules(model))
+
+    def describe(self) -> str:
+        """One line such as ``*Norm, *Norm1d (16-bit storage: applied)``."""
+        shown = ", ".join(e if isinstance(e, str) else e.__name__ for e in self.entries)
+        state = "applied" if self.active else "not applied: fp32 storage"
+        return f"{shown or 'none'} ({state})"
+
+
+#: Norm layers, by the default patterns (`mixprec.policy.DEFAULT_FP32_MODULES`).
+NORM_LAYERS = IslandRule(DEFAULT_FP32_MODULES)
+
+
+def is_norm_layer(module: nn.Module) -> bool:
+    """Whether `module` is a norm layer by class name (`NORM_LAYERS`)."""
+    return NORM_LAYERS.matches("", module)
+
+
+def matches_fp32_module(policy: Policy, qualified_name: str, module: nn.Module) -> bool:
+    """Whether `module` (at `qualified_name` in its model) is one of the policy's fp32
+    islands by `Policy.fp32_modules` (whatever the storage dtype)."""
+    return IslandRule.of(policy).matches(qualified_name, module)
+
+
+def island_param_names(model: nn.Module, policy: Policy) -> set[str]:
+    """Qualified names of the parameters that stay fp32 under `policy`.
+
+    Empty when the policy stores parameters in fp32 anyway (no islands apply).
+    """
+    names: set[str] = set()
+    for mod_name, module in IslandRule.of(policy).named_modules(model):
+        for p_name, _ in module.named_parameters():
+            names.add(f"{mod_name}.{p_name}" if mod_name else p_name)
+    return names
+
+
+# --------------------------------------------------------------- the hooks
 
 
 def _cast_floating(value: Any, dtype: torch.dtype) -> Any:
@@ -92,9 +209,17 @@ class Fp32Island:
         self.__init__(state["device_type"])  # type: ignore[misc]
 
 
+# ------------------------------------------------------ applying and removing
+
+
 def is_fp32_island(module: nn.Module) -> bool:
     """Whether `module` runs as an fp32 island."""
     return getattr(module, _ATTR, None) is not None
+
+
+def island_names(model: nn.Module) -> tuple[str, ...]:
+    """Qualified names of the modules of `model` that run as fp32 islands now."""
+    return tuple(name for name, module in model.named_modules() if is_fp32_island(module))
 
 
 def add_fp32_island(module: nn.Module, device_type: str) -> None:
@@ -121,28 +246,43 @@ def remove_fp32_island(module: nn.Module) -> None:
     delattr(module, _ATTR)
 
 
-def add_fp32_islands(model: nn.Module, policy: Policy, device_type: str) -> list[nn.Module]:
-    """Make every module of `model` that `policy.fp32_modules` names an island.
+def add_fp32_islands(
+    model: nn.Module, rule: Policy | IslandRule, device_type: str
+) -> list[nn.Module]:
+    """Make every module of `model` that the rule (or the policy's) names an island.
 
-    Islands apply only under 16-bit parameter storage (with fp32 storage,
-    autocast's own op lists decide). Returns the modules that became islands now.
+    Nothing happens when the rule is not active (fp32 storage). Returns the
+    modules that became islands now (existing islands are kept and not listed).
     """
+    rule = rule if isinstance(rule, IslandRule) else IslandRule.of(rule)
     added: list[nn.Module] = []
-    if policy.param_dtype == torch.float32:
-        return added
-    for name, module in model.named_modules():
-        if matches_fp32_module(policy, name, module) and not is_fp32_island(module):
+    for _name, module in rule.named_modules(model):
+        if not is_fp32_island(module):
             add_fp32_island(module, device_type)
             added.append(module)
     return added
 
 
+def remove_fp32_islands(model: nn.Module) -> tuple[str, ...]:
+    """Remove every fp32 island from `model`; returns the names of those removed.
+
+    Parameter dtypes are left as they are (casting them is `Precision.prepare`'s
+    job); the modules run their plain ``forward`` again.
+    """
+    removed = [(name, module) for name, module in model.named_modules() if is_fp32_island(module)]
+    for _name, module in removed:
+        remove_fp32_island(module)
+    return tuple(name for name, _ in removed)
+
+
 @contextlib.contextmanager
-def temporary_fp32_islands(model: nn.Module, policy: Policy, device_type: str) -> Iterator[None]:
-    """The policy's islands in `model` for the duration of the context (for predictions
-    that run a model as `Precision.prepare` would leave it). Islands that already
-    existed are kept."""
-    added = add_fp32_islands(model, policy, device_type)
+def temporary_fp32_islands(
+    model: nn.Module, rule: Policy | IslandRule, device_type: str
+) -> Iterator[None]:
+    """The rule's (or the policy's) islands in `model` for the duration of the context
+    (for predictions that run a model as `Precision.prepare` would leave it). Islands
+    that already existed are kept."""
+    added = add_fp32_islands(model, rule, device_type)
     try:
         yield
     finally:

@@ -16,7 +16,6 @@ Presets come from `policy(name)`, which also accepts other tools' spellings
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,7 +34,6 @@ __all__ = [
     "PRESET_NAMES",
     "LossScaling",
     "Policy",
-    "matches_fp32_module",
     "policy",
     "preset_names",
     "resolve_auto",
@@ -360,20 +358,6 @@ def _parse_loss_scaling(raw: object) -> LossScaling | None:
     raise ValueError(
         f"loss_scaling must be null, 'dynamic', a number (static scale) or a mapping, got {raw!r}"
     )
-
-
-def matches_fp32_module(policy: Policy, qualified_name: str, module: nn.Module) -> bool:
-    """Whether `module` (at `qualified_name` in its model) is one of the policy's fp32 islands."""
-    for entry in policy.fp32_modules:
-        if isinstance(entry, type):
-            if isinstance(module, entry):
-                return True
-            continue
-        if qualified_name and fnmatch.fnmatchcase(qualified_name, entry):
-            return True
-        if any(fnmatch.fnmatchcase(cls.__name__, entry) for cls in type(module).__mro__):
-            return True
-    return False
 
 
 # ----------------------------------------------------------------- presets

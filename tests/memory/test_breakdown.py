@@ -1,12 +1,8 @@
-"""The components of a breakdown, and which parameters count as fp32 islands."""
+"""The components of a breakdown (which parameters are fp32 islands: tests/test_islands.py)."""
 
 from __future__ import annotations
 
-from torch import nn
-
 from mixprec.memory import COMPONENTS, Components, MemoryBreakdown
-from mixprec.memory.breakdown import island_param_names
-from mixprec.policy import policy
 
 
 def test_components_sum_and_serialize_in_report_order() -> None:
@@ -29,9 +25,3 @@ def test_state_bytes_per_param_counts_sharded_state_once() -> None:
     assert fsdp.state_bytes_per_param == 14 * 2 / 4
     assert ddp.state_bytes_per_param == 14 / 4
     assert set(fsdp.to_dict()) >= {"policy", "bytes", "per_rank", "comm_bytes_per_step"}
-
-
-def test_islands_are_the_norms_under_16_bit_storage_only() -> None:
-    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
-    assert island_param_names(model, policy("bf16_master")) == {"1.weight", "1.bias"}
-    assert island_param_names(model, policy("fp32")) == set()

@@ -34,8 +34,9 @@ from mixprec.experiment.contract import Contract
 from mixprec.experiment.decision import decide
 from mixprec.experiment.records import RunRecord, load_records, record_path, write_json_atomic
 from mixprec.experiment.summary import tail_start
+from mixprec.islands import matches_fp32_module
 from mixprec.memory import MemoryBreakdown, estimate, measure
-from mixprec.policy import DEFAULT_FP32_MODULES, Policy, matches_fp32_module
+from mixprec.policy import DEFAULT_FP32_MODULES, Policy
 from mixprec.policy import policy as get_policy
 from mixprec.workloads import Workload, load_workload
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mixprec.memory.breakdown import island_param_names
+from mixprec.islands import island_param_names, temporary_fp32_islands
 from mixprec.policy import Policy
 from mixprec.policy import policy as get_policy
 
@@ -65,8 +65,6 @@ def saved_activation_bytes(
     islands included); the model itself is not changed.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from mixprec.islands import temporary_fp32_islands
 
     pol = get_policy(policy)
     islands = island_param_names(model, pol)

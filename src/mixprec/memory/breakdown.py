@@ -21,18 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-import torch
-from torch import nn
-
-from mixprec.policy import Policy, matches_fp32_module
-
 __all__ = [
     "COMPONENTS",
     "Components",
     "MemoryBreakdown",
     "Sharding",
     "format_gib",
-    "island_param_names",
 ]
 
 Sharding = Literal["none", "fsdp", "ddp"]
@@ -130,22 +124,6 @@ class MemoryBreakdown:
             "measured": self.measured,
             "notes": list(self.notes),
         }
-
-
-def island_param_names(model: nn.Module, policy: Policy) -> set[str]:
-    """Qualified names of the parameters that stay fp32 under `policy` (``fp32_islands``).
-
-    Empty when the policy stores parameters in fp32 anyway: then every parameter
-    counts as ``params``.
-    """
-    if policy.param_dtype == torch.float32:
-        return set()
-    names: set[str] = set()
-    for mod_name, module in model.named_modules():
-        if matches_fp32_module(policy, mod_name, module):
-            for p_name, _ in module.named_parameters():
-                names.add(f"{mod_name}.{p_name}" if mod_name else p_name)
-    return names
 
 
 def format_gib(n: float) -> str:

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from mixprec.islands import island_param_names
 from mixprec.memory.activations import saved_activation_bytes
-from mixprec.memory.breakdown import Components, MemoryBreakdown, Sharding, island_param_names
+from mixprec.memory.breakdown import Components, MemoryBreakdown, Sharding
 from mixprec.memory.state_layout import state_nbytes
 from mixprec.memory.transformer import TransformerShape
 from mixprec.policy import Policy

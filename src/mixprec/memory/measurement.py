@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from mixprec.formats import master_state_keys, moment_state_keys
+from mixprec.islands import island_param_names
 from mixprec.memory.activations import count_saved, storage_key
-from mixprec.memory.breakdown import Components, MemoryBreakdown, island_param_names
+from mixprec.memory.breakdown import Components, MemoryBreakdown
 from mixprec.policy import Policy
 from mixprec.policy import policy as get_policy
 

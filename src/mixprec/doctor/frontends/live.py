@@ -8,7 +8,6 @@ may be given; rules whose facts are missing stay silent.
 
 from __future__ import annotations
 
-import fnmatch
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -26,7 +25,8 @@ from mixprec.doctor.findings import Finding, sort_findings
 from mixprec.doctor.frontends.frontend import DeviceArg, resolve_device
 from mixprec.doctor.rules import run_static_rules
 from mixprec.dtypes import dtype_name, is_16bit, is_fp8
-from mixprec.policy import DEFAULT_FP32_MODULES, Policy, policy
+from mixprec.islands import is_norm_layer
+from mixprec.policy import Policy, policy
 
 __all__ = [
     "PEFT_MAX_TRAINABLE_FRACTION",
@@ -170,14 +170,6 @@ def optimizer_facts(optimizer: torch.optim.Optimizer) -> OptimizerFacts:
     return OptimizerFacts(name=name, adam_like=adam_like, groups=tuple(groups), note=note)
 
 
-def _is_norm(module: nn.Module) -> bool:
-    return any(
-        fnmatch.fnmatchcase(c.__name__, pat)
-        for c in type(module).__mro__
-        for pat in DEFAULT_FP32_MODULES
-    )
-
-
 def facts_from_objects(
     *,
     policy: Policy | str | None = None,
@@ -271,7 +263,7 @@ def facts_from_objects(
         seen_norm = False
         for mname, module in model.named_modules():
             own = [p for p in module.parameters(recurse=False) if p.is_floating_point()]
-            if _is_norm(module) and own:
+            if is_norm_layer(module) and own:
                 seen_norm = True
                 if any(is_16bit(p.dtype) for p in own):
                     norm_detail.append(f"{mname or '<model>'} ({type(module).__name__})")

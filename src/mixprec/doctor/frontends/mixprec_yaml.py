@@ -24,7 +24,6 @@ except inside ``precision``, which `mixprec.Policy.from_dict` validates)::
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,6 +40,7 @@ from mixprec.doctor.frontends.document import ConfigDoc
 from mixprec.doctor.frontends.frontend import FrontEnd
 from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
 from mixprec.formats import check_master, check_moments
+from mixprec.islands import IslandRule
 from mixprec.policy import Policy, policy
 
 __all__ = [
@@ -188,14 +188,8 @@ def _optimizer(doc: ConfigDoc, pol: Policy, master: str) -> OptimizerFacts:
 
 
 def _norms_covered(pol: Policy) -> tuple[bool, tuple[str, ...]]:
-    patterns = [e for e in pol.fp32_modules if isinstance(e, str)]
-    types = [e for e in pol.fp32_modules if isinstance(e, type)]
-    uncovered = tuple(
-        n
-        for n in NORM_CLASS_NAMES
-        if not any(fnmatch.fnmatchcase(n, p) for p in patterns)
-        and not any(t.__name__ == n for t in types)
-    )
+    rule = IslandRule.of(pol)
+    uncovered = tuple(n for n in NORM_CLASS_NAMES if not rule.covers_class_name(n))
     return not uncovered, uncovered
 
 

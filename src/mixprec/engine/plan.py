@@ -1,0 +1,162 @@
+"""`PrecisionPlan`: a policy read once into what the engine will do.
+
+`Precision` resolves its `Policy` into a plan when it is built (`resolve_plan`):
+the autocast dtype, the storage dtype, the fp32 island rule, the master and
+moment formats (their specs from the format registry), the loss-scaler settings
+and the gradient-reduction dtype. Every later call (`prepare`, `autocast`,
+`optimizer`, `backward`, `step`) reads the plan; none goes back to the policy.
+
+A policy field this setup cannot honour is refused here, once, instead of being
+ignored: gradient reduction in a chosen dtype and FSDP2 output casting need the
+distributed wrappers, which this release does not have.
+
+The plan does not hold the device: `Precision` learns it from the model in
+`prepare` (or is told), and checks there and in `autocast` that the device can
+compute in `autocast_dtype`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mixprec.dtypes import dtype_name
+from mixprec.formats import MasterSpec, MomentSpec, master_spec, moment_spec
+from mixprec.islands import IslandRule
+from mixprec.policy import LossScaling, Policy
+
+__all__ = ["PrecisionPlan", "resolve_plan"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionPlan:
+    """What a run does, resolved once from its `Policy` (see `resolve_plan`).
+
+    Two equal policies give equal plans.
+
+    Attributes:
+        policy_name: the policy's name, for messages.
+        autocast_dtype: the dtype eligible ops compute in under `Precision.autocast`,
+            or None: no autocast (ops compute in the storage dtype).
+        storage_dtype: the dtype `Precision.prepare` stores parameters in (fp32
+            islands apart).
+        islands: which modules keep fp32 parameters and run in fp32 (active under
+            16-bit storage only).
+        master: the master-weight format of 16-bit parameters (fp32 parameters
+            need none), from the format registry.
+        moments: the optimizer's moment format, from the format registry.
+        loss_scaling: the `torch.amp.GradScaler` settings, or None: no loss scaling.
+        reduce_dtype: the dtype of gradient reduction across ranks (fp32; other
+            values are refused until the distributed wrappers apply them).
+        risks: what the policy risks, one sentence each; `Precision.prepare` warns
+            with them (`PrecisionWarning`).
+    """
+
+    policy_name: str
+    autocast_dtype: torch.dtype | None
+    storage_dtype: torch.dtype
+    islands: IslandRule
+    master: MasterSpec
+    moments: MomentSpec
+    loss_scaling: LossScaling | None
+    reduce_dtype: torch.dtype
+    risks: tuple[str, ...] = ()
+
+    @property
+    def autocast_enabled(self) -> bool:
+        """Whether forward passes run under `torch.autocast`."""
+        return self.autocast_dtype is not None
+
+    @property
+    def scales_loss(self) -> bool:
+        """Whether the loss is scaled before backward."""
+        return self.loss_scaling is not None
+
+    @property
+    def dynamic_scaling(self) -> bool:
+        """Whether the loss scale moves (backs off on overflow, grows when clean)."""
+        return self.loss_scaling is not None and self.loss_scaling.dynamic
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (dtypes and formats by name)."""
+        return {
+            "autocast_dtype": dtype_name(self.autocast_dtype),
+            "storage_dtype": dtype_name(self.storage_dtype),
+            "fp32_modules": [e if isinstance(e, str) else e.__name__ for e in self.islands.entries],
+            "islands_active": self.islands.active,
+            "master": self.master.name,
+            "moments": self.moments.name,
+            "loss_scaling": None if self.loss_scaling is None else self.loss_scaling.to_dict(),
+            "reduce_dtype": dtype_name(self.reduce_dtype),
+        }
+
+    def describe(self) -> str:
+        """A few lines, one decision each (what `Precision.summary` prints)."""
+        if self.autocast_dtype is None:
+            autocast = f"off (ops compute in {dtype_name(self.storage_dtype)})"
+        else:
+            autocast = dtype_name(self.autocast_dtype)
+        return "\n".join(
+            [
+                f"autocast: {autocast}",
+                f"parameter storage: {dtype_name(self.storage_dtype)}",
+                f"fp32 islands: {self.islands.describe()}",
+                f"master: {self.master.name} ({self.master.summary})",
+                f"moments: {self.moments.name} ({self.moments.summary})",
+                f"loss scaling: {_scaling_text(self.loss_scaling)}",
+                f"gradient reduction: {dtype_name(self.reduce_dtype)}",
+            ]
+        )
+
+
+def _scaling_text(ls: LossScaling | None) -> str:
+    if ls is None:
+        return "none"
+    if not ls.dynamic:
+        return f"static {ls.init_scale:g} (overflowing steps are skipped)"
+    return (
+        f"dynamic from {ls.init_scale:g} (x{ls.backoff_factor:g} on overflow, "
+        f"x{ls.growth_factor:g} after {ls.growth_interval} clean steps)"
+    )
+
+
+def resolve_plan(policy: Policy) -> PrecisionPlan:
+    """Read `policy` into a `PrecisionPlan`, refusing what this setup cannot honour.
+
+    Raises:
+        ValueError: a non-default ``reduce_dtype`` or ``output_dtype`` (nothing in
+            a single-process `Precision` applies them, so they would be ignored).
+    """
+    _refuse_unapplied_fields(policy)
+    return PrecisionPlan(
+        policy_name=policy.name,
+        autocast_dtype=policy.compute_dtype,
+        storage_dtype=policy.param_dtype,
+        islands=IslandRule.of(policy),
+        master=master_spec(policy.master),
+        moments=moment_spec(policy.moments),
+        loss_scaling=policy.loss_scaling,
+        reduce_dtype=policy.reduce_dtype,
+        risks=policy.risks(),
+    )
+
+
+def _refuse_unapplied_fields(pol: Policy) -> None:
+    # Every policy field is honoured or refused: gradient reduction and FSDP2 output
+    # casting belong to the distributed wrappers, which this release does not have, so
+    # a non-default value would be silently ignored.
+    if pol.reduce_dtype != torch.float32:
+        raise ValueError(
+            f"policy {pol.name!r} asks for reduce_dtype={dtype_name(pol.reduce_dtype)}, but "
+            "nothing in this setup reduces gradients in a chosen dtype (Precision runs one "
+            "process; DDP/FSDP2 wrappers that apply it are not available yet), so it would be "
+            "ignored; fix: reduce_dtype=torch.float32 (the default)"
+        )
+    if pol.output_dtype is not None:
+        raise ValueError(
+            f"policy {pol.name!r} asks for output_dtype={dtype_name(pol.output_dtype)}, which "
+            "only an FSDP2 MixedPrecisionPolicy applies and this setup has none, so it would be "
+            "ignored; fix: output_dtype=None (the default)"
+        )

@@ -1,0 +1,426 @@
+"""`Precision`: run any PyTorch training loop under a precision policy.
+
+The runtime composes PyTorch rather than rewriting it: forward passes run under
+`torch.autocast`, loss scaling is `torch.amp.GradScaler` (`ShardedGradScaler` for
+FSDP2 models). What it adds is the discipline around them:
+
+* the policy is read once into a `PrecisionPlan` that every call executes;
+* gradients are always unscaled before they are clipped, and the clipped norm is
+  the true one;
+* a step with non-finite gradients is never applied, with or without a scaler;
+* closure-based optimizers (LBFGS) work under loss scaling, which
+  `GradScaler.step` refuses;
+* every step returns a `StepReport`, and `Precision.stats` keeps the telemetry
+  (skipped steps, the loss-scale history); a scale that keeps collapsing raises
+  `PrecisionError` instead of looping forever.
+
+Example:
+    >>> prec = Precision("bf16_master")
+    >>> model = prec.prepare(model)
+    >>> optimizer = prec.optimizer(model, lr=3e-4)
+    >>> with prec.autocast():
+    ...     loss = loss_fn(model(x), y)
+    >>> prec.backward(loss)
+    >>> prec.clip_grad_norm_(model.parameters(), 1.0)
+    >>> report = prec.step(optimizer)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from mixprec.engine.effective import (
+    check_compute,
+    effective_precision,
+    summary_text,
+    warn_if_slow,
+)
+from mixprec.engine.gradients import check_max_norm, has_grads
+from mixprec.engine.observers import StepObserver
+from mixprec.engine.optimizers import ParamsArg, check_optimizers, implied_param_groups
+from mixprec.engine.plan import PrecisionPlan, resolve_plan
+from mixprec.engine.scaling import ScaledGradients, make_scaler, owning_optimizers
+from mixprec.engine.state import parse_state, precision_state
+from mixprec.engine.stepping import (
+    ClipNote,
+    Closure,
+    check_collapse,
+    record_step,
+    run_step,
+)
+from mixprec.engine.storage import apply_storage
+from mixprec.errors import PrecisionWarning, user_stacklevel
+from mixprec.optim.sharding import is_dtensor
+from mixprec.policy import Policy, policy
+from mixprec.telemetry import PrecisionStats, StepReport
+
+__all__ = ["Precision"]
+
+
+class Precision:
+    """Run a training loop under a precision `Policy`.
+
+    The policy is resolved once, here, into `plan` (a `PrecisionPlan`); every
+    method executes that plan.
+
+    Args:
+        policy: a `Policy`, or a preset name or alias (see `mixprec.policy`).
+        device: the device type autocast runs on; by default taken from the model
+            in `prepare`, else CUDA when available, else CPU.
+        max_consecutive_skips: raise `PrecisionError` after this many skipped steps
+            in a row (None: never).
+        min_loss_scale: raise `PrecisionError` when the dynamic loss scale falls
+            below this (None: never).
+        history_size: how many loss-scale changes `stats.scale_history` keeps.
+
+    Attributes:
+        policy: the `Policy` as given (kept for `state_dict` and messages).
+        plan: the `PrecisionPlan` every method executes, resolved once here.
+        stats: the telemetry (`PrecisionStats`).
+        observers: the `StepObserver`s called around every step.
+
+    Raises:
+        ValueError: a policy field this setup cannot honour (see `resolve_plan`),
+            or a bad limit.
+    """
+
+    def __init__(
+        self,
+        policy_or_name: Policy | str = "fp32",
+        *,
+        device: torch.device | str | None = None,
+        max_consecutive_skips: int | None = 25,
+        min_loss_scale: float | None = 1.0,
+        history_size: int = 1000,
+    ) -> None:
+        self.policy: Policy = policy(policy_or_name, device=device)
+        self.plan: PrecisionPlan = resolve_plan(self.policy)
+        if max_consecutive_skips is not None and max_consecutive_skips < 1:
+            raise ValueError(
+                f"max_consecutive_skips must be >= 1 or None, got {max_consecutive_skips}"
+            )
+        if history_size < 1:
+            raise ValueError(f"history_size must be >= 1, got {history_size}")
+        self.max_consecutive_skips = max_consecutive_skips
+        self.min_loss_scale = min_loss_scale
+        self._device: torch.device | None = torch.device(device) if device is not None else None
+        self.stats = PrecisionStats(history_size=history_size)
+        self._scaler: torch.amp.GradScaler | None = None
+        self._sharded = False
+        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._grads = ScaledGradients(scales_loss=self.plan.scales_loss)
+        self._clip: ClipNote | None = None
+        self._islands: tuple[str, ...] | None = None  # names, once a model is prepared
+        self.observers: list[StepObserver] = []
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def device(self) -> torch.device:
+        """The device autocast and the scaler run on."""
+        if self._device is None:
+            self._device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return self._device
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler:
+        """The `torch.amp.GradScaler` (disabled: a no-op) this run uses."""
+        if self._scaler is None:
+            self._scaler = make_scaler(
+                self.plan.loss_scaling, self.device.type, sharded=self._sharded
+            )
+        return self._scaler
+
+    @property
+    def loss_scale(self) -> float | None:
+        """The current loss scale, or None without loss scaling."""
+        if not self.plan.scales_loss:
+            return None
+        return float(self.scaler.get_scale())
+
+    @property
+    def fp32_islands(self) -> tuple[str, ...] | None:
+        """Qualified names of the modules that run as fp32 islands in the model last
+        given to `prepare` (``""`` is the model itself); None before `prepare`."""
+        return self._islands
+
+    # --------------------------------------------------------------- prepare
+
+    def check_device(self) -> None:
+        """Raise `PrecisionError` if this device cannot compute in the plan's dtype."""
+        check_compute(self.plan, self.device)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Set parameter storage to the plan's dtype, keeping fp32 islands.
+
+        Parameters of modules matching `Policy.fp32_modules` (norm layers by
+        default) stay fp32 and those modules run in fp32 with their inputs upcast.
+        Islands apply only when parameters are stored in 16 bits; with fp32
+        storage, autocast's own op lists decide. Buffers are left as they are.
+        Returns the same model, changed in place; `fp32_islands` names the islands.
+        """
+        first = next(iter(model.parameters()), None)
+        if first is not None and self._device is None:
+            self._device = first.device
+        self.check_device()
+        warn_if_slow(self.plan, self.device)
+        for risk in self.plan.risks:
+            warnings.warn(risk, PrecisionWarning, stacklevel=user_stacklevel())
+        self._sharded = any(is_dtensor(p) for p in model.parameters())
+        self._scaler = None  # rebuilt for this model's device and sharding
+        self._islands = apply_storage(model, self.plan, self.device.type)
+        return model
+
+    # -------------------------------------------------------------- optimizer
+
+    def optimizer(
+        self,
+        params: ParamsArg,
+        *,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        **kwargs: Any,
+    ) -> torch.optim.Optimizer:
+        """The AdamW the plan implies (`mixprec.optim.AdamW`), registered with this run.
+
+        16-bit parameters get the plan's master format; fp32 parameters (fp32
+        islands, or everything under an fp32-storage policy) need none. Moments use
+        the plan's moment format. Extra keyword arguments go to the optimizer.
+        """
+        from mixprec.optim import AdamW
+
+        opt = AdamW(
+            implied_param_groups(self.plan, params),
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            moments=self.plan.moments.name,
+            **kwargs,
+        )
+        self.register(opt)
+        return opt
+
+    def check_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+        """Raise `PrecisionError` if an optimizer cannot honour the plan.
+
+        Called by `step` before every update. Parameters must be stored as the plan
+        says (16-bit ones in its storage dtype; fp32 ones are islands), and a 16-bit
+        parameter under a plan with a master must be kept by a `mixprec.optim.AdamW`
+        group with that master: an optimizer built before `prepare` (fp32 params then,
+        no master), `torch.optim.AdamW` (no master, moments in the param's dtype) or a
+        model cast after the optimizer was built would otherwise train 16-bit weights
+        silently without one.
+        """
+        check_optimizers(self.plan, optimizers)
+
+    def register(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Tell this run about an optimizer built elsewhere (needed before clipping
+        under loss scaling, so clipping can unscale its gradients first)."""
+        self._optimizers.add(optimizer)
+        self._grads.watch(optimizer)
+        return optimizer
+
+    # --------------------------------------------------------------- forward
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """A context in which eligible ops compute in the plan's autocast dtype.
+
+        A no-op context when the policy computes in its storage dtype. Raises
+        `PrecisionError` if the device cannot run the dtype (never a silent swap).
+        """
+        compute = self.plan.autocast_dtype
+        if compute is None:
+            return contextlib.nullcontext()
+        self.check_device()
+        return torch.autocast(device_type=self.device.type, dtype=compute)
+
+    # -------------------------------------------------------------- backward
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backpropagate `loss`, scaled when the plan scales the loss."""
+        self._grads.backward(self.scaler, loss, self._optimizers, **kwargs)
+
+    @property
+    def gradients_are_scaled(self) -> bool:
+        """True between `backward` and the unscale of a loss-scaled step: gradients
+        then hold scale x their true value (clipping them now would be a bug)."""
+        return self._grads.are_scaled
+
+    @property
+    def gradients_changed_while_scaled(self) -> bool:
+        """True from the unscale of a loss-scaled step to the end of `step` when a
+        gradient was changed in place between `backward` and that unscale (as
+        ``torch.nn.utils.clip_grad_norm_`` on still-scaled gradients does); the
+        doctor's ``clip-before-unscale`` reads it."""
+        return self._grads.changed_while_scaled
+
+    def add_observer(self, observer: StepObserver) -> StepObserver:
+        """Call `observer` around every step (see `StepObserver`); returns it."""
+        if not isinstance(observer, StepObserver):
+            raise TypeError(f"{observer!r} has no before_step/after_step methods")
+        self.observers.append(observer)
+        return observer
+
+    def remove_observer(self, observer: StepObserver) -> None:
+        """Stop calling `observer`."""
+        self.observers.remove(observer)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the gradients of `optimizer` by the loss scale now (idempotent per step)."""
+        self.register(optimizer)
+        self._grads.unscale(self.scaler, [optimizer])
+
+    def clip_grad_norm_(
+        self,
+        parameters: torch.Tensor | Iterable[torch.Tensor],
+        max_norm: float,
+        *,
+        norm_type: float = 2.0,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> torch.Tensor:
+        """Clip gradients by their total norm, always on unscaled gradients.
+
+        Under loss scaling the gradients are unscaled first (through the optimizer
+        that owns them: the one passed, or those built by `optimizer`/`register`ed).
+
+        Returns:
+            The true total norm before clipping (inf/NaN if gradients are non-finite;
+            such a step is then skipped by `step`).
+        """
+        max_norm = check_max_norm(max_norm)
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        if self.plan.scales_loss:
+            owners = [optimizer] if optimizer is not None else list(self._optimizers)
+            if optimizer is not None:
+                self.register(optimizer)
+            self._grads.unscale(self.scaler, owning_optimizers(params, owners))
+        norm = torch.nn.utils.clip_grad_norm_(
+            params, max_norm, norm_type=norm_type, error_if_nonfinite=False
+        )
+        # Remembered for the step's report only: the step's non-finite decision is taken
+        # over every gradient the optimizers hold, whatever this call saw.
+        self._clip = ClipNote(
+            norm=norm.detach() if norm_type == 2.0 else None,
+            param_ids=frozenset(id(p) for p in params if p.grad is not None),
+        )
+        return norm
+
+    # ------------------------------------------------------------------ step
+
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+        closure: Closure | None = None,
+    ) -> StepReport:
+        """Apply the optimizer update unless the gradients are non-finite.
+
+        Under loss scaling this is `GradScaler.step` + `GradScaler.update` (the
+        scale backs off on overflow and grows after `growth_interval` clean
+        steps). Without it, non-finite gradients still skip the step. With a
+        `closure` (LBFGS), the closure is evaluated here, each evaluation's
+        gradients are unscaled and checked, and a step that meets non-finite
+        gradients at any evaluation is rolled back.
+
+        Raises:
+            PrecisionError: when the loss scale falls below `min_loss_scale` or
+                `max_consecutive_skips` steps in a row were skipped.
+        """
+        optimizers = (
+            [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+        )
+        for opt in optimizers:
+            self.register(opt)
+        self.check_optimizers(optimizers)
+        scale_before = self.loss_scale
+        if scale_before is not None and not self.stats.scale_history:
+            self.stats.record_scale(self.stats.steps, scale_before)
+        with_grads = tuple(has_grads(opt) for opt in optimizers)
+
+        def notify() -> None:
+            for observer in self.observers:
+                observer.before_step(self, optimizers, self.stats.steps)
+
+        try:
+            outcome = run_step(
+                optimizers,
+                closure,
+                plan=self.plan,
+                scaler=self.scaler,
+                grads=self._grads,
+                clip=self._clip,
+                device=self.device,
+                notify=notify,
+            )
+        finally:
+            self._grads.end_step()
+            self._clip = None
+        stepped = tuple(outcome.applied and g for g in with_grads)
+        report = record_step(
+            self.stats,
+            outcome,
+            scale_before=scale_before,
+            scale_after=self.loss_scale,
+            stepped=stepped,
+        )
+        for observer in self.observers:
+            observer.after_step(self, optimizers, report)
+        check_collapse(
+            self.stats,
+            min_loss_scale=self.min_loss_scale,
+            max_consecutive_skips=self.max_consecutive_skips,
+        )
+        return report
+
+    # ----------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scaler's and the telemetry's state (plain data and tensors)."""
+        return precision_state(self.policy, self.scaler, self.stats)
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
+        """Restore `state_dict` output. With `strict`, the saved policy must match.
+
+        Everything is validated before anything changes: a bad state leaves this
+        `Precision` as it was.
+
+        Raises:
+            ValueError: a state that is not `state_dict` output (missing keys, a loss
+                scale that is not a finite number > 0, malformed telemetry), or a
+                different policy under `strict`.
+        """
+        scaler_state, stats = parse_state(state, policy=self.policy, strict=strict)
+        if scaler_state is not None:
+            self.scaler.load_state_dict(scaler_state)
+        self.stats = stats
+
+    # -------------------------------------------------------------- describe
+
+    def describe(self) -> dict[str, Any]:
+        """Requested versus effective precision on this device, as plain data.
+
+        Keys: ``policy`` (its fields), ``plan`` (`PrecisionPlan.to_dict`),
+        ``fp32_islands`` (the island module names after `prepare`, else None),
+        ``device``, ``device_name``, ``compute_supported``, ``compute_fast`` and
+        ``reason`` (why the compute dtype is slow or unsupported here). `summary`
+        says the same in a few lines of text.
+        """
+        return effective_precision(self.policy, self.plan, self.device, self._islands)
+
+    def summary(self) -> str:
+        """What this run will do, a few lines of text: the policy, the device, the
+        plan (`PrecisionPlan.describe`) and the fp32 island modules of the prepared
+        model."""
+        return summary_text(self.policy, self.plan, self.describe())
+
+    def __repr__(self) -> str:
+        return f"Precision({self.policy.name!r}: {self.policy.describe()})"

@@ -1,0 +1,166 @@
+"""Loss scaling, and unscaling before anything reads the gradients.
+
+The scaler is PyTorch's `torch.amp.GradScaler` (`ShardedGradScaler` for FSDP2
+models), built from the plan's `LossScaling` settings; a run without loss
+scaling gets a disabled one (a no-op with the same interface). What this module
+adds around it:
+
+* `ScaledGradients`: where the current step's gradients stand (which
+  optimizers' gradients were unscaled, whether a scaled backward is pending,
+  whether a gradient was edited in place while still scaled, as
+  ``torch.nn.utils.clip_grad_norm_`` on scaled gradients does), and the
+  gradient-accumulation watch that catches a plain ``loss.backward()``;
+* `owning_optimizers`: which optimizers must unscale before a clip;
+* `update_scale`: the scale bookkeeping of steps that do not go through
+  `GradScaler.step` (closure steps, which it refuses, and skipped steps),
+  matching what `GradScaler.update` would do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from mixprec.engine.accumulation import AccumulationWatch
+from mixprec.engine.gradients import grad_versions, optimizer_params
+from mixprec.policy import LossScaling
+
+__all__ = ["ScaledGradients", "make_scaler", "owning_optimizers", "update_scale"]
+
+
+def make_scaler(
+    settings: LossScaling | None, device_type: str, *, sharded: bool
+) -> torch.amp.GradScaler:
+    """The scaler for `settings` on `device_type` (disabled when `settings` is None);
+    a `ShardedGradScaler` when the model is sharded (FSDP2)."""
+    if settings is None:
+        return torch.amp.GradScaler(device_type, enabled=False)
+    kwargs: dict[str, Any] = {
+        "init_scale": settings.init_scale,
+        "growth_factor": settings.growth_factor,
+        "backoff_factor": settings.backoff_factor,
+        "growth_interval": settings.growth_interval,
+    }
+    if sharded:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device_type, **kwargs)
+    return torch.amp.GradScaler(device_type, **kwargs)
+
+
+def update_scale(
+    scaler: torch.amp.GradScaler, settings: LossScaling | None, *, found_inf: bool
+) -> None:
+    """End a step that did not go through `GradScaler.step` (a closure step, or one
+    skipped for non-finite gradients), moving the scale as `GradScaler.update` would."""
+    if settings is None:
+        return
+    if not settings.dynamic:
+        scaler.update(new_scale=float(settings.init_scale))
+        return
+    if not found_inf:
+        scaler.update()
+        return
+    # A rolled-back step: back off and restart the growth count, as GradScaler does
+    # on overflow, through its public state_dict.
+    state = scaler.state_dict()
+    state["scale"] = float(state["scale"]) * settings.backoff_factor
+    state["_growth_tracker"] = 0
+    scaler.update(new_scale=float(state["scale"]))
+    scaler.load_state_dict(state)
+
+
+def owning_optimizers(
+    params: Sequence[torch.Tensor], candidates: Iterable[torch.optim.Optimizer]
+) -> list[torch.optim.Optimizer]:
+    """The optimizers among `candidates` that hold a parameter of `params` with a
+    gradient: those whose gradients a clip must unscale first.
+
+    Raises:
+        ValueError: some of those gradients belong to none of `candidates`.
+    """
+    wanted = {id(p) for p in params if p.grad is not None}
+    owning = [o for o in candidates if wanted & {id(p) for p in optimizer_params(o)}]
+    covered = {id(p) for o in owning for p in optimizer_params(o)}
+    if not wanted <= covered:
+        raise ValueError(
+            "clip_grad_norm_ under loss scaling must unscale the gradients first, but "
+            "some parameters belong to no optimizer this Precision knows; build the "
+            "optimizer with prec.optimizer(...), call prec.register(optimizer), or pass "
+            "optimizer=..."
+        )
+    return owning
+
+
+class ScaledGradients:
+    """Where the gradients of the current step stand (see the module docs).
+
+    Args:
+        scales_loss: whether the run scales the loss; without it every method
+            keeps only `backward_pending` and never unscales.
+    """
+
+    def __init__(self, *, scales_loss: bool) -> None:
+        self.scales_loss = scales_loss
+        self.accumulation = AccumulationWatch()
+        self.backward_pending = False
+        self._unscaled: set[int] = set()
+        # The gradients' versions when backward returned: an in-place change before
+        # their unscale (torch's clip on scaled gradients) is then seen.
+        self._scaled_versions: dict[int, tuple[int, int]] = {}
+        self._changed_while_scaled = False
+
+    @property
+    def are_scaled(self) -> bool:
+        """True between a scaled backward and the first unscale of the step."""
+        return self.scales_loss and self.backward_pending and not self._unscaled
+
+    @property
+    def changed_while_scaled(self) -> bool:
+        """True once an unscale found a gradient edited in place since backward."""
+        return self._changed_while_scaled
+
+    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+        """Watch the gradient accumulation of `optimizer`'s parameters (under scaling)."""
+        if self.scales_loss:
+            self.accumulation.watch(optimizer_params(optimizer))
+
+    def backward(
+        self,
+        scaler: torch.amp.GradScaler,
+        loss: torch.Tensor,
+        optimizers: Iterable[torch.optim.Optimizer],
+        **kwargs: Any,
+    ) -> None:
+        """Backpropagate ``scaler.scale(loss)`` and note the gradients' versions."""
+        scaled: torch.Tensor = scaler.scale(loss)
+        with self.accumulation.scaled_backward():
+            torch.autograd.backward(scaled, **kwargs)
+        self.backward_pending = True
+        if self.scales_loss:
+            self._scaled_versions = grad_versions(list(optimizers))
+
+    def unscale(
+        self, scaler: torch.amp.GradScaler, optimizers: Iterable[torch.optim.Optimizer]
+    ) -> None:
+        """Unscale the gradients of each of `optimizers` once this step."""
+        if not self.scales_loss:
+            return
+        for opt in optimizers:
+            if id(opt) not in self._unscaled:
+                seen = self._scaled_versions
+                now = grad_versions([opt])
+                if any(seen.get(key, version) != version for key, version in now.items()):
+                    self._changed_while_scaled = True
+                scaler.unscale_(opt)
+                self._unscaled.add(id(opt))
+
+    def end_step(self) -> None:
+        """Forget this step's state (the step applied or skipped, or raised)."""
+        self._unscaled.clear()
+        self.backward_pending = False
+        self.accumulation.reset()
+        self._scaled_versions = {}
+        self._changed_while_scaled = False

@@ -1,0 +1,66 @@
+"""`Precision.prepare`: storage dtypes and fp32 islands."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from mixprec import Precision
+
+from .helpers import make_model
+
+pytestmark = pytest.mark.usefixtures("quiet_expected_warnings")
+
+
+def test_prepare_sets_storage_and_keeps_fp32_islands(monkeypatch: pytest.MonkeyPatch) -> None:
+    prec = Precision("bf16_master")
+    model = prec.prepare(make_model())
+    lin, norm = model[0], model[1]
+    assert lin.weight.dtype == torch.bfloat16
+    assert norm.weight.dtype == torch.float32 and norm.bias.dtype == torch.float32
+    seen: list[torch.dtype] = []
+    layer_norm = nn.functional.layer_norm
+
+    def spy(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        out = layer_norm(x, *args, **kwargs)  # type: ignore[arg-type]
+        seen.append(x.dtype)
+        seen.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(nn.functional, "layer_norm", spy)
+    x = torch.randn(4, 16)
+    with prec.autocast():
+        out = model(x)
+    assert seen == [torch.float32, torch.float32], "the island computes in fp32 under autocast"
+    assert out.dtype == torch.bfloat16
+    # Without autocast, a bf16 model still runs: the island hands back bf16.
+    out2 = model(x.bfloat16())
+    assert out2.dtype == torch.bfloat16
+    prec.prepare(model)  # idempotent
+    assert lin.weight.dtype == torch.bfloat16
+
+
+def test_prepare_fp32_policy_keeps_everything_fp32() -> None:
+    model = Precision("amp_bf16").prepare(make_model())
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_prepare_casts_back_to_fp32() -> None:
+    model = make_model().to(torch.bfloat16)
+    Precision("fp32").prepare(model)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_prepare_only_adds_hooks_and_casts() -> None:
+    """No forward is replaced, no class changes, state_dict keys stay those of the model."""
+    plain = make_model()
+    model = make_model()
+    classes = {name: type(m) for name, m in model.named_modules()}
+    Precision("bf16_master").prepare(model)
+    assert list(model.state_dict()) == list(plain.state_dict())
+    for name, module in model.named_modules():
+        assert type(module) is classes[name] and "forward" not in vars(module)
+    assert {k: v.dtype for k, v in model.state_dict().items()} == {
+        k: torch.float32 if k.startswith("1.") else torch.bfloat16 for k in plain.state_dict()
+    }

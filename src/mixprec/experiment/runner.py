@@ -12,7 +12,6 @@ seeds to it and to the baseline, one at a time, up to ``max_seeds``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import sys
@@ -20,23 +19,31 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 from torch import nn
 
-from mixprec.device import device_caps, resolve_device
+from mixprec.device import resolve_device
 from mixprec.engine import Precision
 from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
 from mixprec.experiment.contract import Contract
-from mixprec.experiment.decision import decide, tail_start
+from mixprec.experiment.decision import decide
+from mixprec.experiment.plan import (
+    RunSettings,
+    evaluation_steps,
+    settings_dict,
+    settings_for,
+    step_caps_for,
+    workload_options,
+)
 from mixprec.experiment.records import RunRecord, load_records, record_path, write_json_atomic
 from mixprec.memory import MemoryBreakdown, estimate, measure
 from mixprec.policy import DEFAULT_FP32_MODULES, Policy, matches_fp32_module
 from mixprec.policy import policy as get_policy
 from mixprec.workloads import Workload, load_workload
+from mixprec.workloads.settings import lr_at
 
 __all__ = [
     "CONTRACT_FILE",
@@ -57,87 +64,6 @@ _MAX_CURVE_POINTS = 400
 #: Written first into the output folder: what the experiment is (so `report` can
 #: render an interrupted folder that has no results.json yet).
 CONTRACT_FILE = "contract.json"
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunSettings:
-    """Resolved training settings of one run (contract values or workload defaults)."""
-
-    steps: int
-    batch_size: int
-    lr: float
-    min_lr: float
-    warmup_steps: int
-    weight_decay: float
-    grad_clip_norm: float | None
-    eval_every: int
-    probe_every: int
-    betas: tuple[float, float] = (0.9, 0.99)
-
-
-def settings_for(contract: Contract, workload: Workload) -> RunSettings:
-    """The contract's settings, falling back to the workload's defaults."""
-    d = workload.defaults
-
-    def pick(value: Any, default: Any) -> Any:
-        return default if value is None else value
-
-    steps = pick(contract.steps, d.steps)
-    lr, min_lr = pick(contract.lr, d.lr), pick(contract.min_lr, d.min_lr)
-    if min_lr > lr:
-        raise ValueError(
-            f"min_lr {min_lr:g} exceeds lr {lr:g} (the workload's default fills the one not "
-            "given): the schedule would rise; give both"
-        )
-    return RunSettings(
-        steps=steps,
-        batch_size=pick(contract.batch_size, d.batch_size),
-        lr=pick(contract.lr, d.lr),
-        min_lr=pick(contract.min_lr, d.min_lr),
-        warmup_steps=min(pick(contract.warmup_steps, d.warmup_steps), steps),
-        weight_decay=pick(contract.weight_decay, d.weight_decay),
-        grad_clip_norm=pick(contract.grad_clip_norm, d.grad_clip_norm),
-        eval_every=contract.eval_every,
-        probe_every=contract.probe_every,
-    )
-
-
-def workload_options(contract: Contract) -> dict[str, str]:
-    """The keyword arguments the contract's workload is built with."""
-    if contract.size is not None:
-        return {"size": contract.size}
-    if contract.workload == "shakespeare":
-        return {"size": "compare"}
-    return {}
-
-
-def step_caps_for(contract: Contract, steps: int, device: str) -> dict[str, int]:
-    """The step at which each capped policy stops (see `Contract.step_caps`)."""
-    if contract.step_caps is not None:
-        return {name: min(cap, steps) for name, cap in contract.step_caps.items()}
-    if device_caps(device).fp16_fast:
-        return {}
-    return {
-        name: max(1, steps // 5)
-        for name in contract.candidates
-        if get_policy(name).compute_dtype == torch.float16
-    }
-
-
-def evaluation_steps(steps: int, caps: dict[str, int]) -> frozenset[int]:
-    """Extra held-out evaluations: every compared step and the start of its last fifth
-    (the decision's training-length check reads the baseline's improvement there)."""
-    compared = {steps, *caps.values()}
-    return frozenset({*compared, *(tail_start(c) for c in compared)} - {0})
-
-
-def lr_at(step: int, s: RunSettings) -> float:
-    """Linear warmup to `lr`, then cosine decay to `min_lr` at the last step (nanoGPT)."""
-    if s.warmup_steps and step < s.warmup_steps:
-        return s.lr * (step + 1) / s.warmup_steps
-    span = max(s.steps - s.warmup_steps, 1)
-    progress = min(max((step - s.warmup_steps) / span, 0.0), 1.0)
-    return s.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (s.lr - s.min_lr)
 
 
 def _downsample(points: list[list[float]], limit: int = _MAX_CURVE_POINTS) -> list[list[float]]:
@@ -225,10 +151,11 @@ def run_one(
 ) -> RunRecord:
     """Train `workload` under one policy with one seed and return its record.
 
-    `run_steps` stops the run early (the schedule stays that of `settings.steps`);
+    `run_steps` stops the run early (the schedule stays that of `settings.train.steps`);
     `eval_at` adds held-out evaluations after those steps (for capped comparisons).
     """
-    total = settings.steps if run_steps is None else min(run_steps, settings.steps)
+    train = settings.train
+    total = train.steps if run_steps is None else min(run_steps, train.steps)
     start = time.perf_counter()
     pol = get_policy(policy_name)
     base: dict[str, Any] = {
@@ -238,7 +165,7 @@ def run_one(
         "policy_fields": pol.to_dict(),
         "seed": seed,
         "steps": total,
-        "schedule_steps": settings.steps,
+        "schedule_steps": train.steps,
         "fingerprint": fingerprint,
         "metric_name": workload.metric_name,
     }
@@ -249,7 +176,7 @@ def run_one(
         warnings.simplefilter("ignore", PrecisionWarning)
         prec.prepare(model)
         optimizer = prec.optimizer(
-            model, lr=lr_at(0, settings), betas=settings.betas, weight_decay=settings.weight_decay
+            model, lr=lr_at(0, train), betas=train.betas, weight_decay=train.weight_decay
         )
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     static, probe = _doctor_for(prec, model, optimizer, settings.probe_every)
@@ -268,8 +195,8 @@ def run_one(
             out = model(x)
         loss = workload.loss(out, y)
         prec.backward(loss)
-        if settings.grad_clip_norm is not None:
-            prec.clip_grad_norm_(model.parameters(), settings.grad_clip_norm)
+        if train.grad_clip_norm is not None:
+            prec.clip_grad_norm_(model.parameters(), train.grad_clip_norm)
         prec.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
@@ -288,19 +215,19 @@ def run_one(
             # may hook the model after a non-finite step, and the estimate's fake-tensor
             # forward must not run through it. The first step then trains on this batch.
             first_batch = workload.train_batch(
-                step=0, seed=seed, batch_size=settings.batch_size, device=device
+                step=0, seed=seed, batch_size=train.batch_size, device=device
             )
             predicted = _predicted_bytes(workload, model, pol, first_batch, device)
         for step in range(total):
             if should_stop is not None and should_stop():
                 raise KeyboardInterrupt  # a safe point: between steps, no record written
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, settings)
+                group["lr"] = lr_at(step, train)
             if step == 0 and first_batch is not None:
                 x, y = first_batch
             else:
                 x, y = workload.train_batch(
-                    step=step, seed=seed, batch_size=settings.batch_size, device=device
+                    step=step, seed=seed, batch_size=train.batch_size, device=device
                 )
             t0 = time.perf_counter()
             if step == 0:
@@ -345,7 +272,7 @@ def run_one(
         predicted_bytes=predicted,
         throughput={
             "steps_per_s": timed_steps / train_time if train_time else math.nan,
-            "examples_per_s": timed_steps * settings.batch_size / train_time
+            "examples_per_s": timed_steps * train.batch_size / train_time
             if train_time
             else math.nan,
         },
@@ -415,8 +342,8 @@ def run_experiment(
             contract.workload, allow_import=allow_import, **workload_options(contract)
         )
     settings = settings_for(contract, workload)
-    caps = step_caps_for(contract, settings.steps, device)
-    eval_at = evaluation_steps(settings.steps, caps)
+    caps = step_caps_for(contract, settings.train.steps, device)
+    eval_at = evaluation_steps(settings.train.steps, caps)
     with _exclusive(out_dir):
         return workload, _run_all(
             contract,
@@ -510,7 +437,7 @@ def _run_all(
 
     def run_seed(seed: int, names: tuple[str, ...]) -> None:
         for name in names:
-            run_steps = caps.get(name, settings.steps)
+            run_steps = caps.get(name, settings.train.steps)
             fingerprint = contract.run_fingerprint(name, seed, run_steps)
             old = existing.get((name, seed))
             if old is not None and old.fingerprint == fingerprint and old.ok:
@@ -551,10 +478,3 @@ def _run_all(
             )
         run_seed(seed, (contract.baseline, *pending))
     return records
-
-
-def settings_dict(settings: RunSettings) -> dict[str, Any]:
-    """`settings` as JSON-ready data."""
-    out = dataclasses.asdict(settings)
-    out["betas"] = list(out["betas"])
-    return out

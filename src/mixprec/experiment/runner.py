@@ -1,24 +1,26 @@
-"""The runner: train every policy of a contract on the same data and initial weights.
+"""The runner: train one policy with one seed, and run every run of a contract.
 
-For each seed, every policy starts from bitwise the same fp32 initial weights
-(`Workload.make_model(seed)`) and sees the same batches in the same order
-(`Workload.train_batch(step=, seed=)`), so differences between runs are the
-policy's alone. Each run writes its record as soon as it finishes; a rerun into
-the same folder skips runs whose record exists with the same fingerprint. When
-a candidate's gap is inconclusive after the contract's seeds, the runner adds
-seeds to it and to the baseline, one at a time, up to ``max_seeds``.
+`run_one` is one run: the policy prepares a fresh model built from the seed,
+AdamW follows the schedule of the run's `TrainSettings` (`lr_at`), and the
+record collects losses, held-out evaluations, memory (predicted and measured),
+the doctor's findings and throughput. For each seed, every policy starts from
+bitwise the same fp32 initial weights (`Workload.make_model(seed)`) and sees the
+same batches in the same order (`Workload.train_batch(step=, seed=)`), so
+differences between runs are the policy's alone.
+
+`run_experiment` runs every run of a contract: it resolves the plan
+(`mixprec.experiment.plan`) and hands `run_one` to `orchestration.run_all`,
+which orders the runs, resumes from stored records, adds seeds while a
+candidate is inconclusive and keeps the output folder.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,7 +31,7 @@ from mixprec.device import resolve_device
 from mixprec.engine import Precision
 from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
 from mixprec.experiment.contract import Contract
-from mixprec.experiment.decision import decide
+from mixprec.experiment.orchestration import CONTRACT_FILE, check_out_dir, run_all
 from mixprec.experiment.plan import (
     RunSettings,
     evaluation_steps,
@@ -38,7 +40,7 @@ from mixprec.experiment.plan import (
     step_caps_for,
     workload_options,
 )
-from mixprec.experiment.records import RunRecord, load_records, record_path, write_json_atomic
+from mixprec.experiment.records import RunRecord
 from mixprec.memory import MemoryBreakdown, estimate, measure
 from mixprec.policy import DEFAULT_FP32_MODULES, Policy, matches_fp32_module
 from mixprec.policy import policy as get_policy
@@ -60,10 +62,6 @@ __all__ = [
 ]
 
 _MAX_CURVE_POINTS = 400
-
-#: Written first into the output folder: what the experiment is (so `report` can
-#: render an interrupted folder that has no results.json yet).
-CONTRACT_FILE = "contract.json"
 
 
 def _downsample(points: list[list[float]], limit: int = _MAX_CURVE_POINTS) -> list[list[float]]:
@@ -284,25 +282,6 @@ def run_one(
     )
 
 
-@contextlib.contextmanager
-def _bar(total: int, desc: str, stream: TextIO | None) -> Iterator[Callable[[int, float], None]]:
-    if stream is None:
-        yield lambda step, loss: None
-        return
-    from tqdm import tqdm
-
-    with tqdm(
-        total=total, desc=desc, file=stream, leave=False, mininterval=0.5, dynamic_ncols=True
-    ) as bar:
-
-        def update(step: int, loss: float) -> None:
-            bar.update(1)
-            if step % 10 == 0:
-                bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
-
-        yield update
-
-
 def run_experiment(
     contract: Contract,
     out_dir: Path,
@@ -341,140 +320,14 @@ def run_experiment(
         workload = load_workload(
             contract.workload, allow_import=allow_import, **workload_options(contract)
         )
-    settings = settings_for(contract, workload)
-    caps = step_caps_for(contract, settings.train.steps, device)
-    eval_at = evaluation_steps(settings.train.steps, caps)
-    with _exclusive(out_dir):
-        return workload, _run_all(
-            contract,
-            out_dir,
-            workload,
-            settings,
-            caps,
-            eval_at,
-            device,
-            stream,
-            on_record,
-            should_stop,
-        )
-
-
-def check_out_dir(out_dir: Path) -> None:
-    """Create `out_dir` and prove it writable, or raise a one-line ValueError."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ValueError(f"--out {out_dir} exists and is not a folder; choose a folder") from None
-    except NotADirectoryError:
-        raise ValueError(f"--out {out_dir} lies under a file; choose a folder") from None
-    except OSError as exc:
-        raise ValueError(f"--out {out_dir} cannot be created: {exc.strerror or exc}") from None
-    try:
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as exc:
-        raise ValueError(f"--out {out_dir} is not writable: {exc.strerror or exc}") from None
-
-
-@contextlib.contextmanager
-def _exclusive(out_dir: Path) -> Iterator[None]:
-    """Hold `out_dir/.lock` while this process writes there: a second `compare` into the
-    same folder refuses instead of doing every run twice."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: no lock
-        yield
-        return
-    path = out_dir / ".lock"
-    with open(path, "a+", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise ValueError(
-                f"{out_dir} is in use by another mixprec compare ({holder}); wait for it to "
-                "finish or choose another --out"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def _run_all(
-    contract: Contract,
-    out_dir: Path,
-    workload: Workload,
-    settings: RunSettings,
-    caps: dict[str, int],
-    eval_at: frozenset[int],
-    device: str,
-    stream: TextIO | None,
-    on_record: Callable[[RunRecord, bool], None] | None,
-    should_stop: Callable[[], bool] | None,
-) -> list[RunRecord]:
-    write_json_atomic(
-        out_dir / CONTRACT_FILE,
-        {
-            "contract": contract.to_dict(),
-            "workload_description": workload.description,
-            "metric_name": workload.metric_name,
-            "higher_is_better": workload.higher_is_better,
-            "settings": settings_dict(settings),
-        },
+    return workload, run_all(
+        contract,
+        out_dir,
+        workload,
+        settings_for(contract, workload),
+        run=run_one,
+        device=device,
+        stream=stream,
+        on_record=on_record,
+        should_stop=should_stop,
     )
-    found, skipped = load_records(out_dir)
-    for line in skipped:
-        if stream is not None:
-            print(f"  skipping a bad run record (its run is redone): {line}", file=stream)
-    existing = {(r.policy, r.seed): r for r in found}
-    records: list[RunRecord] = []
-
-    def run_seed(seed: int, names: tuple[str, ...]) -> None:
-        for name in names:
-            run_steps = caps.get(name, settings.train.steps)
-            fingerprint = contract.run_fingerprint(name, seed, run_steps)
-            old = existing.get((name, seed))
-            if old is not None and old.fingerprint == fingerprint and old.ok:
-                records.append(old)
-                if on_record is not None:
-                    on_record(old, True)
-                continue
-            with _bar(run_steps, f"{name} seed {seed}", stream) as update:
-                record = run_one(
-                    workload,
-                    name,
-                    seed,
-                    settings,
-                    fingerprint=fingerprint,
-                    device=device,
-                    run_steps=run_steps,
-                    eval_at=eval_at,
-                    progress=update,
-                    should_stop=should_stop,
-                )
-            write_json_atomic(record_path(out_dir, name, seed), record.to_dict())
-            records.append(record)
-            if on_record is not None:
-                on_record(record, False)
-
-    for seed in range(contract.seeds):
-        run_seed(seed, contract.policies)
-    for seed in range(contract.seeds, contract.seed_limit):
-        decision = decide(records, contract, higher_is_better=workload.higher_is_better)
-        pending = tuple(decision.inconclusive)
-        if not pending:
-            break
-        if stream is not None:
-            print(
-                f"  inconclusive: {', '.join(pending)}; adding seed {seed} "
-                f"(max_seeds {contract.seed_limit})",
-                file=stream,
-            )
-        run_seed(seed, (contract.baseline, *pending))
-    return records

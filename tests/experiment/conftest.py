@@ -20,7 +20,7 @@ def every_preset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Contra
         candidates=tuple(p for p in PRESET_NAMES if p != "fp32"),
         seeds=1,
         max_seeds=1,
-        steps=12,
+        train={"steps": 12},
         eval_every=6,
         probe_every=4,
         step_caps={},

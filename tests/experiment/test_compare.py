@@ -63,7 +63,7 @@ def test_inconclusive_candidates_get_more_seeds_up_to_max(
         size="tiny",
         candidates=("amp_bf16", "amp_fp16", "bf16_master"),
         seeds=2,
-        steps=10,
+        train={"steps": 10},
         step_caps={},
     )
     results = mixprec.experiment.run_contract(contract, tmp_path, stream=None)
@@ -186,7 +186,7 @@ def test_docs_example_workload_runs_every_preset(
         candidates=tuple(p for p in PRESET_NAMES if p != "fp32"),
         seeds=1,
         max_seeds=1,
-        steps=10,
+        train={"steps": 10},
         step_caps={},
     )
     results = mixprec.experiment.run_contract(

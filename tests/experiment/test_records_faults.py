@@ -87,7 +87,7 @@ def test_aliases_are_resolved_before_duplicates_are_judged() -> None:
         ({"lr": math.inf}, "lr must be a finite number"),
         ({"lr": 1e-3, "min_lr": 1e-2}, "must not exceed lr"),
         ({"weight_decay": "x"}, "weight_decay must be a number"),
-        ({"grad_clip_norm": 0}, "grad_clip_norm must be a finite number > 0"),
+        ({"grad_clip_norm": 0}, "grad_clip_norm must be a number > 0"),
         ({"workload": ["digits"]}, "workload must be a non-empty string"),
         ({"baseline": ["fp32"]}, "baseline must be a non-empty string"),
         ({"size": ["tiny"]}, "size must be a string"),
@@ -107,7 +107,7 @@ def test_contracts_with_wrong_types_are_refused(data: dict[Any, Any], fragment: 
 def test_yaml_numbers_without_a_dot_are_numbers() -> None:
     """YAML 1.1 reads 1e-3 as a string."""
     c = Contract.from_dict({"lr": "1e-3", "gates": {"max_rel_loss_gap": "5e-3"}})
-    assert c.lr == 1e-3 and c.gates.max_rel_loss_gap == 5e-3
+    assert c.train["lr"] == 1e-3 and c.gates.max_rel_loss_gap == 5e-3
 
 
 @pytest.mark.parametrize(
@@ -243,7 +243,7 @@ def test_a_second_compare_on_the_same_folder_refuses(tmp_path: Path) -> None:
 
 def test_whole_numbers_from_yaml_and_the_old_gate_key() -> None:
     c = Contract.from_dict({"steps": "1e2", "seeds": 3.0})
-    assert c.steps == 100 and c.seeds == 3 and isinstance(c.steps, int)
+    assert c.train["steps"] == 100 and c.seeds == 3 and isinstance(c.train["steps"], int)
     with pytest.raises(ValueError, match="steps must be a positive int"):
         Contract.from_dict({"steps": "1.5e1x"})
     with pytest.raises(ValueError, match=r"replaced by gates\.confidence"):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
@@ -84,7 +85,7 @@ def test_resume_skips_finished_runs(
             candidates=("amp_bf16",),
             seeds=1,
             max_seeds=1,
-            steps=13,
+            train={"steps": 13},
         ),
         out,
         stream=None,
@@ -165,22 +166,20 @@ def test_fp16_runs_are_capped_where_fp16_is_emulated(
             fp16_reason="",
         )
 
-    runner = importlib.import_module("mixprec.experiment.runner")
+    plan = importlib.import_module("mixprec.experiment.plan")
     contract = Contract(
         workload="digits",
         size="tiny",
         candidates=("amp_bf16", "amp_fp16"),
         seeds=1,
         max_seeds=1,
-        steps=10,
+        train={"steps": 10},
     )
-    monkeypatch.setattr(runner, "device_caps", lambda device=None: caps(True))
+    monkeypatch.setattr(plan, "device_caps", lambda device=None: caps(True))
     assert step_caps_for(contract, 10, "cpu") == {}
-    monkeypatch.setattr(runner, "device_caps", lambda device=None: caps(False))
+    monkeypatch.setattr(plan, "device_caps", lambda device=None: caps(False))
     assert step_caps_for(contract, 10, "cpu") == {"amp_fp16": 2}
-    explicit = Contract(
-        **{**contract.to_dict(), "step_caps": {"amp_fp16": 50}, "gates": contract.gates}
-    )
+    explicit = dataclasses.replace(contract, step_caps={"amp_fp16": 50})
     assert step_caps_for(explicit, 10, "cpu") == {"amp_fp16": 10}
     _, records = run_experiment(contract, tmp_path, stream=None)
     by = {r.policy: r for r in records}

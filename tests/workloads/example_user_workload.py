@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from mixprec.workloads import (
     AutocastFactory,
     EvalResult,
-    TrainDefaults,
+    TrainSettings,
     Workload,
     batch_generator,
     evaluation_mode,
@@ -61,12 +61,12 @@ def make_workload(*, n_features: int = 8, noise: float = 0.1) -> Workload:
         description=f"linear regression, {n_features} features",
         metric_name="r2",
         higher_is_better=True,
-        defaults=TrainDefaults(
+        defaults=TrainSettings(
             steps=100,
             batch_size=32,
             lr=0.05,
-            warmup_steps=0,
             min_lr=0.0,
+            warmup_steps=0,
             weight_decay=0.0,
             grad_clip_norm=None,
         ),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mixprec.policy import policy as get_policy
+from mixprec.workloads.settings import TrainSettings
 
 __all__ = ["DEFAULT_CANDIDATES", "Contract", "Gates", "candidates_from"]
 
@@ -139,8 +140,13 @@ class Contract:
         allow: doctor rule ids acknowledged for this experiment: an error of
             an update-path rule (`mixprec.doctor.UPDATE_PATH_RULES`) with one of
             these ids no longer rejects a candidate; the report shows it.
-        steps, batch_size, lr, min_lr, warmup_steps, weight_decay, grad_clip_norm:
-            training settings; None takes the workload's default.
+        train: overrides of the workload's training settings, by `TrainSettings`
+            field name (``steps``, ``batch_size``, ``lr``, ``min_lr``,
+            ``warmup_steps``, ``weight_decay``, ``grad_clip_norm``, ``betas``); a
+            field left out (or None) keeps the workload's value, and an override
+            wins (`TrainSettings.with_overrides`). In the dict form (YAML, JSON,
+            `from_dict`, `mixprec.compare(**kw)`) these are top-level keys
+            (``steps: 500``).
         eval_every: steps between held-out evaluations for the curves (the final
             evaluation always runs).
         probe_every: steps between the doctor's runtime probe samples.
@@ -159,13 +165,7 @@ class Contract:
     seeds: int = 2
     max_seeds: int | None = None
     allow: tuple[str, ...] = ()
-    steps: int | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    min_lr: float | None = None
-    warmup_steps: int | None = None
-    weight_decay: float | None = None
-    grad_clip_norm: float | None = None
+    train: Mapping[str, object] = field(default_factory=dict)
     eval_every: int = 100
     probe_every: int = 25
     step_caps: Mapping[str, int] | None = None
@@ -197,21 +197,7 @@ class Contract:
                 f"'auto' resolves to {resolved['auto']!r} on this device, which is also listed; "
                 "list it once"
             )
-        for name, minimum, strict, allow_inf in (
-            ("lr", 0.0, True, False),
-            ("min_lr", 0.0, False, False),
-            ("weight_decay", 0.0, False, False),
-            ("grad_clip_norm", 0.0, True, True),
-        ):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(
-                    self,
-                    name,
-                    _number(name, value, minimum=minimum, strict=strict, allow_inf=allow_inf),
-                )
-        if self.lr is not None and self.min_lr is not None and self.min_lr > self.lr:
-            raise ValueError(f"min_lr ({self.min_lr:g}) must not exceed lr ({self.lr:g})")
+        object.__setattr__(self, "train", TrainSettings.check_overrides(self.train))
         if not (
             isinstance(self.seeds, int) and not isinstance(self.seeds, bool) and self.seeds >= 1
         ):
@@ -236,14 +222,6 @@ class Contract:
             )
         if self.max_seeds is not None and self.max_seeds > _MAX_SEEDS:
             raise ValueError(f"max_seeds must be at most {_MAX_SEEDS}, got {self.max_seeds}")
-        for name in ("steps", "batch_size", "warmup_steps"):
-            v = getattr(self, name)
-            if v is not None and not (
-                isinstance(v, int)
-                and not isinstance(v, bool)
-                and v >= (0 if name == "warmup_steps" else 1)
-            ):
-                raise ValueError(f"{name} must be a positive int or None, got {v!r}")
         if self.step_caps is not None:
             if not isinstance(self.step_caps, Mapping):
                 raise ValueError(
@@ -276,8 +254,15 @@ class Contract:
         return (self.baseline, *self.candidates)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (for results.json and re-judging)."""
-        out = dataclasses.asdict(self)
+        """Plain data (for results.json and re-judging): the `train` overrides flat."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "train":
+                out.update(_train_dict(self.train))
+            elif f.name == "gates":
+                out["gates"] = dataclasses.asdict(self.gates)
+            else:
+                out[f.name] = getattr(self, f.name)
         out["candidates"] = list(self.candidates)
         out["allow"] = list(self.allow)
         out["step_caps"] = None if self.step_caps is None else dict(self.step_caps)
@@ -288,7 +273,8 @@ class Contract:
         """Build from plain data (a YAML mapping); unknown keys raise, naming the valid ones."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a contract must be a mapping, got {type(data).__name__}")
-        valid = {f.name for f in dataclasses.fields(cls)}
+        train_keys = {f.name for f in dataclasses.fields(TrainSettings)}
+        valid = {f.name for f in dataclasses.fields(cls)} - {"train"} | train_keys
         if "noise_multiplier" in data:
             raise ValueError(
                 "key 'noise_multiplier' was replaced by gates.confidence (a paired t-interval "
@@ -297,7 +283,8 @@ class Contract:
         unknown = sorted(str(k) for k in set(data) - valid)
         if unknown:
             raise ValueError(f"unknown contract keys {unknown}; valid keys: {sorted(valid)}")
-        values = dict(data)
+        values = {k: v for k, v in data.items() if k not in train_keys}
+        values["train"] = {k: _whole(v) for k, v in data.items() if k in train_keys}
         for key in _INT_FIELDS:
             if key in values:
                 values[key] = _whole(values[key])
@@ -364,35 +351,39 @@ def _from_text(value: object) -> object:
     return value
 
 
-_INT_FIELDS = (
-    "seeds",
-    "max_seeds",
+_INT_FIELDS = ("seeds", "max_seeds", "eval_every", "probe_every")
+
+#: The training keys every contract of RECORD_VERSION 3 holds in its dict form, null
+#: when not overridden. They are written the same way so that fingerprints of stored
+#: runs still match; a field added to `TrainSettings` since is written only when set.
+_V3_TRAIN_KEYS = (
     "steps",
     "batch_size",
+    "lr",
+    "min_lr",
     "warmup_steps",
-    "eval_every",
-    "probe_every",
+    "weight_decay",
+    "grad_clip_norm",
 )
 
 
+def _train_dict(train: Mapping[str, object]) -> dict[str, object]:
+    """The dict form of `train` overrides, in `TrainSettings` field order."""
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(TrainSettings):
+        value = train.get(f.name)
+        if value is not None or f.name in _V3_TRAIN_KEYS:
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
 def _whole(value: object) -> object:
-    """``1e2`` (a string to YAML 1.1, a float to JSON) as the int 100; others unchanged."""
+    """``1e2`` (a string to YAML 1.1, a float to JSON) as the int 100; others unchanged
+    (`TrainSettings` turns a whole ``lr: 1.0`` back into the float it is)."""
     value = _from_text(value)
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
-
-
-def _number(name: str, value: object, *, minimum: float, strict: bool, allow_inf: bool) -> float:
-    value = _from_text(value)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    out = float(value)
-    bad = math.isnan(out) or (math.isinf(out) and not allow_inf)
-    if bad or out < minimum or (strict and out == minimum):
-        op = ">" if strict else ">="
-        raise ValueError(f"{name} must be a finite number {op} {minimum:g}, got {value!r}")
-    return out
 
 
 def candidates_from(policies: object, baseline: object = "fp32") -> list[str]:

@@ -1,44 +1,52 @@
-"""The runner: train every policy of a contract on the same data and initial weights.
+"""The runner: train one policy with one seed, and run every run of a contract.
 
-For each seed, every policy starts from bitwise the same fp32 initial weights
-(`Workload.make_model(seed)`) and sees the same batches in the same order
-(`Workload.train_batch(step=, seed=)`), so differences between runs are the
-policy's alone. Each run writes its record as soon as it finishes; a rerun into
-the same folder skips runs whose record exists with the same fingerprint. When
-a candidate's gap is inconclusive after the contract's seeds, the runner adds
-seeds to it and to the baseline, one at a time, up to ``max_seeds``.
+`run_one` is one run: the policy prepares a fresh model built from the seed,
+AdamW follows the schedule of the run's `TrainSettings` (`lr_at`), and the
+record collects losses, held-out evaluations, memory (predicted and measured),
+the doctor's findings and throughput. For each seed, every policy starts from
+bitwise the same fp32 initial weights (`Workload.make_model(seed)`) and sees the
+same batches in the same order (`Workload.train_batch(step=, seed=)`), so
+differences between runs are the policy's alone.
+
+`run_experiment` runs every run of a contract: it resolves the plan
+(`mixprec.experiment.plan`) and hands `run_one` to `orchestration.run_all`,
+which orders the runs, resumes from stored records, adds seeds while a
+candidate is inconclusive and keeps the output folder.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import math
-import os
 import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 from torch import nn
 
-from mixprec.device import device_caps, resolve_device
+from mixprec.device import resolve_device
 from mixprec.engine import Precision
 from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
 from mixprec.experiment.contract import Contract
-from mixprec.experiment.decision import decide
-from mixprec.experiment.records import RunRecord, load_records, record_path, write_json_atomic
-from mixprec.experiment.summary import tail_start
+from mixprec.experiment.orchestration import CONTRACT_FILE, check_out_dir, run_all
+from mixprec.experiment.plan import (
+    RunSettings,
+    evaluation_steps,
+    settings_dict,
+    settings_for,
+    step_caps_for,
+    workload_options,
+)
+from mixprec.experiment.records import RunRecord
 from mixprec.islands import matches_fp32_module
 from mixprec.memory import MemoryBreakdown, estimate, measure
 from mixprec.policy import DEFAULT_FP32_MODULES, Policy
 from mixprec.policy import policy as get_policy
 from mixprec.workloads import Workload, load_workload
+from mixprec.workloads.settings import lr_at
 
 __all__ = [
     "CONTRACT_FILE",
@@ -55,91 +63,6 @@ __all__ = [
 ]
 
 _MAX_CURVE_POINTS = 400
-
-#: Written first into the output folder: what the experiment is (so `report` can
-#: render an interrupted folder that has no results.json yet).
-CONTRACT_FILE = "contract.json"
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunSettings:
-    """Resolved training settings of one run (contract values or workload defaults)."""
-
-    steps: int
-    batch_size: int
-    lr: float
-    min_lr: float
-    warmup_steps: int
-    weight_decay: float
-    grad_clip_norm: float | None
-    eval_every: int
-    probe_every: int
-    betas: tuple[float, float] = (0.9, 0.99)
-
-
-def settings_for(contract: Contract, workload: Workload) -> RunSettings:
-    """The contract's settings, falling back to the workload's defaults."""
-    d = workload.defaults
-
-    def pick(value: Any, default: Any) -> Any:
-        return default if value is None else value
-
-    steps = pick(contract.steps, d.steps)
-    lr, min_lr = pick(contract.lr, d.lr), pick(contract.min_lr, d.min_lr)
-    if min_lr > lr:
-        raise ValueError(
-            f"min_lr {min_lr:g} exceeds lr {lr:g} (the workload's default fills the one not "
-            "given): the schedule would rise; give both"
-        )
-    return RunSettings(
-        steps=steps,
-        batch_size=pick(contract.batch_size, d.batch_size),
-        lr=pick(contract.lr, d.lr),
-        min_lr=pick(contract.min_lr, d.min_lr),
-        warmup_steps=min(pick(contract.warmup_steps, d.warmup_steps), steps),
-        weight_decay=pick(contract.weight_decay, d.weight_decay),
-        grad_clip_norm=pick(contract.grad_clip_norm, d.grad_clip_norm),
-        eval_every=contract.eval_every,
-        probe_every=contract.probe_every,
-    )
-
-
-def workload_options(contract: Contract) -> dict[str, str]:
-    """The keyword arguments the contract's workload is built with."""
-    if contract.size is not None:
-        return {"size": contract.size}
-    if contract.workload == "shakespeare":
-        return {"size": "compare"}
-    return {}
-
-
-def step_caps_for(contract: Contract, steps: int, device: str) -> dict[str, int]:
-    """The step at which each capped policy stops (see `Contract.step_caps`)."""
-    if contract.step_caps is not None:
-        return {name: min(cap, steps) for name, cap in contract.step_caps.items()}
-    if device_caps(device).fp16_fast:
-        return {}
-    return {
-        name: max(1, steps // 5)
-        for name in contract.candidates
-        if get_policy(name).compute_dtype == torch.float16
-    }
-
-
-def evaluation_steps(steps: int, caps: dict[str, int]) -> frozenset[int]:
-    """Extra held-out evaluations: every compared step and the start of its last fifth
-    (the decision's training-length check reads the baseline's improvement there)."""
-    compared = {steps, *caps.values()}
-    return frozenset({*compared, *(tail_start(c) for c in compared)} - {0})
-
-
-def lr_at(step: int, s: RunSettings) -> float:
-    """Linear warmup to `lr`, then cosine decay to `min_lr` at the last step (nanoGPT)."""
-    if s.warmup_steps and step < s.warmup_steps:
-        return s.lr * (step + 1) / s.warmup_steps
-    span = max(s.steps - s.warmup_steps, 1)
-    progress = min(max((step - s.warmup_steps) / span, 0.0), 1.0)
-    return s.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (s.lr - s.min_lr)
 
 
 def _downsample(points: list[list[float]], limit: int = _MAX_CURVE_POINTS) -> list[list[float]]:
@@ -227,10 +150,11 @@ def run_one(
 ) -> RunRecord:
     """Train `workload` under one policy with one seed and return its record.
 
-    `run_steps` stops the run early (the schedule stays that of `settings.steps`);
+    `run_steps` stops the run early (the schedule stays that of `settings.train.steps`);
     `eval_at` adds held-out evaluations after those steps (for capped comparisons).
     """
-    total = settings.steps if run_steps is None else min(run_steps, settings.steps)
+    train = settings.train
+    total = train.steps if run_steps is None else min(run_steps, train.steps)
     start = time.perf_counter()
     pol = get_policy(policy_name)
     base: dict[str, Any] = {
@@ -240,7 +164,7 @@ def run_one(
         "policy_fields": pol.to_dict(),
         "seed": seed,
         "steps": total,
-        "schedule_steps": settings.steps,
+        "schedule_steps": train.steps,
         "fingerprint": fingerprint,
         "metric_name": workload.metric_name,
     }
@@ -251,7 +175,7 @@ def run_one(
         warnings.simplefilter("ignore", PrecisionWarning)
         prec.prepare(model)
         optimizer = prec.optimizer(
-            model, lr=lr_at(0, settings), betas=settings.betas, weight_decay=settings.weight_decay
+            model, lr=lr_at(0, train), betas=train.betas, weight_decay=train.weight_decay
         )
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     static, probe = _doctor_for(prec, model, optimizer, settings.probe_every)
@@ -270,8 +194,8 @@ def run_one(
             out = model(x)
         loss = workload.loss(out, y)
         prec.backward(loss)
-        if settings.grad_clip_norm is not None:
-            prec.clip_grad_norm_(model.parameters(), settings.grad_clip_norm)
+        if train.grad_clip_norm is not None:
+            prec.clip_grad_norm_(model.parameters(), train.grad_clip_norm)
         prec.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
@@ -290,19 +214,19 @@ def run_one(
             # may hook the model after a non-finite step, and the estimate's fake-tensor
             # forward must not run through it. The first step then trains on this batch.
             first_batch = workload.train_batch(
-                step=0, seed=seed, batch_size=settings.batch_size, device=device
+                step=0, seed=seed, batch_size=train.batch_size, device=device
             )
             predicted = _predicted_bytes(workload, model, pol, first_batch, device)
         for step in range(total):
             if should_stop is not None and should_stop():
                 raise KeyboardInterrupt  # a safe point: between steps, no record written
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, settings)
+                group["lr"] = lr_at(step, train)
             if step == 0 and first_batch is not None:
                 x, y = first_batch
             else:
                 x, y = workload.train_batch(
-                    step=step, seed=seed, batch_size=settings.batch_size, device=device
+                    step=step, seed=seed, batch_size=train.batch_size, device=device
                 )
             t0 = time.perf_counter()
             if step == 0:
@@ -347,7 +271,7 @@ def run_one(
         predicted_bytes=predicted,
         throughput={
             "steps_per_s": timed_steps / train_time if train_time else math.nan,
-            "examples_per_s": timed_steps * settings.batch_size / train_time
+            "examples_per_s": timed_steps * train.batch_size / train_time
             if train_time
             else math.nan,
         },
@@ -357,25 +281,6 @@ def run_one(
         doctor=findings,
         effective=prec.describe(),
     )
-
-
-@contextlib.contextmanager
-def _bar(total: int, desc: str, stream: TextIO | None) -> Iterator[Callable[[int, float], None]]:
-    if stream is None:
-        yield lambda step, loss: None
-        return
-    from tqdm import tqdm
-
-    with tqdm(
-        total=total, desc=desc, file=stream, leave=False, mininterval=0.5, dynamic_ncols=True
-    ) as bar:
-
-        def update(step: int, loss: float) -> None:
-            bar.update(1)
-            if step % 10 == 0:
-                bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
-
-        yield update
 
 
 def run_experiment(
@@ -416,147 +321,14 @@ def run_experiment(
         workload = load_workload(
             contract.workload, allow_import=allow_import, **workload_options(contract)
         )
-    settings = settings_for(contract, workload)
-    caps = step_caps_for(contract, settings.steps, device)
-    eval_at = evaluation_steps(settings.steps, caps)
-    with _exclusive(out_dir):
-        return workload, _run_all(
-            contract,
-            out_dir,
-            workload,
-            settings,
-            caps,
-            eval_at,
-            device,
-            stream,
-            on_record,
-            should_stop,
-        )
-
-
-def check_out_dir(out_dir: Path) -> None:
-    """Create `out_dir` and prove it writable, or raise a one-line ValueError."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ValueError(f"--out {out_dir} exists and is not a folder; choose a folder") from None
-    except NotADirectoryError:
-        raise ValueError(f"--out {out_dir} lies under a file; choose a folder") from None
-    except OSError as exc:
-        raise ValueError(f"--out {out_dir} cannot be created: {exc.strerror or exc}") from None
-    try:
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as exc:
-        raise ValueError(f"--out {out_dir} is not writable: {exc.strerror or exc}") from None
-
-
-@contextlib.contextmanager
-def _exclusive(out_dir: Path) -> Iterator[None]:
-    """Hold `out_dir/.lock` while this process writes there: a second `compare` into the
-    same folder refuses instead of doing every run twice."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: no lock
-        yield
-        return
-    path = out_dir / ".lock"
-    with open(path, "a+", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise ValueError(
-                f"{out_dir} is in use by another mixprec compare ({holder}); wait for it to "
-                "finish or choose another --out"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def _run_all(
-    contract: Contract,
-    out_dir: Path,
-    workload: Workload,
-    settings: RunSettings,
-    caps: dict[str, int],
-    eval_at: frozenset[int],
-    device: str,
-    stream: TextIO | None,
-    on_record: Callable[[RunRecord, bool], None] | None,
-    should_stop: Callable[[], bool] | None,
-) -> list[RunRecord]:
-    write_json_atomic(
-        out_dir / CONTRACT_FILE,
-        {
-            "contract": contract.to_dict(),
-            "workload_description": workload.description,
-            "metric_name": workload.metric_name,
-            "higher_is_better": workload.higher_is_better,
-            "settings": settings_dict(settings),
-        },
+    return workload, run_all(
+        contract,
+        out_dir,
+        workload,
+        settings_for(contract, workload),
+        run=run_one,
+        device=device,
+        stream=stream,
+        on_record=on_record,
+        should_stop=should_stop,
     )
-    found, skipped = load_records(out_dir)
-    for line in skipped:
-        if stream is not None:
-            print(f"  skipping a bad run record (its run is redone): {line}", file=stream)
-    existing = {(r.policy, r.seed): r for r in found}
-    records: list[RunRecord] = []
-
-    def run_seed(seed: int, names: tuple[str, ...]) -> None:
-        for name in names:
-            run_steps = caps.get(name, settings.steps)
-            fingerprint = contract.run_fingerprint(name, seed, run_steps)
-            old = existing.get((name, seed))
-            if old is not None and old.fingerprint == fingerprint and old.ok:
-                records.append(old)
-                if on_record is not None:
-                    on_record(old, True)
-                continue
-            with _bar(run_steps, f"{name} seed {seed}", stream) as update:
-                record = run_one(
-                    workload,
-                    name,
-                    seed,
-                    settings,
-                    fingerprint=fingerprint,
-                    device=device,
-                    run_steps=run_steps,
-                    eval_at=eval_at,
-                    progress=update,
-                    should_stop=should_stop,
-                )
-            write_json_atomic(record_path(out_dir, name, seed), record.to_dict())
-            records.append(record)
-            if on_record is not None:
-                on_record(record, False)
-
-    for seed in range(contract.seeds):
-        run_seed(seed, contract.policies)
-    for seed in range(contract.seeds, contract.seed_limit):
-        decision = decide(records, contract, higher_is_better=workload.higher_is_better)
-        pending = tuple(decision.inconclusive)
-        if not pending:
-            break
-        if stream is not None:
-            print(
-                f"  inconclusive: {', '.join(pending)}; adding seed {seed} "
-                f"(max_seeds {contract.seed_limit})",
-                file=stream,
-            )
-        run_seed(seed, (contract.baseline, *pending))
-    return records
-
-
-def settings_dict(settings: RunSettings) -> dict[str, Any]:
-    """`settings` as JSON-ready data."""
-    out = dataclasses.asdict(settings)
-    out["betas"] = list(out["betas"])
-    return out

@@ -7,7 +7,6 @@ from mixprec.workloads.base import (
     EvaluateFn,
     LossFn,
     ModelFn,
-    TrainDefaults,
     Workload,
     batch_generator,
     evaluation_mode,
@@ -19,6 +18,7 @@ from mixprec.workloads.gpt import GPT, GPTConfig
 from mixprec.workloads.metrics import accuracy, bits_per_char, macro_f1
 from mixprec.workloads.plays import DEFAULT_HELD_OUT_PLAYS, CharVocab, available_plays
 from mixprec.workloads.registry import WORKLOADS, load_workload, workload_names
+from mixprec.workloads.settings import TrainDefaults, TrainSettings, lr_at
 from mixprec.workloads.shakespeare import (
     SHAKESPEARE_SIZES,
     ShakespeareConfig,
@@ -42,6 +42,7 @@ __all__ = [
     "ModelFn",
     "ShakespeareConfig",
     "TrainDefaults",
+    "TrainSettings",
     "Workload",
     "accuracy",
     "available_plays",
@@ -50,6 +51,7 @@ __all__ = [
     "digits_workload",
     "evaluation_mode",
     "load_workload",
+    "lr_at",
     "macro_f1",
     "model_device",
     "seeded_init",

@@ -12,9 +12,13 @@ subclassing anything:
 * `evaluate(model, autocast=)` returns an `EvalResult` on the held-out split,
   without gradients, with the model in eval mode and its modes restored after.
 
+Its training settings (`Workload.defaults`) are a `TrainSettings`
+(`mixprec.workloads.settings`), which an experiment contract may override.
+
 The helpers here (`seeded_init`, `batch_generator`, `evaluation_mode`,
 `model_device`) are what the built-in workloads use to keep those promises;
-user workloads can use them too.
+user workloads can use them too. `apply_overrides` and `config_record` serve
+the built-in configs.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from mixprec.workloads.settings import TrainSettings
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -39,10 +45,10 @@ __all__ = [
     "EvaluateFn",
     "LossFn",
     "ModelFn",
-    "TrainDefaults",
     "Workload",
     "apply_overrides",
     "batch_generator",
+    "config_record",
     "evaluation_mode",
     "model_device",
     "seeded_init",
@@ -74,52 +80,6 @@ class EvaluateFn(Protocol):
     """`evaluate`: held-out loss and metric of a model (device taken from the model)."""
 
     def __call__(self, model: nn.Module, *, autocast: AutocastFactory) -> EvalResult: ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainDefaults:
-    """Training settings a runner uses unless told otherwise.
-
-    The schedule they describe is nanoGPT's: linear warmup to `lr` over
-    `warmup_steps`, then cosine decay to `min_lr` at `steps`.
-    """
-
-    steps: int
-    """Optimizer steps of a full run."""
-    batch_size: int
-    """Examples (sequences for language models) per step."""
-    lr: float
-    """Peak learning rate."""
-    warmup_steps: int
-    """Steps of linear warmup from 0 to `lr`."""
-    min_lr: float
-    """Learning rate at the end of the cosine decay."""
-    weight_decay: float
-    """Decoupled (AdamW) weight decay."""
-    grad_clip_norm: float | None
-    """Global gradient-norm clip, or None for no clipping."""
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if (
-            isinstance(self.warmup_steps, bool)
-            or not isinstance(self.warmup_steps, int)
-            or not 0 <= self.warmup_steps <= self.steps
-        ):
-            raise ValueError(
-                f"warmup_steps must be an int in [0, steps={self.steps}], got {self.warmup_steps!r}"
-            )
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr!r}")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
-            raise ValueError(f"grad_clip_norm must be > 0 or None, got {self.grad_clip_norm!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,8 +130,8 @@ class Workload:
     """Name of the held-out metric, e.g. `"bits_per_char"`."""
     higher_is_better: bool
     """Whether a larger metric is better (macro-F1) or worse (bits per char)."""
-    defaults: TrainDefaults
-    """Training settings a runner uses unless told otherwise."""
+    defaults: TrainSettings
+    """Training settings a runner uses unless told otherwise (a contract overrides them)."""
     make_model: ModelFn
     """`make_model(seed)`: fresh fp32 CPU model, bitwise determined by `seed`."""
     train_batch: BatchFn
@@ -193,9 +153,9 @@ class Workload:
                 raise TypeError(
                     f"Workload.{name} must be callable, got {type(getattr(self, name)).__name__}"
                 )
-        if not isinstance(self.defaults, TrainDefaults):
+        if not isinstance(self.defaults, TrainSettings):
             raise TypeError(
-                f"Workload.defaults must be a TrainDefaults, got {type(self.defaults).__name__}"
+                f"Workload.defaults must be a TrainSettings, got {type(self.defaults).__name__}"
             )
         object.__setattr__(self, "config", dict(self.config))
 
@@ -256,21 +216,47 @@ _C = TypeVar("_C", bound="DataclassInstance")
 def apply_overrides(base: _C, overrides: Mapping[str, object], *, what: str) -> _C:
     """Return the dataclass `base` with `overrides` applied, rejecting unknown names.
 
+    A config that composes its training settings as a `train: TrainSettings`
+    field also takes their fields by name: `steps=100` replaces `train.steps`.
+
     Args:
         base: A dataclass instance (a workload config preset).
         overrides: Field names to new values; validated by the dataclass itself.
         what: Name used in the error message, e.g. `"shakespeare"`.
 
     Raises:
-        ValueError: An override names no field of `base`.
+        ValueError: An override names no field of `base` (nor of its `train`).
     """
-    valid = sorted(f.name for f in fields(base))
+    own = {f.name for f in fields(base)}
+    train = getattr(base, "train", None)
+    nested = {f.name for f in fields(TrainSettings)} if isinstance(train, TrainSettings) else set()
+    valid = sorted(own | nested)
     unknown = sorted(set(overrides) - set(valid))
     if unknown:
         raise ValueError(
             f"unknown {what} option(s) {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
         )
-    return replace(base, **overrides)
+    changes = {name: value for name, value in overrides.items() if name in own}
+    train_changes: dict[str, Any] = {k: v for k, v in overrides.items() if k not in own}
+    if train_changes:
+        current = changes.get("train", train)
+        if not isinstance(current, TrainSettings):
+            raise TypeError(f"{what} option train must be a TrainSettings, got {current!r}")
+        changes["train"] = replace(current, **train_changes)
+    return replace(base, **changes)
+
+
+def config_record(config: DataclassInstance) -> dict[str, object]:
+    """A workload config as the flat dict `Workload.config` records.
+
+    The fields of its `train` settings sit beside its own knobs, one level deep
+    (`record["lr"]`, not `record["train"]["lr"]`).
+    """
+    record = asdict(config)
+    train = record.pop("train", None)
+    if isinstance(train, dict):
+        record.update(train)
+    return record
 
 
 def _check_nonnegative_int(name: str, value: int) -> None:

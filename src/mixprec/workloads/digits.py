@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -27,15 +27,16 @@ from torch import Tensor, nn
 from mixprec.workloads.base import (
     AutocastFactory,
     EvalResult,
-    TrainDefaults,
     Workload,
     apply_overrides,
     batch_generator,
+    config_record,
     evaluation_mode,
     model_device,
     seeded_init,
 )
 from mixprec.workloads.metrics import accuracy, macro_f1
+from mixprec.workloads.settings import TrainSettings
 
 __all__ = [
     "DIGITS_SIZES",
@@ -51,9 +52,21 @@ NUM_CLASSES = 10
 NUM_FEATURES = 64
 
 
+#: Training settings of the `default` size (AdamW, warmup then cosine decay).
+_DEFAULT_TRAIN = TrainSettings(
+    steps=300,
+    batch_size=64,
+    lr=3e-3,
+    min_lr=3e-4,
+    warmup_steps=20,
+    weight_decay=0.01,
+    grad_clip_norm=1.0,
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class DigitsConfig:
-    """Every knob of the `digits` workload: model shape, data split, training defaults."""
+    """Every knob of the `digits` workload: model shape, data split, and training settings."""
 
     hidden_sizes: tuple[int, ...] = (128, 128)
     """Widths of the hidden layers (GELU after each)."""
@@ -61,20 +74,8 @@ class DigitsConfig:
     """Fraction of each class held out."""
     split_seed: int = 0
     """Seed of the stratified split (fixed, independent of the training seed)."""
-    steps: int = 300
-    """Default optimizer steps of a full run."""
-    batch_size: int = 64
-    """Default examples per step."""
-    lr: float = 3e-3
-    """Default peak learning rate."""
-    warmup_steps: int = 20
-    """Default linear warmup steps."""
-    min_lr: float = 3e-4
-    """Default final learning rate of the cosine decay."""
-    weight_decay: float = 0.01
-    """Default AdamW weight decay."""
-    grad_clip_norm: float | None = 1.0
-    """Default global gradient-norm clip."""
+    train: TrainSettings = _DEFAULT_TRAIN
+    """Default training settings (`Workload.defaults`; a contract may override them)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.hidden_sizes, int) or not all(
@@ -88,26 +89,18 @@ class DigitsConfig:
             raise ValueError(f"held_out_fraction must be in (0, 1), got {self.held_out_fraction!r}")
         if isinstance(self.split_seed, bool) or not isinstance(self.split_seed, int):
             raise ValueError(f"split_seed must be an int, got {self.split_seed!r}")
-        self.train_defaults()  # validates the training defaults
-
-    def train_defaults(self) -> TrainDefaults:
-        """The training defaults this config carries."""
-        return TrainDefaults(
-            steps=self.steps,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            warmup_steps=self.warmup_steps,
-            min_lr=self.min_lr,
-            weight_decay=self.weight_decay,
-            grad_clip_norm=self.grad_clip_norm,
-        )
+        if not isinstance(self.train, TrainSettings):
+            raise TypeError(f"train must be a TrainSettings, got {type(self.train).__name__}")
 
 
 #: Size presets. `default` is about 26k parameters; `tiny` is for tests.
 DIGITS_SIZES: Mapping[str, DigitsConfig] = MappingProxyType(
     {
         "tiny": DigitsConfig(
-            hidden_sizes=(32,), steps=50, batch_size=32, lr=1e-2, warmup_steps=5, min_lr=1e-3
+            hidden_sizes=(32,),
+            train=replace(
+                _DEFAULT_TRAIN, steps=50, batch_size=32, lr=1e-2, min_lr=1e-3, warmup_steps=5
+            ),
         ),
         "default": DigitsConfig(),
     }
@@ -204,7 +197,8 @@ def digits_workload(*, size: str = "default", **overrides: object) -> Workload:
 
     Args:
         size: A key of `DIGITS_SIZES`: `"tiny"` or `"default"`.
-        **overrides: Fields of `DigitsConfig`, e.g. `hidden_sizes=(64,)`.
+        **overrides: Fields of `DigitsConfig`, e.g. `hidden_sizes=(64,)`, or of its
+            `TrainSettings`, e.g. `steps=100`.
 
     Raises:
         ValueError: Unknown size or option, or an invalid value.
@@ -275,7 +269,7 @@ def _build(config: DigitsConfig, *, size: str) -> Workload:
         num_params = sum(p.numel() for p in _make_mlp(config.hidden_sizes).parameters())
     record: dict[str, object] = {
         "size": size,
-        **asdict(config),
+        **config_record(config),
         "num_params": num_params,
         "train_examples": n_train,
         "held_out_examples": data.held_out_y.numel(),
@@ -289,7 +283,7 @@ def _build(config: DigitsConfig, *, size: str) -> Workload:
         ),
         metric_name="macro_f1",
         higher_is_better=True,
-        defaults=config.train_defaults(),
+        defaults=config.train,
         make_model=make_model,
         train_batch=train_batch,
         loss=class_loss,

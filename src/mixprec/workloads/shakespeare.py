@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import torch
@@ -25,10 +25,10 @@ from torch import Tensor, nn
 from mixprec.workloads.base import (
     AutocastFactory,
     EvalResult,
-    TrainDefaults,
     Workload,
     apply_overrides,
     batch_generator,
+    config_record,
     evaluation_mode,
     model_device,
     seeded_init,
@@ -36,6 +36,7 @@ from mixprec.workloads.base import (
 from mixprec.workloads.gpt import GPT, GPTConfig
 from mixprec.workloads.metrics import bits_per_char
 from mixprec.workloads.plays import DEFAULT_HELD_OUT_PLAYS, load_play_split
+from mixprec.workloads.settings import TrainSettings
 
 __all__ = [
     "SHAKESPEARE_SIZES",
@@ -43,6 +44,18 @@ __all__ = [
     "char_loss",
     "shakespeare_workload",
 ]
+
+
+#: Training settings of the `default` size (AdamW, warmup then cosine decay).
+_DEFAULT_TRAIN = TrainSettings(
+    steps=2000,
+    batch_size=32,
+    lr=2e-3,
+    min_lr=2e-4,
+    warmup_steps=100,
+    weight_decay=0.1,
+    grad_clip_norm=1.0,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,20 +82,8 @@ class ShakespeareConfig:
     """Number of held-out windows evaluated (each scores `block_size` characters)."""
     eval_batch_size: int = 64
     """Windows per forward pass during evaluation."""
-    steps: int = 2000
-    """Default optimizer steps of a full run."""
-    batch_size: int = 32
-    """Default windows per step."""
-    lr: float = 2e-3
-    """Default peak learning rate."""
-    warmup_steps: int = 100
-    """Default linear warmup steps."""
-    min_lr: float = 2e-4
-    """Default final learning rate of the cosine decay."""
-    weight_decay: float = 0.1
-    """Default AdamW weight decay."""
-    grad_clip_norm: float | None = 1.0
-    """Default global gradient-norm clip."""
+    train: TrainSettings = _DEFAULT_TRAIN
+    """Default training settings (`Workload.defaults`; a contract may override them)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.held_out_plays, str) or not all(
@@ -97,7 +98,8 @@ class ShakespeareConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.gpt_config(vocab_size=1)  # validates the model shape
-        self.train_defaults()  # validates the training defaults
+        if not isinstance(self.train, TrainSettings):
+            raise TypeError(f"train must be a TrainSettings, got {type(self.train).__name__}")
 
     def gpt_config(self, *, vocab_size: int) -> GPTConfig:
         """The model shape for a vocabulary of `vocab_size` ids."""
@@ -112,18 +114,6 @@ class ShakespeareConfig:
             tie_weights=self.tie_weights,
         )
 
-    def train_defaults(self) -> TrainDefaults:
-        """The training defaults this config carries."""
-        return TrainDefaults(
-            steps=self.steps,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            warmup_steps=self.warmup_steps,
-            min_lr=self.min_lr,
-            weight_decay=self.weight_decay,
-            grad_clip_norm=self.grad_clip_norm,
-        )
-
 
 #: Size presets. `default` is about 0.8M parameters; `tiny` trains in seconds for tests.
 SHAKESPEARE_SIZES: Mapping[str, ShakespeareConfig] = MappingProxyType(
@@ -134,11 +124,9 @@ SHAKESPEARE_SIZES: Mapping[str, ShakespeareConfig] = MappingProxyType(
             n_embd=32,
             block_size=32,
             eval_windows=64,
-            steps=50,
-            batch_size=16,
-            lr=1e-2,
-            warmup_steps=5,
-            min_lr=1e-3,
+            train=replace(
+                _DEFAULT_TRAIN, steps=50, batch_size=16, lr=1e-2, min_lr=1e-3, warmup_steps=5
+            ),
         ),
         "small": ShakespeareConfig(
             n_layer=2,
@@ -146,10 +134,7 @@ SHAKESPEARE_SIZES: Mapping[str, ShakespeareConfig] = MappingProxyType(
             n_embd=64,
             block_size=64,
             eval_windows=128,
-            steps=500,
-            lr=3e-3,
-            warmup_steps=50,
-            min_lr=3e-4,
+            train=replace(_DEFAULT_TRAIN, steps=500, lr=3e-3, min_lr=3e-4, warmup_steps=50),
         ),
         "compare": ShakespeareConfig(
             n_layer=2,
@@ -157,11 +142,9 @@ SHAKESPEARE_SIZES: Mapping[str, ShakespeareConfig] = MappingProxyType(
             n_embd=48,
             block_size=32,
             eval_windows=256,
-            steps=500,
-            batch_size=32,
-            lr=1e-3,
-            warmup_steps=25,
-            min_lr=1e-4,
+            train=replace(
+                _DEFAULT_TRAIN, steps=500, batch_size=32, lr=1e-3, min_lr=1e-4, warmup_steps=25
+            ),
         ),
         "default": ShakespeareConfig(),
     }
@@ -173,7 +156,8 @@ def shakespeare_workload(*, size: str = "default", **overrides: object) -> Workl
 
     Args:
         size: A key of `SHAKESPEARE_SIZES`: `"tiny"`, `"small"` or `"default"`.
-        **overrides: Fields of `ShakespeareConfig`, e.g. `n_layer=2, eval_windows=64`.
+        **overrides: Fields of `ShakespeareConfig`, e.g. `n_layer=2, eval_windows=64`,
+            or of its `TrainSettings`, e.g. `steps=100`.
 
     Raises:
         ValueError: Unknown size or option, or an invalid value.
@@ -239,7 +223,7 @@ def _build(config: ShakespeareConfig, *, size: str) -> Workload:
         num_params = sum(p.numel() for p in GPT(gpt_config).parameters())
     record: dict[str, object] = {
         "size": size,
-        **asdict(config),
+        **config_record(config),
         "vocab_size": split.vocab.size,
         "num_params": num_params,
         "train_chars": train_ids.numel(),
@@ -253,7 +237,7 @@ def _build(config: ShakespeareConfig, *, size: str) -> Workload:
         ),
         metric_name="bits_per_char",
         higher_is_better=False,
-        defaults=config.train_defaults(),
+        defaults=config.train,
         make_model=make_model,
         train_batch=train_batch,
         loss=char_loss,

@@ -87,7 +87,7 @@ def make_judged() -> Judged:
         candidates=tuple(GAPS),
         seeds=3,
         max_seeds=3,
-        steps=STEPS,
+        train={"steps": STEPS},
         step_caps={"amp_fp16": CAP},
     )
     records = []

@@ -1,0 +1,211 @@
+"""Every run of a contract: the order of runs, resuming, added seeds, the output folder.
+
+For each seed the baseline runs first, then the candidates. A run whose record
+exists with the same fingerprint is reused instead of redone. When a
+candidate's gap is inconclusive after the contract's seeds, the baseline and
+that candidate run one more seed at a time, up to ``max_seeds``. The output
+folder gets ``contract.json`` first and is locked while runs write into it.
+
+Training one run is not done here: `run_all` takes the run function
+(`mixprec.experiment.runner.run_one`), so the order of runs can be tested
+without training anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Protocol, TextIO
+
+from mixprec.experiment.contract import Contract
+from mixprec.experiment.decision import decide
+from mixprec.experiment.plan import RunSettings, evaluation_steps, settings_dict, step_caps_for
+from mixprec.experiment.records import RunRecord, load_records, record_path, write_json_atomic
+from mixprec.workloads import Workload
+
+__all__ = ["CONTRACT_FILE", "RunFn", "check_out_dir", "run_all"]
+
+#: Written first into the output folder: what the experiment is (so `report` can
+#: render an interrupted folder that has no results.json yet).
+CONTRACT_FILE = "contract.json"
+
+
+class RunFn(Protocol):
+    """Train one policy with one seed and return its record (`runner.run_one`)."""
+
+    def __call__(
+        self,
+        workload: Workload,
+        policy_name: str,
+        seed: int,
+        settings: RunSettings,
+        *,
+        fingerprint: str,
+        device: str,
+        run_steps: int | None,
+        eval_at: frozenset[int],
+        progress: Callable[[int, float], None] | None,
+        should_stop: Callable[[], bool] | None,
+    ) -> RunRecord: ...
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Create `out_dir` and prove it writable, or raise a one-line ValueError."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"--out {out_dir} exists and is not a folder; choose a folder") from None
+    except NotADirectoryError:
+        raise ValueError(f"--out {out_dir} lies under a file; choose a folder") from None
+    except OSError as exc:
+        raise ValueError(f"--out {out_dir} cannot be created: {exc.strerror or exc}") from None
+    try:
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out {out_dir} is not writable: {exc.strerror or exc}") from None
+
+
+def run_all(
+    contract: Contract,
+    out_dir: Path,
+    workload: Workload,
+    settings: RunSettings,
+    *,
+    run: RunFn,
+    device: str,
+    stream: TextIO | None,
+    on_record: Callable[[RunRecord, bool], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> list[RunRecord]:
+    """Run (or reuse) every run of `contract` into `out_dir`, holding its lock.
+
+    Args:
+        contract: what to run.
+        out_dir: an existing, writable folder (`check_out_dir`).
+        workload: the workload every run trains.
+        settings: the resolved settings of every run (`plan.settings_for`).
+        run: trains one run (`runner.run_one`).
+        device: the (resolved) device to train on.
+        stream: where progress goes (None: silent).
+        on_record: called with each record and whether it was reused from disk.
+        should_stop: passed to each run (the command line's Ctrl-C).
+
+    Returns:
+        The records, in the order they ran (baseline first per seed).
+    """
+    caps = step_caps_for(contract, settings.train.steps, device)
+    eval_at = evaluation_steps(settings.train.steps, caps)
+    with _exclusive(out_dir):
+        write_json_atomic(
+            out_dir / CONTRACT_FILE,
+            {
+                "contract": contract.to_dict(),
+                "workload_description": workload.description,
+                "metric_name": workload.metric_name,
+                "higher_is_better": workload.higher_is_better,
+                "settings": settings_dict(settings),
+            },
+        )
+        found, skipped = load_records(out_dir)
+        for line in skipped:
+            if stream is not None:
+                print(f"  skipping a bad run record (its run is redone): {line}", file=stream)
+        existing = {(r.policy, r.seed): r for r in found}
+        records: list[RunRecord] = []
+
+        def run_seed(seed: int, names: tuple[str, ...]) -> None:
+            for name in names:
+                run_steps = caps.get(name, settings.train.steps)
+                fingerprint = contract.run_fingerprint(name, seed, run_steps)
+                old = existing.get((name, seed))
+                if old is not None and old.fingerprint == fingerprint and old.ok:
+                    records.append(old)
+                    if on_record is not None:
+                        on_record(old, True)
+                    continue
+                with _bar(run_steps, f"{name} seed {seed}", stream) as update:
+                    record = run(
+                        workload,
+                        name,
+                        seed,
+                        settings,
+                        fingerprint=fingerprint,
+                        device=device,
+                        run_steps=run_steps,
+                        eval_at=eval_at,
+                        progress=update,
+                        should_stop=should_stop,
+                    )
+                write_json_atomic(record_path(out_dir, name, seed), record.to_dict())
+                records.append(record)
+                if on_record is not None:
+                    on_record(record, False)
+
+        for seed in range(contract.seeds):
+            run_seed(seed, contract.policies)
+        for seed in range(contract.seeds, contract.seed_limit):
+            decision = decide(records, contract, higher_is_better=workload.higher_is_better)
+            pending = tuple(decision.inconclusive)
+            if not pending:
+                break
+            if stream is not None:
+                print(
+                    f"  inconclusive: {', '.join(pending)}; adding seed {seed} "
+                    f"(max_seeds {contract.seed_limit})",
+                    file=stream,
+                )
+            run_seed(seed, (contract.baseline, *pending))
+        return records
+
+
+@contextlib.contextmanager
+def _exclusive(out_dir: Path) -> Iterator[None]:
+    """Hold `out_dir/.lock` while this process writes there: a second `compare` into the
+    same folder refuses instead of doing every run twice."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no lock
+        yield
+        return
+    path = out_dir / ".lock"
+    with open(path, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise ValueError(
+                f"{out_dir} is in use by another mixprec compare ({holder}); wait for it to "
+                "finish or choose another --out"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _bar(total: int, desc: str, stream: TextIO | None) -> Iterator[Callable[[int, float], None]]:
+    if stream is None:
+        yield lambda step, loss: None
+        return
+    from tqdm import tqdm
+
+    with tqdm(
+        total=total, desc=desc, file=stream, leave=False, mininterval=0.5, dynamic_ncols=True
+    ) as bar:
+
+        def update(step: int, loss: float) -> None:
+            bar.update(1)
+            if step % 10 == 0:
+                bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+
+        yield update

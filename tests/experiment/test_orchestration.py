@@ -1,0 +1,85 @@
+"""The order of runs, resuming and the output folder, with a scripted run function.
+
+`run_all` takes the function that trains one run, so nothing trains here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mixprec.experiment import Contract, RunRecord
+from mixprec.experiment.decision import tail_start
+from mixprec.experiment.orchestration import CONTRACT_FILE, run_all
+from mixprec.experiment.plan import RunSettings, settings_dict
+from mixprec.workloads import DIGITS_SIZES, load_workload
+
+CONTRACT = Contract(
+    workload="digits",
+    size="tiny",
+    candidates=("amp_bf16", "bf16_master"),
+    seeds=2,
+    max_seeds=2,
+    train={"steps": 10},
+    step_caps={"bf16_master": 4},
+)
+SETTINGS = RunSettings(
+    train=DIGITS_SIZES["tiny"].train.with_overrides(CONTRACT.train),
+    eval_every=CONTRACT.eval_every,
+    probe_every=CONTRACT.probe_every,
+)
+
+
+def _scripted(calls: list[tuple[str, int, int | None]]) -> Callable[..., RunRecord]:
+    def run(workload: Any, name: str, seed: int, settings: RunSettings, **kw: Any) -> RunRecord:
+        assert settings is SETTINGS and kw["device"] == "cpu"
+        calls.append((name, seed, kw["run_steps"]))
+        steps = kw["run_steps"]
+        return RunRecord(
+            workload=workload.name,
+            size="tiny",
+            policy=name,
+            policy_fields={},
+            seed=seed,
+            steps=steps,
+            schedule_steps=settings.train.steps,
+            fingerprint=kw["fingerprint"],
+            final_train_loss=1.0,
+            heldout_loss=1.0,
+            metric=1.0,
+            metric_name="macro_f1",
+            eval_curve=[[0, 2.0], [tail_start(steps), 1.0], [steps, 1.0]],
+            bytes={"total": 100},
+            throughput={"steps_per_s": 1.0},
+        )
+
+    return run
+
+
+def test_runs_go_in_order_write_the_folder_and_resume(tmp_path: Path) -> None:
+    workload = load_workload("digits", size="tiny")
+    calls: list[tuple[str, int, int | None]] = []
+    kw: dict[str, Any] = dict(device="cpu", stream=None, on_record=None, should_stop=None)
+    records = run_all(CONTRACT, tmp_path, workload, SETTINGS, run=_scripted(calls), **kw)
+    assert calls == [
+        ("fp32", 0, 10),
+        ("amp_bf16", 0, 10),
+        ("bf16_master", 0, 4),  # capped: stops at its cap, schedule of 10 steps
+        ("fp32", 1, 10),
+        ("amp_bf16", 1, 10),
+        ("bf16_master", 1, 4),
+    ]
+    assert [(r.policy, r.seed) for r in records] == [(n, s) for n, s, _ in calls]
+    stored = json.loads((tmp_path / CONTRACT_FILE).read_text())
+    assert stored["contract"] == CONTRACT.to_dict()
+    assert stored["settings"] == settings_dict(SETTINGS)
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 6
+    # Every record is on disk with its fingerprint: a rerun trains nothing.
+    again: list[tuple[str, int, int | None]] = []
+    reused: list[bool] = []
+    kw["on_record"] = lambda r, was: reused.append(was)
+    rerun = run_all(CONTRACT, tmp_path, workload, SETTINGS, run=_scripted(again), **kw)
+    assert again == [] and reused == [True] * 6
+    assert [r.to_dict() for r in rerun] == [r.to_dict() for r in records]

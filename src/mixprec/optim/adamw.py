@@ -9,8 +9,7 @@ step runs one fused kernel per parameter (`mixprec.optim.kernels`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.optim.optimizer import ParamsT
@@ -22,30 +21,17 @@ from mixprec.formats import (
     MasterFormat,
     MomentFormat,
     check_moments,
-    moment_format,
-    resolve_master,
 )
-from mixprec.formats.moments import Int8Moments
 from mixprec.optim import sharding
 from mixprec.optim.functional import adamw_scalars
 from mixprec.optim.kernels import KernelMode, StepFamily, StepKernel, resolve_mode
 from mixprec.optim.options import check_hyper, refuse_unsupported, scalar
+from mixprec.optim.param_plan import ParamPlan, check_param, fresh_state, plan_param
 from mixprec.optim.resync import resync_master
-from mixprec.optim.rng import derive_seed, step_key
-from mixprec.optim.state_dicts import StateConversion, check_param_state, to_native, to_torch
+from mixprec.optim.rng import step_key
+from mixprec.optim.state_dicts import StateConversion, read_state_dict, to_torch
 
 __all__ = ["AdamW"]
-
-_GROUP_KEYS = ("master", "moments", "maximize")
-
-
-@dataclass(frozen=True)
-class _ParamPlan:
-    master: MasterFormat
-    moments: MomentFormat
-    mode: KernelMode
-    dtype: torch.dtype  # the parameter's dtype the formats were resolved for
-    index: int  # the parameter's position when added (derives its rounding seed)
 
 
 def _view_like(t: torch.Tensor, p: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -157,7 +143,7 @@ class AdamW(torch.optim.Optimizer):
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())
         self._seed = int(seed)
-        self._plans: dict[torch.Tensor, _ParamPlan] = {}
+        self._plans: dict[torch.Tensor, ParamPlan] = {}
         # The version counter of each parameter's local tensor when its master state was
         # last known to match it (see `_resync_edited`).
         self._versions: dict[torch.Tensor, int] = {}
@@ -217,45 +203,18 @@ class AdamW(torch.optim.Optimizer):
         )
         first_index = len(self._plans)
         for offset, p in enumerate(params):
-            if not p.is_floating_point():
-                raise ValueError(f"AdamW needs floating params, got {dtype_name(p.dtype)}")
-            if p.dtype == torch.float64:
-                raise ValueError(
-                    f"parameter {tuple(p.shape)} is float64: mixprec.optim.AdamW computes its "
-                    "update in fp32 and would silently drop fp64 precision; use "
-                    "torch.optim.AdamW for fp64 parameters, or cast them to fp32"
-                )
-            lp = sharding.local(p.detach())  # the local shard of a DTensor param
-            if not lp.is_contiguous():
-                raise ValueError(
-                    f"parameter of shape {tuple(p.shape)} is not contiguous; "
-                    "mixprec AdamW updates flattened views (make it contiguous first)"
-                )
-            self._plans[p] = self._plan(p, group, mode, first_index + offset)
+            check_param(p)
+            self._plans[p] = plan_param(
+                p,
+                group,
+                mode=mode,
+                index=first_index + offset,
+                block_size=self._block_size,
+                min_int8_numel=self._min_int8_numel,
+            )
 
     def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
-        """New state for `p`: master equal to the parameter as it is now, zero moments."""
-        plan = self._plans[p]
-        lp = sharding.local(p.detach())  # the local shard of a DTensor param
-        # float64: exact to 2**53 steps (float32 stops counting at 2**24, which would
-        # freeze the bias correction and repeat the stochastic-rounding noise).
-        state: dict[str, torch.Tensor] = {
-            "step": torch.zeros((), dtype=torch.float64, device=p.device)
-        }
-        state.update(plan.master.init_state(lp))
-        state.update(plan.moments.init_state(lp))
-        if plan.master.spec.uses_noise:
-            seed = derive_seed(self._seed, plan.index)
-            state["rng_seed"] = torch.tensor(seed, dtype=torch.int64, device=p.device)
-        if sharding.is_dtensor(p):
-            # Sharded like the param, with the shapes an unsharded param's state has.
-            whole = torch.empty(p.shape, dtype=p.dtype, device="meta")
-            shapes = {**plan.master.init_state(whole), **plan.moments.init_state(whole)}
-            state = {
-                k: sharding.shard_like(v, p, shapes[k].shape) if k in shapes else v
-                for k, v in state.items()
-            }
-        return state
+        return fresh_state(p, self._plans[p], self._seed)
 
     def _state_of(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         """`p`'s state, made on first use (as torch's optimizers do: none before a step)."""
@@ -266,25 +225,7 @@ class AdamW(torch.optim.Optimizer):
             self._versions[p] = sharding.local(p.detach())._version
         return state
 
-    def _plan(
-        self, p: torch.Tensor, group: dict[str, Any], mode: KernelMode, index: int
-    ) -> _ParamPlan:
-        master = resolve_master(group["master"], p.dtype)
-        moments = moment_format(group["moments"], block_size=self._block_size)
-        if moments.spec.blockwise and not self._quantizable(p, moments):
-            moments = moment_format("fp32")
-        return _ParamPlan(master, moments, mode, p.dtype, index)
-
-    def _quantizable(self, p: torch.Tensor, moments: MomentFormat) -> bool:
-        # Blockwise moments for tensors of whole blocks only (others keep fp32 moments).
-        assert isinstance(moments, Int8Moments)
-        return (
-            p.numel() >= self._min_int8_numel
-            and p.numel() % self._block_size == 0
-            and sharding.int8_blocks_fit(p, self._block_size, moments.scale_shape(p.shape))
-        )
-
-    def _kernel(self, plan: _ParamPlan, maximize: bool) -> StepKernel:
+    def _kernel(self, plan: ParamPlan, maximize: bool) -> StepKernel:
         key = (plan.master.spec.name, plan.moments.spec.name, maximize, plan.mode)
         kernel = self._kernels.get(key)
         if kernel is None:
@@ -360,7 +301,7 @@ class AdamW(torch.optim.Optimizer):
 
     @staticmethod
     def _resync_edited(
-        plan: _ParamPlan, lp: torch.Tensor, local_state: dict[str, torch.Tensor]
+        plan: ParamPlan, lp: torch.Tensor, local_state: dict[str, torch.Tensor]
     ) -> None:
         # The parameter was written in place since this optimizer last wrote it (pruning,
         # zero_(), re-initialisation, a model state load): the master follows the edit
@@ -482,8 +423,10 @@ class AdamW(torch.optim.Optimizer):
         """Load a state dict of this optimizer, of an older mixprec version, or of
         `torch.optim.AdamW`, converted to this optimizer's formats.
 
-        State tensors are copied into the existing (preallocated) ones, keeping
-        their dtypes exactly; group hyperparameters (lr, betas...) are taken from
+        Everything is validated before anything changes; saved tensors are copied
+        into new ones made like this optimizer's own (dtypes exactly), and a
+        parameter with no saved state has none afterwards (as in torch); group
+        hyperparameters (lr, betas...) are taken from
         the saved groups, as `torch.optim.Optimizer` does. A torch state dict's
         fp32 moments are encoded into this optimizer's moment formats and its
         masters start equal to the parameters; what was converted is in
@@ -497,62 +440,17 @@ class AdamW(torch.optim.Optimizer):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        state_dict, conversion = to_native(
-            state_dict, self.param_groups, self._fresh_state, self._formats_of
-        )
-        saved_groups = state_dict["param_groups"]
-        saved_state = state_dict["state"]
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError(
-                f"state dict has {len(saved_groups)} param groups, optimizer has "
-                f"{len(self.param_groups)}"
-            )
-        for i, (group, saved) in enumerate(zip(self.param_groups, saved_groups, strict=True)):
-            if len(group["params"]) != len(saved["params"]):
-                raise ValueError(
-                    f"group {i}: state dict has {len(saved['params'])} params, "
-                    f"optimizer has {len(group['params'])}"
-                )
-            for key in _GROUP_KEYS:
-                if saved.get(key) != group[key]:
-                    raise ValueError(
-                        f"group {i}: saved {key}={saved.get(key)!r} differs from "
-                        f"this optimizer's {group[key]!r}"
-                    )
-            try:
-                refuse_unsupported("", saved)
-                check_hyper(saved["lr"], tuple(saved["betas"]), saved["eps"], saved["weight_decay"])
-            except (KeyError, TypeError) as exc:
-                raise ValueError(f"group {i}: saved hyperparameters are malformed: {exc}") from exc
-            except ValueError as exc:
-                raise ValueError(f"group {i}: saved {exc}") from exc
-        # Validate every parameter's state before taking any: a bad entry changes nothing.
-        # Saved state goes into new tensors made like this optimizer's own (dtypes exactly);
-        # a parameter with no saved state has none afterwards, as in torch.
-        pairs = [
-            (p, saved_state.get(pid) if isinstance(saved_state, dict) else None)
-            for group, saved in zip(self.param_groups, saved_groups, strict=True)
-            for p, pid in zip(group["params"], saved["params"], strict=True)
-        ]
-        named = {pid for saved in saved_groups for pid in saved["params"]}
-        extra = sorted(map(str, set(saved_state) - named)) if isinstance(saved_state, dict) else []
-        if extra:
-            raise ValueError(f"state dict holds state for parameters {extra} that no group names")
-        fresh = {p: self._fresh_state(p) for p, saved_p in pairs if saved_p is not None}
-        for p, saved_p in pairs:
-            if saved_p is not None:
-                check_param_state(fresh[p], saved_p)
-        for p, saved_p in pairs:
-            if saved_p is None:
+        loaded = read_state_dict(state_dict, self.param_groups, self._fresh_state, self._formats_of)
+        for p, new_state in loaded.states.items():
+            if new_state is None:
                 self.state.pop(p, None)
-                continue
-            for key, dst in fresh[p].items():
-                dst.copy_(cast(dict[str, torch.Tensor], saved_p)[key])
-            self.state[p] = fresh[p]
-        for group, saved in zip(self.param_groups, saved_groups, strict=True):
+            else:
+                self.state[p] = new_state
+        for group, saved in zip(self.param_groups, loaded.groups, strict=True):
             for key, value in saved.items():
                 if key != "params":
                     group[key] = tuple(value) if key == "betas" else value
+        conversion = loaded.conversion
         self._record_versions()  # the loaded state matches the parameters as they are now
         self.last_conversion = conversion
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():

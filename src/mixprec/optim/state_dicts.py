@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from mixprec.optim import sharding
-from mixprec.optim.options import refuse_unsupported
+from mixprec.optim.options import check_hyper, refuse_unsupported
 
 if TYPE_CHECKING:
     from mixprec.formats import MasterFormat, MomentFormat
@@ -42,6 +42,7 @@ __all__ = [
     "is_torch_form",
     "param_state_from_torch",
     "param_state_to_torch",
+    "read_state_dict",
     "step_tensor",
     "to_native",
     "to_torch",
@@ -57,6 +58,10 @@ TORCH_GROUP_DEFAULTS: Mapping[str, Any] = {
     "fused": None,
     "decoupled_weight_decay": True,
 }
+
+
+#: Group keys a saved state must agree on with the optimizer: they decide the formats.
+GROUP_FORMAT_KEYS = ("master", "moments", "maximize")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,3 +335,82 @@ def to_torch(
             index += 1
         groups.append({**saved, "params": ids})
     return {"state": out, "param_groups": groups}
+
+
+@dataclass(frozen=True)
+class LoadedState:
+    """A validated state dict, ready to replace an optimizer's state (`read_state_dict`).
+
+    Attributes:
+        states: each parameter's new state, or None for no state (never stepped).
+        groups: the saved groups, in this optimizer's form.
+        conversion: what was converted on the way.
+    """
+
+    states: dict[torch.Tensor, dict[str, torch.Tensor] | None]
+    groups: list[dict[str, Any]]
+    conversion: StateConversion
+
+
+def _check_groups(param_groups: Sequence[dict[str, Any]], saved_groups: list[Any]) -> None:
+    if len(saved_groups) != len(param_groups):
+        raise ValueError(
+            f"state dict has {len(saved_groups)} param groups, optimizer has {len(param_groups)}"
+        )
+    for i, (group, saved) in enumerate(zip(param_groups, saved_groups, strict=True)):
+        if len(group["params"]) != len(saved["params"]):
+            raise ValueError(
+                f"group {i}: state dict has {len(saved['params'])} params, "
+                f"optimizer has {len(group['params'])}"
+            )
+        for key in GROUP_FORMAT_KEYS:
+            if saved.get(key) != group[key]:
+                raise ValueError(
+                    f"group {i}: saved {key}={saved.get(key)!r} differs from "
+                    f"this optimizer's {group[key]!r}"
+                )
+        try:
+            refuse_unsupported("", saved)
+            check_hyper(saved["lr"], tuple(saved["betas"]), saved["eps"], saved["weight_decay"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"group {i}: saved hyperparameters are malformed: {exc}") from exc
+        except ValueError as exc:
+            raise ValueError(f"group {i}: saved {exc}") from exc
+
+
+@torch.no_grad()
+def read_state_dict(
+    state_dict: dict[str, Any],
+    param_groups: Sequence[dict[str, Any]],
+    fresh_state: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+    formats_of: FormatsOf,
+) -> LoadedState:
+    """Validate `state_dict` against the optimizer and build its new state, changing
+    nothing: a bad entry anywhere raises before any state is replaced.
+
+    Raises:
+        ValueError: groups, formats, state keys, shapes, dtypes or values do not fit.
+    """
+    native, conversion = to_native(state_dict, param_groups, fresh_state, formats_of)
+    saved_groups, saved_state = native["param_groups"], native["state"]
+    _check_groups(param_groups, saved_groups)
+    pairs = [
+        (p, saved_state.get(pid))
+        for group, saved in zip(param_groups, saved_groups, strict=True)
+        for p, pid in zip(group["params"], saved["params"], strict=True)
+    ]
+    named = {pid for saved in saved_groups for pid in saved["params"]}
+    extra = sorted(map(str, set(saved_state) - named))
+    if extra:
+        raise ValueError(f"state dict holds state for parameters {extra} that no group names")
+    states: dict[torch.Tensor, dict[str, torch.Tensor] | None] = {}
+    for p, saved_p in pairs:
+        if saved_p is None:
+            states[p] = None
+            continue
+        new = fresh_state(p)
+        check_param_state(new, saved_p)
+        for key, dst in new.items():
+            dst.copy_(saved_p[key])
+        states[p] = new
+    return LoadedState(states=states, groups=saved_groups, conversion=conversion)

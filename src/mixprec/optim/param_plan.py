@@ -1,0 +1,104 @@
+"""What each parameter of `AdamW` gets: its formats, its kernel mode, its fresh state.
+
+Resolved once per parameter when its group is added (`plan_param`); the state
+itself is made at the parameter's first step (`fresh_state`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mixprec.dtypes import dtype_name
+from mixprec.formats import MasterFormat, MomentFormat, moment_format, resolve_master
+from mixprec.formats.moments import Int8Moments
+from mixprec.optim import sharding
+from mixprec.optim.kernels import KernelMode
+from mixprec.optim.rng import derive_seed
+
+__all__ = ["ParamPlan", "check_param", "fresh_state", "plan_param"]
+
+
+@dataclass(frozen=True)
+class ParamPlan:
+    """One parameter's formats and kernel mode.
+
+    Attributes:
+        master: how its full precision is kept.
+        moments: how its moments are stored.
+        mode: how its step runs (native, compiled, eager).
+        dtype: the parameter's dtype the formats were resolved for.
+        index: the parameter's position when added (derives its rounding seed).
+    """
+
+    master: MasterFormat
+    moments: MomentFormat
+    mode: KernelMode
+    dtype: torch.dtype
+    index: int
+
+
+def check_param(p: torch.Tensor) -> None:
+    """Refuse a parameter the step cannot update faithfully."""
+    if not p.is_floating_point():
+        raise ValueError(f"AdamW needs floating params, got {dtype_name(p.dtype)}")
+    if p.dtype == torch.float64:
+        raise ValueError(
+            f"parameter {tuple(p.shape)} is float64: mixprec.optim.AdamW computes its "
+            "update in fp32 and would silently drop fp64 precision; use "
+            "torch.optim.AdamW for fp64 parameters, or cast them to fp32"
+        )
+    if not sharding.local(p.detach()).is_contiguous():  # the local shard of a DTensor
+        raise ValueError(
+            f"parameter of shape {tuple(p.shape)} is not contiguous; "
+            "mixprec AdamW updates flattened views (make it contiguous first)"
+        )
+
+
+def plan_param(
+    p: torch.Tensor,
+    group: dict[str, Any],
+    *,
+    mode: KernelMode,
+    index: int,
+    block_size: int,
+    min_int8_numel: int,
+) -> ParamPlan:
+    """The formats `group` asks for, fitted to `p` (``auto`` master resolved by its dtype;
+    blockwise moments only for tensors of whole blocks, others keep fp32 moments)."""
+    master = resolve_master(group["master"], p.dtype)
+    moments = moment_format(group["moments"], block_size=block_size)
+    if moments.spec.blockwise:
+        assert isinstance(moments, Int8Moments)
+        whole_blocks = (
+            p.numel() >= min_int8_numel
+            and p.numel() % block_size == 0
+            and sharding.int8_blocks_fit(p, block_size, moments.scale_shape(p.shape))
+        )
+        if not whole_blocks:
+            moments = moment_format("fp32")
+    return ParamPlan(master, moments, mode, p.dtype, index)
+
+
+def fresh_state(p: torch.Tensor, plan: ParamPlan, seed: int) -> dict[str, torch.Tensor]:
+    """New state for `p`: master equal to the parameter as it is now, zero moments, step 0."""
+    lp = sharding.local(p.detach())  # the local shard of a DTensor param
+    # float64: exact to 2**53 steps (float32 stops counting at 2**24, which would
+    # freeze the bias correction and repeat the stochastic-rounding noise).
+    state: dict[str, torch.Tensor] = {"step": torch.zeros((), dtype=torch.float64, device=p.device)}
+    state.update(plan.master.init_state(lp))
+    state.update(plan.moments.init_state(lp))
+    if plan.master.spec.uses_noise:
+        param_seed = derive_seed(seed, plan.index)
+        state["rng_seed"] = torch.tensor(param_seed, dtype=torch.int64, device=p.device)
+    if sharding.is_dtensor(p):
+        # Sharded like the param, with the shapes an unsharded param's state has.
+        whole = torch.empty(p.shape, dtype=p.dtype, device="meta")
+        shapes = {**plan.master.init_state(whole), **plan.moments.init_state(whole)}
+        state = {
+            k: sharding.shard_like(v, p, shapes[k].shape) if k in shapes else v
+            for k, v in state.items()
+        }
+    return state

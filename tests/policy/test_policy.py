@@ -233,7 +233,7 @@ def test_auto_decides_by_device_and_says_why(
 ) -> None:
     # `mixprec.policy` is the function; patch the module through sys.modules.
     monkeypatch.setattr(
-        importlib.import_module("mixprec.policy"), "device_caps", lambda device=None: caps
+        importlib.import_module("mixprec.policy.presets"), "device_caps", lambda device=None: caps
     )
     p = resolve_auto()
     assert p.name == expected

@@ -1,4 +1,4 @@
-"""Precision policies: every precision decision of a training run, explicit and validated.
+"""`Policy` and `LossScaling`: every precision decision of a training run, as plain data.
 
 A `Policy` says separately how activations are computed (`compute_dtype`),
 how parameters are stored (`param_dtype`), how the optimizer keeps full
@@ -7,37 +7,23 @@ across ranks (`reduce_dtype`), what dtype modules return under FSDP2
 (`output_dtype`), whether the loss is scaled (`loss_scaling`), and which
 modules stay in fp32 (`fp32_modules`). A single "mixed precision on" flag hides
 exactly the decisions that break runs; here each one is visible.
-
-Presets come from `policy(name)`, which also accepts other tools' spellings
-(Lightning's ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"``; Accelerate's
-``"fp16"``/``"bf16"``; Composer's ``"amp_bf16"``...).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from mixprec.device import device_caps
 from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
 from mixprec.formats import check_master, check_moments, master_spec
 
-__all__ = [
-    "ALIASES",
-    "DEFAULT_FP32_MODULES",
-    "PRESET_NAMES",
-    "LossScaling",
-    "Policy",
-    "policy",
-    "preset_names",
-    "resolve_auto",
-]
+__all__ = ["DEFAULT_FP32_MODULES", "LossScaling", "Policy"]
 
 #: Class-name patterns of modules kept in fp32 storage by default: every norm layer
 #: (LayerNorm, RMSNorm, GroupNorm, BatchNorm1d/2d/3d, InstanceNorm*, LlamaRMSNorm...).
@@ -268,6 +254,8 @@ class Policy:
         values = dict(data)
         base: Policy | None = None
         if "preset" in values:
+            from mixprec.policy.presets import policy  # presets are built from this class
+
             base = policy(str(values.pop("preset")))
         kwargs: dict[str, Any] = {}
         for key in ("compute_dtype", "output_dtype"):
@@ -358,148 +346,3 @@ def _parse_loss_scaling(raw: object) -> LossScaling | None:
     raise ValueError(
         f"loss_scaling must be null, 'dynamic', a number (static scale) or a mapping, got {raw!r}"
     )
-
-
-# ----------------------------------------------------------------- presets
-
-_BF16 = torch.bfloat16
-
-
-def _presets() -> dict[str, Callable[[], Policy]]:
-    return {
-        "fp32": lambda: Policy(name="fp32"),
-        "amp_bf16": lambda: Policy(name="amp_bf16", compute_dtype=_BF16),
-        "amp_fp16": lambda: Policy(
-            name="amp_fp16", compute_dtype=torch.float16, loss_scaling=LossScaling()
-        ),
-        "fp16_unscaled": lambda: Policy(
-            name="fp16_unscaled", compute_dtype=torch.float16, allow_unscaled=True
-        ),
-        "bf16_master": lambda: Policy(
-            name="bf16_master", compute_dtype=_BF16, param_dtype=_BF16, master="exact"
-        ),
-        "bf16_lean": lambda: Policy(
-            name="bf16_lean",
-            compute_dtype=_BF16,
-            param_dtype=_BF16,
-            master="remainder8",
-            moments="int8",
-        ),
-        "bf16_kahan": lambda: Policy(
-            name="bf16_kahan",
-            compute_dtype=_BF16,
-            param_dtype=_BF16,
-            master="kahan",
-            moments="bf16",
-        ),
-        "bf16_sr": lambda: Policy(
-            name="bf16_sr",
-            compute_dtype=_BF16,
-            param_dtype=_BF16,
-            master="stochastic",
-            moments="bf16",
-        ),
-        "bf16_pure": lambda: Policy(
-            name="bf16_pure",
-            compute_dtype=_BF16,
-            param_dtype=_BF16,
-            master="none",
-            moments="bf16",
-        ),
-    }
-
-
-#: The preset names, in table order (``auto`` resolves to one of them per device).
-PRESET_NAMES: tuple[str, ...] = (
-    "fp32",
-    "amp_bf16",
-    "amp_fp16",
-    "fp16_unscaled",
-    "bf16_master",
-    "bf16_lean",
-    "bf16_kahan",
-    "bf16_sr",
-    "bf16_pure",
-)
-
-#: Other tools' spellings and the preset each means. Lookup ignores case and treats
-#: "-" and "_" alike.
-ALIASES: dict[str, str] = {
-    # PyTorch Lightning / Fabric
-    "32": "fp32",
-    "32-true": "fp32",
-    "16": "amp_fp16",
-    "16-mixed": "amp_fp16",
-    "bf16": "amp_bf16",
-    "bf16-mixed": "amp_bf16",
-    "bf16-true": "bf16_pure",
-    # Hugging Face Accelerate / Trainer
-    "no": "fp32",
-    "fp16": "amp_fp16",
-    # MosaicML Composer and common spellings
-    "float32": "fp32",
-    "full": "fp32",
-    "amp": "amp_fp16",
-    "fp16-mixed": "amp_fp16",
-    "mixed_fp16": "amp_fp16",
-    "mixed_bf16": "amp_bf16",
-    "pure_bf16": "bf16_pure",
-    "bf16_master_weights": "bf16_master",
-    "stochastic_rounding": "bf16_sr",
-}
-
-
-def preset_names(include_auto: bool = True) -> tuple[str, ...]:
-    """The valid preset names (and ``auto``)."""
-    return (*PRESET_NAMES, "auto") if include_auto else PRESET_NAMES
-
-
-def _normalize(name: str) -> str:
-    return name.strip().lower().replace("-", "_")
-
-
-def policy(name: str | Policy, *, device: torch.device | str | None = None) -> Policy:
-    """The preset called `name` (or an alias of it); ``"auto"`` picks one for `device`.
-
-    Args:
-        name: a preset name (`PRESET_NAMES`), ``"auto"``, another tool's spelling
-            (`ALIASES`), or a `Policy`, returned unchanged.
-        device: the device ``"auto"`` decides for (default: CUDA if available, else CPU).
-
-    Raises:
-        ValueError: for an unknown name, listing the valid names and aliases.
-    """
-    if isinstance(name, Policy):
-        return name
-    if not isinstance(name, str):
-        raise TypeError(f"policy name must be a string or a Policy, got {name!r}")
-    key = _normalize(name)
-    if key == "auto":
-        return resolve_auto(device)
-    key = {_normalize(a): t for a, t in ALIASES.items()}.get(key, key)
-    factories = _presets()
-    if key not in factories:
-        raise ValueError(
-            f"unknown precision policy {name!r}; valid presets: {', '.join(preset_names())}; "
-            f"aliases: {', '.join(sorted(ALIASES))}"
-        )
-    return factories[key]()
-
-
-def resolve_auto(device: torch.device | str | None = None) -> Policy:
-    """The policy ``"auto"`` means on `device`, with the reason in `Policy.note`.
-
-    bf16 autocast (fp32 storage) where bf16 matmuls are fast (Ampere+ GPUs, CPUs
-    with AVX512-BF16 or AMX); fp16 autocast with dynamic loss scaling on GPUs with
-    fast fp16 but no fast bf16; fp32 otherwise. Storage stays fp32: moving it to 16
-    bits is a memory decision `auto` does not make for you.
-    """
-    caps = device_caps(device)
-    if caps.bf16_fast and caps.bf16_supported:
-        chosen, why = "amp_bf16", caps.bf16_reason
-    elif caps.device_type != "cpu" and caps.fp16_fast:
-        chosen, why = "amp_fp16", f"{caps.fp16_reason}; {caps.bf16_reason}"
-    else:
-        chosen, why = "fp32", f"{caps.bf16_reason}; {caps.fp16_reason}"
-    base = policy(chosen)
-    return dataclasses.replace(base, note=f"auto chose {chosen} on {caps.name}: {why}")

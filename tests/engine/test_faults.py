@@ -86,7 +86,10 @@ def test_clip_refuses_a_max_norm_that_is_not_positive(bad: float) -> None:
 def test_optimizer_built_before_prepare_is_refused() -> None:
     prec = Precision("bf16_master")
     model = _model()
-    opt = prec.optimizer(model, lr=1e-3)  # fp32 params now: no master
+    with pytest.raises(PrecisionError, match=r"built before prec\.prepare"):
+        prec.optimizer(model, lr=1e-3)  # fp32 params now: no master possible
+    # An optimizer built elsewhere before prepare is refused at the step.
+    opt = prec.register(mixprec.optim.AdamW(model.parameters(), lr=1e-3))
     prec.prepare(model)
     prec.backward(_loss(prec, model))
     before = _params(model)

@@ -1,8 +1,9 @@
 """The optimizer a plan implies, and whether a given optimizer can honour the plan.
 
-`implied_param_groups` splits parameters as `Precision.optimizer` builds
-`mixprec.optim.AdamW`: 16-bit parameters get the plan's master format, fp32
-ones (islands, or everything under fp32 storage) need none. `check_optimizers`
+`implied_param_groups` gives `Precision.optimizer` the user's param groups
+exactly (same groups, same order, so per-group schedulers and torch checkpoints
+fit), each with the plan's master unless the group names one; `mixprec.optim.AdamW`
+applies it to the 16-bit parameters, fp32 ones (islands) being their own master. `check_optimizers`
 refuses, before any update, an optimizer that would train 16-bit weights
 without the master the plan asks for.
 """
@@ -26,24 +27,47 @@ ParamsArg = nn.Module | Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
 
 def implied_param_groups(plan: PrecisionPlan, params: ParamsArg) -> list[dict[str, Any]]:
-    """Param groups for `mixprec.optim.AdamW`: each given group split into its 16-bit
-    parameters (with the plan's master) and its fp32 ones (``master="none"``)."""
-    groups: list[dict[str, Any]] = []
+    """The user's param groups, unchanged but for the plan's master where a group names none.
+
+    Raises:
+        PrecisionError: the plan stores parameters in 16 bits but none given is (the
+            optimizer is being built before `prepare` cast the model).
+    """
     raw = list(params.parameters()) if isinstance(params, nn.Module) else list(params)
     if raw and isinstance(raw[0], dict):
         source = cast(list[dict[str, Any]], raw)
     else:
         source = [{"params": raw}]
-    for group in source:
-        tensors = list(group["params"])
-        rest = {k: v for k, v in group.items() if k != "params"}
-        half = [p for p in tensors if p.dtype != torch.float32]
-        full = [p for p in tensors if p.dtype == torch.float32]
-        if half:
-            groups.append({"params": half, **rest, "master": plan.master.name})
-        if full:
-            groups.append({"params": full, **rest, "master": "none"})
+    groups = [
+        {
+            **group,
+            "params": _items(group["params"]),
+            "master": group.get("master", plan.master.name),
+        }
+        for group in source
+    ]
+    tensors = [t for g in groups for t in map(_tensor, g["params"]) if t is not None]
+    all_fp32 = bool(tensors) and all(t.dtype == torch.float32 for t in tensors)
+    if plan.storage_dtype in SIXTEEN_BIT and all_fp32:
+        raise PrecisionError(
+            f"policy {plan.policy_name!r} stores parameters in {dtype_name(plan.storage_dtype)}, "
+            "but every parameter given to prec.optimizer is fp32: the optimizer is being built "
+            "before prec.prepare cast the model; call prec.prepare(model) first, then "
+            "prec.optimizer(model)"
+        )
     return groups
+
+
+def _items(params: object) -> list[Any]:
+    # A group's params as a list (a generator is read once), names kept.
+    return [params] if isinstance(params, torch.Tensor) else list(cast(Iterable[Any], params))
+
+
+def _tensor(item: object) -> torch.Tensor | None:
+    # torch accepts tensors and (name, tensor) pairs.
+    if isinstance(item, tuple) and len(item) == 2:
+        item = item[1]
+    return item if isinstance(item, torch.Tensor) else None
 
 
 def check_optimizers(plan: PrecisionPlan, optimizers: Iterable[torch.optim.Optimizer]) -> None:

@@ -192,8 +192,9 @@ class Precision:
     ) -> torch.optim.Optimizer:
         """The AdamW the plan implies (`mixprec.optim.AdamW`), registered with this run.
 
-        16-bit parameters get the plan's master format; fp32 parameters (fp32
-        islands, or everything under an fp32-storage policy) need none. Moments use
+        The param groups are the user's, exactly (a model means one group); 16-bit
+        parameters get the plan's master format, fp32 parameters (fp32 islands, or
+        everything under an fp32-storage policy) are their own master. Moments use
         the plan's moment format. Extra keyword arguments go to the optimizer.
         """
         from mixprec.optim import AdamW

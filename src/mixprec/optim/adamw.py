@@ -21,6 +21,7 @@ from mixprec.formats import (
     MasterFormat,
     MomentFormat,
     check_moments,
+    master_spec,
 )
 from mixprec.optim import sharding
 from mixprec.optim.functional import adamw_scalars
@@ -75,7 +76,9 @@ class AdamW(torch.optim.Optimizer):
         differentiable: must be False.
         master: how full precision is kept for 16-bit params: ``"auto"``
             (``none`` for fp32 params, ``exact`` for bf16, ``fp32`` for fp16)
-            or one of `MASTER_KINDS`. A master for fp32 params raises.
+            or one of `MASTER_KINDS`, for the 16-bit parameters; fp32 parameters
+            (fp32 islands) are their own master. A master where every parameter
+            is fp32 raises (the model was not cast).
         moments: ``"fp32"``, ``"bf16"`` or ``"int8"`` (params with fewer than
             ``min_int8_numel`` elements, or a size that is not a multiple of
             ``block_size``, keep fp32 moments; see `formats`).
@@ -165,6 +168,17 @@ class AdamW(torch.optim.Optimizer):
             "moments": moments,
         }
         super().__init__(params, defaults)
+        self._check_masters_have_16bit_params()
+
+    def _check_masters_have_16bit_params(self) -> None:
+        # A master applies to the 16-bit parameters (fp32 ones are their own master); one
+        # asked for where every parameter is fp32 means the model was not cast: say so.
+        params = [p for g in self.param_groups for p in g["params"]]
+        if not params or any(p.dtype != torch.float32 for p in params):
+            return
+        for group in self.param_groups:
+            if group["master"] not in ("auto", "none"):
+                master_spec(group["master"]).check_param_dtype(torch.float32)
 
     # -- construction -----------------------------------------------------------------
 

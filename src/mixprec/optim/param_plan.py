@@ -66,9 +66,13 @@ def plan_param(
     block_size: int,
     min_int8_numel: int,
 ) -> ParamPlan:
-    """The formats `group` asks for, fitted to `p` (``auto`` master resolved by its dtype;
-    blockwise moments only for tensors of whole blocks, others keep fp32 moments)."""
-    master = resolve_master(group["master"], p.dtype)
+    """The formats `group` asks for, fitted to `p`: ``auto`` resolved by its dtype; an fp32
+    parameter is its own master (``none``: an fp32 island in a bf16 model shares its
+    group); blockwise moments only for tensors of whole blocks, others keep fp32 moments."""
+    requested = group["master"]
+    if p.dtype == torch.float32 and requested != "auto":
+        requested = "none"
+    master = resolve_master(requested, p.dtype)
     moments = moment_format(group["moments"], block_size=block_size)
     if moments.spec.blockwise:
         assert isinstance(moments, Int8Moments)

@@ -32,6 +32,7 @@ def _params(model: nn.Module) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", ["fp32", "amp_bf16", "bf16_master", "amp_fp16", "bf16_lean"])
+@pytest.mark.filterwarnings("ignore:gradients were changed in place")  # the injected NaN
 def test_nan_outside_a_partial_clip_is_never_applied(name: str) -> None:
     """NaN in the head's bias, clip on the body only: the step used to trust the clip."""
     prec = Precision(name)
@@ -151,6 +152,7 @@ def _two_optimizers(name: str) -> tuple[Precision, nn.Module, list[torch.optim.O
     return prec, model, [opt_a, opt_b]
 
 
+@pytest.mark.filterwarnings("ignore:gradients were changed in place")  # the injected inf
 @pytest.mark.parametrize("name", ["amp_fp16", "fp32", "bf16_master"])
 def test_an_inf_in_one_optimizer_skips_every_optimizer(name: str) -> None:
     prec, model, opts = _two_optimizers(name)

@@ -100,3 +100,35 @@ def test_backward_scales_the_loss() -> None:
     prec.backward((w * 2).sum())
     assert torch.equal(w.grad, torch.full((3,), 16.0))
     assert repr(prec).startswith("Precision('custom'")
+
+
+def test_torch_clip_on_scaled_gradients_is_loud_once_and_prec_unscale_silences_it() -> None:
+    import warnings as _warnings
+
+    from mixprec import Precision, PrecisionWarning
+
+    def run(fix: str) -> list[str]:
+        torch.manual_seed(0)
+        prec = Precision("amp_fp16", device="cpu")
+        model = prec.prepare(torch.nn.Linear(8, 8))
+        opt = prec.optimizer(model, lr=1e-3)
+        with _warnings.catch_warnings(record=True) as caught:
+            _warnings.simplefilter("always")
+            for _ in range(2):
+                with prec.autocast():
+                    loss = model(torch.randn(4, 8)).float().pow(2).mean()
+                prec.backward(loss)
+                if fix == "prec.unscale_":
+                    prec.unscale_(opt)
+                if fix == "prec.clip":
+                    prec.clip_grad_norm_(model.parameters(), 1.0)
+                else:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                prec.step(opt)
+                opt.zero_grad(set_to_none=True)
+        return [str(w.message) for w in caught if issubclass(w.category, PrecisionWarning)]
+
+    loud = run("none")
+    assert len(loud) == 1 and "clip_grad_norm_ there clips the scaled gradients" in loud[0]
+    assert run("prec.unscale_") == []
+    assert run("prec.clip") == []

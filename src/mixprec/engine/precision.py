@@ -61,7 +61,18 @@ from mixprec.optim.sharding import is_dtensor
 from mixprec.policy import Policy, policy
 from mixprec.telemetry import PrecisionStats, StepReport
 
-__all__ = ["Precision"]
+__all__ = ["SCALED_EDIT_WARNING", "Precision"]
+
+#: Said once per `Precision` when gradients were edited in place between `backward`
+#: and their unscale: torch's own clip then clips scaled gradients.
+SCALED_EDIT_WARNING = (
+    "gradients were changed in place after prec.backward while still multiplied by the "
+    "loss scale ({scale:g}): torch.nn.utils.clip_grad_norm_ there clips the scaled "
+    "gradients, so max_norm acts as max_norm / scale and updates shrink to almost nothing; "
+    "use prec.clip_grad_norm_(params, max_norm) (it unscales first), or call "
+    "prec.unscale_(optimizer) before your own clip (which also silences this for "
+    "scale-free edits such as dividing every gradient by a constant)"
+)
 
 
 class Precision:
@@ -117,6 +128,7 @@ class Precision:
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._grads = ScaledGradients(scales_loss=self.plan.scales_loss)
         self._clip: ClipNote | None = None
+        self._warned_scaled_edit = False
         self._islands: tuple[str, ...] | None = None  # names, once a model is prepared
         self.observers: list[StepObserver] = []
 
@@ -348,6 +360,13 @@ class Precision:
         with_grads = tuple(has_grads(opt) for opt in optimizers)
 
         def notify() -> None:
+            if self._grads.changed_while_scaled and not self._warned_scaled_edit:
+                self._warned_scaled_edit = True
+                warnings.warn(
+                    SCALED_EDIT_WARNING.format(scale=scale_before),
+                    PrecisionWarning,
+                    stacklevel=user_stacklevel(),
+                )
             for observer in self.observers:
                 observer.before_step(self, optimizers, self.stats.steps)
 

@@ -28,7 +28,7 @@ from mixprec.optim.functional import adamw_scalars
 from mixprec.optim.kernels import KernelMode, StepFamily, StepKernel, resolve_mode
 from mixprec.optim.options import check_hyper, refuse_unsupported, scalar
 from mixprec.optim.param_plan import ParamPlan, check_param, fresh_state, plan_param
-from mixprec.optim.resync import resync_master
+from mixprec.optim.resync import reset_master, resync_master
 from mixprec.optim.rng import step_key
 from mixprec.optim.state_dicts import StateConversion, read_state_dict, to_torch
 
@@ -150,6 +150,9 @@ class AdamW(torch.optim.Optimizer):
         # The version counter of each parameter's local tensor when its master state was
         # last known to match it (see `_resync_edited`).
         self._versions: dict[torch.Tensor, int] = {}
+        # Parameters whose state was loaded since their last step: their next write is
+        # taken as the matching model checkpoint of a resume (masters kept where they fit).
+        self._restored: set[torch.Tensor] = set()
         self._kernels: dict[tuple[str, str, bool, KernelMode], StepKernel] = {}
         self._unused_seed = torch.zeros((), dtype=torch.int64)
         #: What the last `load_state_dict` converted (a torch or older state dict).
@@ -236,7 +239,7 @@ class AdamW(torch.optim.Optimizer):
         if not state:
             state = self._fresh_state(p)
             self.state[p] = state
-            self._versions[p] = sharding.local(p.detach())._version
+            self._versions[p] = sharding.write_version(p)
         return state
 
     def _kernel(self, plan: ParamPlan, maximize: bool) -> StepKernel:
@@ -299,8 +302,9 @@ class AdamW(torch.optim.Optimizer):
                 kernel = self._kernel(plan, bool(group["maximize"]))
                 lp = sharding.local(p.detach())
                 local_state = {k: sharding.local(v) for k, v in state.items()}
-                if lp._version != self._versions.get(p):
-                    self._resync_edited(plan, lp, local_state)
+                if sharding.write_version(p) != self._versions.get(p):
+                    self._master_follows_edit(p, plan, lp, local_state)
+                self._restored.discard(p)
                 shape = plan.moments.kernel_shape(lp.numel())
                 kernel(
                     lp.view(shape),
@@ -310,17 +314,21 @@ class AdamW(torch.optim.Optimizer):
                     scalars,
                     self._noise_key(p, state) if plan.master.spec.uses_noise else self._unused_seed,
                 )
-                self._versions[p] = lp._version
+                self._versions[p] = sharding.write_version(p)
         return loss
 
-    @staticmethod
-    def _resync_edited(
-        plan: ParamPlan, lp: torch.Tensor, local_state: dict[str, torch.Tensor]
+    def _master_follows_edit(
+        self, p: torch.Tensor, plan: ParamPlan, lp: torch.Tensor, state: dict[str, torch.Tensor]
     ) -> None:
-        # The parameter was written in place since this optimizer last wrote it (pruning,
-        # zero_(), re-initialisation, a model state load): the master follows the edit
-        # where its state no longer matches, and never decodes to NaN.
-        resync_master(plan.master, lp, [local_state[k] for k in plan.master.spec.state_keys])
+        # The parameter was written in place since this optimizer last wrote it (see
+        # `mixprec.optim.resync`): after a load of this optimizer's state the write is the
+        # resume's model checkpoint (keep the masters that fit); otherwise the master
+        # becomes the written value.
+        tensors = [state[k] for k in plan.master.spec.state_keys]
+        if p in self._restored:
+            resync_master(plan.master, lp, tensors)
+        else:
+            reset_master(plan.master, lp, tensors)
 
     @staticmethod
     def _noise_key(p: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -334,18 +342,20 @@ class AdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def sync_edited(self) -> None:
-        """Re-sync the master state of parameters written in place since the last step.
+        """Bring the masters of parameters written in place since the last step in line.
 
-        `step`, `master_weights` and `state_dict` call it; a master then follows an
-        edit such as pruning or ``zero_()`` (see `mixprec.optim.resync`).
+        `step`, `master_weights` and `state_dict` call it: after an edit (loading
+        weights, re-initialising, pruning, ``zero_()``) a master equals the written
+        value; right after `load_state_dict`, a write of the same checkpoint's
+        weights keeps the loaded masters (see `mixprec.optim.resync`).
         """
         for group in self.param_groups:
             for p in group["params"]:
                 lp = sharding.local(p.detach())
-                if self.state.get(p) and lp._version != self._versions.get(p):
+                if self.state.get(p) and sharding.write_version(p) != self._versions.get(p):
                     state = {k: sharding.local(v) for k, v in self.state[p].items()}
-                    self._resync_edited(self._plans[p], lp, state)
-                    self._versions[p] = lp._version
+                    self._master_follows_edit(p, self._plans[p], lp, state)
+                    self._versions[p] = sharding.write_version(p)
 
     def state_dict(self) -> dict[str, Any]:
         """torch's state dict, with masters first re-synced with edited parameters."""
@@ -421,13 +431,15 @@ class AdamW(torch.optim.Optimizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
+        self._restored = set()
+        self.last_conversion = None
         self._kernels = {}
         self._unused_seed = torch.zeros((), dtype=torch.int64)
         self._record_versions()
 
     def _record_versions(self) -> None:
         self._versions = {
-            p: sharding.local(p.detach())._version for g in self.param_groups for p in g["params"]
+            p: sharding.write_version(p) for g in self.param_groups for p in g["params"]
         }
 
     # -- checkpoints ------------------------------------------------------------------
@@ -466,6 +478,7 @@ class AdamW(torch.optim.Optimizer):
                     group[key] = tuple(value) if key == "betas" else value
         conversion = loaded.conversion
         self._record_versions()  # the loaded state matches the parameters as they are now
+        self._restored = {p for p, st in loaded.states.items() if st is not None}
         self.last_conversion = conversion
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)

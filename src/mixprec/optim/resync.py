@@ -1,16 +1,21 @@
-"""Re-syncing a master with a parameter that was written outside the optimizer.
+"""Masters of parameters that were written outside the optimizer.
 
-Training code edits weights in place between steps: magnitude pruning
-(``w.mul_(mask)``), ``p.zero_()``, re-initialising a layer. The master must
-follow the edit, and must never decode to NaN: a bf16 value of 0 joined with
-the stale negative remainder of the old value is a NaN bit pattern.
+Training code writes weights in place between steps: loading a checkpoint or
+other weights, re-initialising a layer, magnitude pruning (``w.mul_(mask)``),
+``p.zero_()``. A remainder or compensation is relative to the value the
+optimizer last wrote, and which elements an edit changed cannot be told from
+the new values alone (the old remainder joined with a new value is still a
+valid master within half an ulp of it). So:
 
-An element is *stale* when its decoded master lies more than half an ulp of the
-stored parameter away from it (a master rounds to its parameter, ties either
-way), or decodes to a non-finite value while the parameter is finite. For a
-stale element the state is replaced by the state of a master equal to the
-parameter (remainder 0, compensation 0, fp32 copy = parameter). Elements the
-edit left alone keep their full precision.
+* `reset_master`: after an edit, the master becomes the parameter's value
+  exactly (remainder 0, compensation 0, fp32 copy = parameter). Elements the
+  edit left alone lose their sub-16-bit part once (at most half an ulp).
+* `resync_master`: when the edit is known to restore the values the state
+  belongs to (the model checkpoint of a resume, right after the optimizer's
+  state was loaded), the loaded master is kept wherever it still matches: an
+  element is *stale* when its decoded master lies more than half an ulp of the
+  parameter away, or decodes to a non-finite value while the parameter is
+  finite, and only stale elements are reset. A master never decodes to NaN.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 from mixprec.dtypes import ulp
 from mixprec.formats import MasterFormat
 
-__all__ = ["resync_master"]
+__all__ = ["reset_master", "resync_master"]
 
 
 @torch.no_grad()
@@ -50,3 +55,13 @@ def resync_master(fmt: MasterFormat, param: torch.Tensor, state: list[torch.Tens
         for dst, src in zip(flat_state, fresh, strict=True):
             dst.copy_(torch.where(stale, src.to(dst.dtype), dst))
     return count
+
+
+@torch.no_grad()
+def reset_master(fmt: MasterFormat, param: torch.Tensor, state: list[torch.Tensor]) -> None:
+    """Make the master equal to `param` exactly (`state` in `state_keys` order, in place)."""
+    if not fmt.spec.state_keys:
+        return
+    fresh = fmt.init_state(param)
+    for dst, key in zip(state, fmt.spec.state_keys, strict=True):
+        dst.copy_(fresh[key])

@@ -26,6 +26,7 @@ __all__ = [
     "is_dtensor",
     "local",
     "shard_like",
+    "write_version",
 ]
 
 try:  # torch >= 2.4 public API
@@ -42,6 +43,15 @@ def is_dtensor(t: torch.Tensor) -> bool:
 def local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor (a view sharing its storage), or `t` itself."""
     return t.to_local() if is_dtensor(t) else t  # type: ignore[attr-defined]
+
+
+def write_version(t: torch.Tensor) -> int:
+    """The version counter of the storage `t`'s values live in: it moves on every
+    in-place write (a model load, an init, ``mul_``), and not when the optimizer writes
+    through a detached view. A DTensor's own local tensor is read (``detach`` and
+    ``to_local`` make views with counters of their own)."""
+    inner = getattr(t, "_local_tensor", None) if is_dtensor(t) else None
+    return int((inner if isinstance(inner, torch.Tensor) else t)._version)
 
 
 def _dim0_only(t: torch.Tensor) -> bool:

@@ -87,3 +87,13 @@ def test_building_the_optimizer_before_prepare_names_the_fix() -> None:
     prec = Precision("bf16_master")
     with pytest.raises(Exception, match=r"built before prec\.prepare"):
         prec.optimizer(_Net())
+
+
+def test_formats_other_than_the_policy_s_are_refused_and_lr_may_be_positional() -> None:
+    prec, model = _prepared()
+    with pytest.raises(ValueError, match=r"decides master \('exact'\)"):
+        prec.optimizer(model, master="fp32")
+    with pytest.raises(ValueError, match=r"decides moments \('fp32'\)"):
+        prec.optimizer(model, moments="int8")
+    opt = prec.optimizer(model, 1e-2, master="exact", moments="fp32")
+    assert opt.param_groups[0]["lr"] == 1e-2

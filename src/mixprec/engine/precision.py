@@ -195,8 +195,7 @@ class Precision:
     def optimizer(
         self,
         params: ParamsArg,
-        *,
-        lr: float = 1e-3,
+        lr: float | torch.Tensor = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
@@ -207,10 +206,26 @@ class Precision:
         The param groups are the user's, exactly (a model means one group); 16-bit
         parameters get the plan's master format, fp32 parameters (fp32 islands, or
         everything under an fp32-storage policy) are their own master. Moments use
-        the plan's moment format. Extra keyword arguments go to the optimizer.
+        the plan's moment format. Other keyword arguments go to the optimizer.
+
+        Raises:
+            ValueError: ``master=``/``moments=`` other than the plan's (the policy
+                decides them: change the policy, or build the optimizer yourself
+                and `register` it).
         """
         from mixprec.optim import AdamW
 
+        for key, planned in (
+            ("master", self.plan.master.name),
+            ("moments", self.plan.moments.name),
+        ):
+            if key in kwargs and kwargs.pop(key) != planned:
+                raise ValueError(
+                    f"prec.optimizer: the policy {self.plan.policy_name!r} decides {key} "
+                    f"({planned!r}); to use another, change the policy (e.g. "
+                    f"policy.replace({key}=...)) or build mixprec.optim.AdamW yourself and "
+                    "prec.register(it)"
+                )
         opt = AdamW(
             implied_param_groups(self.plan, params),
             lr=lr,

@@ -272,3 +272,30 @@ def test_fields_nothing_applies_are_refused_where_the_policy_is_used(
     assert getattr(Policy.from_dict(pol.to_dict()), field) == value
     with pytest.raises(ValueError, match=words):
         mixprec.Precision(pol)
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda: Policy(fp32_modules="LayerNorm"), r"wrap it: fp32_modules=\('LayerNorm',\)"),
+        (lambda: Policy(compute_dtype=torch.float16, allow_unscaled="no"), "allow_unscaled"),
+        (lambda: LossScaling(dynamic="false"), "dynamic must be True or False"),
+        (lambda: LossScaling(init_scale=True), "init_scale must be a number"),
+        (lambda: Policy.from_dict({"loss_scaling": {"dynamic": "false"}}), "dynamic must be"),
+    ],
+)
+def test_fields_of_the_wrong_type_are_refused_not_coerced(make: object, words: str) -> None:
+    """Found by review: a string fp32_modules was split into characters (no islands at
+    all), and any truthy value passed for a boolean."""
+    with pytest.raises(TypeError, match=words):
+        make()  # type: ignore[operator]
+
+
+def test_the_risk_names_a_master_the_policy_accepts() -> None:
+    """Found by review: fp16 params with no master were told to use master='exact',
+    which Policy refuses for fp16."""
+    for dtype, fix in ((torch.bfloat16, "exact"), (torch.float16, "fp32")):
+        risky = Policy(compute_dtype=dtype, param_dtype=dtype, allow_unscaled=True)
+        (risk,) = risky.risks()
+        assert f"use master={fix!r}" in risk
+        assert risky.replace(master=fix).risks() == ()

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
-from mixprec.formats import check_master, check_moments, master_spec
+from mixprec.formats import check_master, check_moments, master_spec, master_specs
 
 __all__ = ["DEFAULT_FP32_MODULES", "LossScaling", "Policy"]
 
@@ -55,13 +55,20 @@ class LossScaling:
     dynamic: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("init_scale", "growth_factor", "backoff_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+        if not isinstance(self.dynamic, bool):
+            raise TypeError(f"dynamic must be True or False, got {self.dynamic!r}")
         if not (math.isfinite(self.init_scale) and self.init_scale > 0):
             raise ValueError(f"init_scale must be finite and > 0, got {self.init_scale!r}")
         if not self.growth_factor > 1.0:
             raise ValueError(f"growth_factor must be > 1, got {self.growth_factor!r}")
         if not 0.0 < self.backoff_factor < 1.0:
             raise ValueError(f"backoff_factor must be in (0, 1), got {self.backoff_factor!r}")
-        if not (isinstance(self.growth_interval, int) and self.growth_interval >= 1):
+        interval = self.growth_interval
+        if isinstance(interval, bool) or not (isinstance(interval, int) and interval >= 1):
             raise ValueError(f"growth_interval must be an int >= 1, got {self.growth_interval!r}")
 
     @classmethod
@@ -130,6 +137,13 @@ class Policy:
             raise TypeError(
                 f"loss_scaling must be a mixprec.LossScaling or None, got {self.loss_scaling!r}"
             )
+        if not isinstance(self.allow_unscaled, bool):
+            raise TypeError(f"allow_unscaled must be True or False, got {self.allow_unscaled!r}")
+        if isinstance(self.fp32_modules, str | type):
+            raise TypeError(
+                f"fp32_modules must be a tuple of module types or name patterns, got "
+                f"{self.fp32_modules!r}; wrap it: fp32_modules=({self.fp32_modules!r},)"
+            )
         if not isinstance(self.fp32_modules, tuple):
             object.__setattr__(self, "fp32_modules", tuple(self.fp32_modules))
         for entry in self.fp32_modules:
@@ -182,12 +196,17 @@ class Policy:
         """
         found: list[str] = []
         if is_16bit(self.param_dtype) and not master_spec(self.master).keeps_small_updates:
+            # The cheapest exact master this parameter dtype can have (from the registry).
+            exact = min(
+                (s for s in master_specs() if s.exact and s.accepts(self.param_dtype)),
+                key=lambda s: s.bytes_per_element,
+            )
             found.append(
                 f"policy {self.name!r}: parameters stored in {dtype_name(self.param_dtype)} "
                 f"with no master: AdamW updates are rounded to {dtype_name(self.param_dtype)} "
                 f"every step and small ones are lost, and moments are stored in {self.moments}; "
-                "use master='exact' (bitwise fp32 at 2 extra bytes/param) unless you have "
-                "measured that this is acceptable"
+                f"use master={exact.name!r} (bitwise fp32 at {exact.bytes_per_element} extra "
+                "bytes/param) unless you have measured that this is acceptable"
             )
         return tuple(found)
 

@@ -103,3 +103,77 @@ def test_a_new_format_is_one_registration_and_never_reaches_the_native_kernel() 
         assert supports(master="exact", moments="fp32", param=b16, grad=b16, block_size=256)
     finally:
         del _MASTERS["copy16_test"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "kind", "words"),
+    [
+        ({"name": "auto"}, ValueError, "other than 'auto'"),
+        ({"name": ""}, ValueError, "lowercase identifier"),
+        ({"name": 5}, ValueError, "lowercase identifier"),
+        ({"state": (StateTensor("step", torch.int8),)}, ValueError, "reserved"),
+        ({"state": (StateTensor("a", "int8"),)}, TypeError, "torch.dtype"),  # type: ignore[arg-type]
+        ({"kernel_code": 7}, ValueError, "together"),
+        ({"param_dtypes": ("bf16",)}, TypeError, "param_dtypes"),
+    ],
+)
+def test_specs_that_would_damage_the_registry_are_refused(
+    kwargs: dict[str, object], kind: type[Exception], words: str
+) -> None:
+    """Found by review: 'auto', '' and 5 were accepted as names, and a non-string name
+    turned every later 'unknown master' message into a TypeError."""
+    base: dict[str, object] = {
+        "name": "probe_test",
+        "summary": "test",
+        "state": (),
+        "param_dtypes": None,
+        "exact": False,
+        "keeps_small_updates": False,
+    }
+    with pytest.raises(kind, match=words):
+        MasterSpec(**{**base, **kwargs})  # type: ignore[arg-type]
+
+
+def test_a_master_state_key_may_not_shadow_a_moment_key() -> None:
+    @dataclass(frozen=True)
+    class Shadow(NoMaster):
+        spec: ClassVar[MasterSpec] = MasterSpec(
+            name="shadow_test",
+            summary="test",
+            state=(StateTensor("exp_avg", torch.bfloat16),),
+            param_dtypes=(torch.bfloat16,),
+            exact=False,
+            keeps_small_updates=False,
+        )
+
+    with pytest.raises(ValueError, match=r"state keys \['exp_avg'\] are already used"):
+        formats.register_master(Shadow())
+
+
+def test_a_format_registered_later_is_usable_by_policy_and_optimizer_alike() -> None:
+    """Found by review: Policy accepted a registered master that AdamW refused (AdamW
+    checked a snapshot of the names taken at import)."""
+    import mixprec
+    from mixprec.optim import AdamW
+
+    @dataclass(frozen=True)
+    class Plain(NoMaster):
+        spec: ClassVar[MasterSpec] = MasterSpec(
+            name="plain_test",
+            summary="test",
+            state=(),
+            param_dtypes=(torch.bfloat16,),
+            exact=False,
+            keeps_small_updates=False,
+        )
+
+    formats.register_master(Plain())
+    try:
+        pol = mixprec.Policy(
+            compute_dtype=torch.bfloat16, param_dtype=torch.bfloat16, master="plain_test"
+        )
+        w = torch.nn.Parameter(torch.zeros(8, dtype=torch.bfloat16))
+        opt = AdamW([w], master=pol.master)
+        assert opt.format_of(w) == ("plain_test", "fp32")
+    finally:
+        del _MASTERS["plain_test"]

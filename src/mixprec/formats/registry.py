@@ -51,24 +51,38 @@ TORCH_MOMENT_KEYS: frozenset[str] = frozenset(
 
 
 def _check_new(
-    name: str, code: int | None, taken: tuple[MasterSpec, ...] | tuple[MomentSpec, ...]
+    spec: MasterSpec | MomentSpec,
+    taken: tuple[MasterSpec, ...] | tuple[MomentSpec, ...],
+    other_keys: frozenset[str],
 ) -> None:
-    if name in {spec.name for spec in taken}:
+    name, code = spec.name, spec.kernel_code
+    if name in {s.name for s in taken}:
         raise ValueError(f"a format named {name!r} is already registered")
-    if code is not None and code in {spec.kernel_code for spec in taken}:
+    if code is not None and code in {s.kernel_code for s in taken}:
         raise ValueError(f"format {name!r}: kernel code {code} is already taken")
+    clash = sorted(set(spec.state_keys) & other_keys)
+    if clash:
+        raise ValueError(
+            f"format {name!r}: state keys {clash} are already used by the other kind of "
+            "format (master state and moment state share one optimizer-state dict)"
+        )
 
 
 def register_master(fmt: MasterFormat) -> None:
     """Add a master format (its `spec` names it); names and kernel codes are unique."""
-    spec = fmt.spec
-    _check_new(spec.name, spec.kernel_code, master_specs())
+    spec = getattr(fmt, "spec", None)
+    if not isinstance(spec, MasterSpec):
+        raise TypeError(f"register_master takes a format whose spec is a MasterSpec, got {spec!r}")
+    moment_keys = frozenset(k for s in moment_specs() for k in s.state_keys)
+    _check_new(spec, master_specs(), moment_keys)
     _MASTERS[spec.name] = fmt
 
 
 def register_moments(spec: MomentSpec, build: Callable[[int], MomentFormat]) -> None:
     """Add a moment format: its spec and a builder taking the int8 block size."""
-    _check_new(spec.name, spec.kernel_code, moment_specs())
+    if not isinstance(spec, MomentSpec):
+        raise TypeError(f"register_moments takes a MomentSpec, got {type(spec).__name__}")
+    _check_new(spec, moment_specs(), master_state_keys())
     _MOMENTS[spec.name] = (spec, build)
 
 
@@ -92,10 +106,14 @@ def moment_specs() -> tuple[MomentSpec, ...]:
     return tuple(spec for spec, _ in _MOMENTS.values())
 
 
-def check_master(value: object) -> str:
-    """Validate a master format name, raising `ValueError` listing the valid ones."""
+def check_master(value: object, *, auto: bool = False) -> str:
+    """Validate a master format name (and ``auto`` when `auto`), raising `ValueError`
+    listing the valid ones."""
+    if auto and value == "auto":
+        return value
     if not isinstance(value, str) or value not in _MASTERS:
-        raise ValueError(f"unknown master {value!r}; valid: {', '.join(_MASTERS)}")
+        valid = ", ".join(("auto", *_MASTERS) if auto else _MASTERS)
+        raise ValueError(f"unknown master {value!r}; valid: {valid}")
     return value
 
 

@@ -9,13 +9,14 @@ fact such as "``remainder8`` costs one byte per element" lives in one place.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
 
 from mixprec.dtypes import dtype_name
 
-__all__ = ["MasterSpec", "MomentSpec", "StateTensor"]
+__all__ = ["RESERVED_STATE_KEYS", "MasterSpec", "MomentSpec", "StateTensor"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,37 @@ class StateTensor:
     def itemsize(self) -> int:
         """Bytes of one stored value."""
         return self.dtype.itemsize
+
+
+#: State keys the optimizer itself uses; no format may store under them.
+RESERVED_STATE_KEYS = frozenset({"step", "rng_seed"})
+
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def _check_spec(name: object, state: object, code: object, enum: object) -> None:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name == "auto":
+        raise ValueError(
+            f"format name {name!r} must be a lowercase identifier (letters, digits, _) "
+            "other than 'auto'"
+        )
+    if not isinstance(state, tuple) or not all(isinstance(t, StateTensor) for t in state):
+        raise TypeError(f"format {name!r}: state must be a tuple of StateTensor, got {state!r}")
+    keys = [t.name for t in state]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"format {name!r}: state keys {keys} repeat")
+    for t in state:
+        if not isinstance(t.name, str) or not t.name or t.name in RESERVED_STATE_KEYS:
+            raise ValueError(
+                f"format {name!r}: state key {t.name!r} is empty or reserved "
+                f"({', '.join(sorted(RESERVED_STATE_KEYS))})"
+            )
+        if not isinstance(t.dtype, torch.dtype):
+            raise TypeError(f"format {name!r}: state {t.name!r} dtype must be a torch.dtype")
+    if (code is None) != (enum is None):
+        raise ValueError(f"format {name!r}: give kernel_code and kernel_enum together, or neither")
+    if code is not None and (isinstance(code, bool) or not isinstance(code, int) or code < 0):
+        raise ValueError(f"format {name!r}: kernel_code must be an int >= 0, got {code!r}")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -83,6 +115,16 @@ class MasterSpec:
     uses_noise: bool = False
     kernel_enum: str | None = None
     kernel_code: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_spec(self.name, self.state, self.kernel_code, self.kernel_enum)
+        dtypes = self.param_dtypes
+        if dtypes is not None and not (
+            isinstance(dtypes, tuple) and dtypes and all(isinstance(d, torch.dtype) for d in dtypes)
+        ):
+            raise TypeError(
+                f"format {self.name!r}: param_dtypes must be None or a tuple of torch.dtype"
+            )
 
     @property
     def state_keys(self) -> tuple[str, ...]:
@@ -145,6 +187,11 @@ class MomentSpec:
     blockwise: bool = False
     kernel_enum: str | None = None
     kernel_code: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_spec(self.name, self.state, self.kernel_code, self.kernel_enum)
+        if len(self.state) < 2:
+            raise ValueError(f"moment format {self.name!r} must store both moments")
 
     @property
     def state_keys(self) -> tuple[str, ...]:

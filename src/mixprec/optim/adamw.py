@@ -17,9 +17,9 @@ from torch.optim.optimizer import ParamsT
 from mixprec.dtypes import dtype_name
 from mixprec.errors import PrecisionError
 from mixprec.formats import (
-    MASTER_KINDS,
     MasterFormat,
     MomentFormat,
+    check_master,
     check_moments,
     master_spec,
 )
@@ -76,7 +76,7 @@ class AdamW(torch.optim.Optimizer):
         differentiable: must be False.
         master: how full precision is kept for 16-bit params: ``"auto"``
             (``none`` for fp32 params, ``exact`` for bf16, ``fp32`` for fp16)
-            or one of `MASTER_KINDS`, for the 16-bit parameters; fp32 parameters
+            or a registered master format, for the 16-bit parameters; fp32 parameters
             (fp32 islands) are their own master. A master where every parameter
             is fp32 raises (the model was not cast).
         moments: ``"fp32"``, ``"bf16"`` or ``"int8"`` (params with fewer than
@@ -209,8 +209,7 @@ class AdamW(torch.optim.Optimizer):
             capturable=bool(group.get("capturable")),
         )
         master = group["master"]
-        if master != "auto" and master not in MASTER_KINDS:
-            raise ValueError(f"unknown master {master!r}; valid: auto, {', '.join(MASTER_KINDS)}")
+        check_master(master, auto=True)  # the registry now: formats registered later too
         check_moments(group["moments"])
         params = group["params"]
         mode = resolve_mode(

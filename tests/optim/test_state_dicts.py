@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 
 import pytest
@@ -156,3 +157,46 @@ def test_state_is_made_at_the_first_step_and_never_for_frozen_parameters() -> No
     assert opt.state_dict()["state"].keys() == {0}
     masters = opt.master_weights()  # a never-stepped parameter: its value, upcast
     assert torch.equal(masters[1], frozen.detach().float())
+
+
+def test_torch_maximize_and_adam_without_decay_are_taken_as_torch_has_them() -> None:
+    """Found by review: a torch AdamW dict with maximize=True, and torch Adam with
+    weight_decay=0 (which is AdamW), were refused."""
+    for make in (
+        lambda ps: torch.optim.AdamW(ps, maximize=True),
+        lambda ps: torch.optim.Adam(ps, weight_decay=0.0),
+    ):
+        ref_params = _params()
+        ref = make(ref_params)
+        _run(ref, ref_params, range(2))
+        ours = AdamW(_params())
+        ours.load_state_dict(ref.state_dict())
+        assert ours.param_groups[0]["maximize"] == ref.param_groups[0]["maximize"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (lambda sd: sd["param_groups"][0].pop("params"), "must be a mapping with a 'params'"),
+        (lambda sd: sd["param_groups"].__setitem__(0, None), "must be a mapping"),
+        (lambda sd: sd["state"][0].__setitem__("step", torch.tensor(1e30)), "2\\*\\*53"),
+        (
+            lambda sd: sd["state"][0].__setitem__(
+                "exp_avg", torch.empty(sd["state"][0]["exp_avg"].shape, device="meta")
+            ),
+            "meta tensor",
+        ),
+    ],
+)
+def test_malformed_state_dicts_raise_value_error_and_change_nothing(
+    damage: object, words: str
+) -> None:
+    params = _params()
+    ours = AdamW(params)
+    _run(ours, params, range(1))
+    sd = copy.deepcopy(ours.state_dict())  # torch's state_dict shares the live state dicts
+    before = {k: v.clone() for k, v in ours.state[params[0]].items()}
+    damage(sd)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=words):
+        ours.load_state_dict(sd)
+    assert all(torch.equal(before[k], ours.state[params[0]][k]) for k in before)

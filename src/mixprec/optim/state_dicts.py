@@ -61,7 +61,7 @@ TORCH_GROUP_DEFAULTS: Mapping[str, Any] = {
 
 
 #: Group keys a saved state must agree on with the optimizer: they decide the formats.
-GROUP_FORMAT_KEYS = ("master", "moments", "maximize")
+GROUP_FORMAT_KEYS = ("master", "moments")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,10 +103,12 @@ class StateConversion:
 def check_state_values(key: str, src: torch.Tensor) -> None:
     """Refuse values no step could have written: they would reach the weights next step."""
     local = sharding.local(src)
+    if local.device.type == "meta":
+        raise ValueError(f"state {key!r} is a meta tensor (no data): load real tensors")
     if key == "step":
         value = float(local)
-        if not (math.isfinite(value) and value >= 0 and value.is_integer()):
-            raise ValueError(f"state 'step' must be a whole number >= 0, got {value!r}")
+        if not (math.isfinite(value) and 0 <= value <= 2**53 and value.is_integer()):
+            raise ValueError(f"state 'step' must be a whole number from 0 to 2**53, got {value!r}")
         return
     if not local.is_floating_point():
         return  # codes, remainders and seeds: every bit pattern is valid
@@ -240,6 +242,12 @@ def to_native(
     groups, saved_state = state_dict["param_groups"], state_dict["state"]
     if not isinstance(groups, list) or not isinstance(saved_state, dict):
         raise ValueError("'param_groups' must be a list and 'state' a dict")
+    for i, group in enumerate(groups):
+        if not isinstance(group, dict) or not isinstance(group.get("params"), list):
+            raise ValueError(
+                f"param group {i} of the state dict must be a mapping with a 'params' list, "
+                f"got {type(group).__name__}"
+            )
     if len(groups) != len(param_groups):
         raise ValueError(
             f"state dict has {len(groups)} param groups, optimizer has {len(param_groups)}"
@@ -278,7 +286,8 @@ def _from_torch(
     moments: dict[str, int] = {}
     params = masters = 0
     for i, (group, saved) in enumerate(zip(param_groups, groups, strict=True)):
-        if saved.get("decoupled_weight_decay") is False:
+        l2_decay = saved.get("decoupled_weight_decay") is False and saved.get("weight_decay")
+        if l2_decay:  # torch Adam with weight_decay=0 is AdamW with it 0: fine
             raise ValueError(
                 f"group {i}: the state dict is torch Adam with L2 weight decay "
                 "(decoupled_weight_decay=False), not AdamW; it cannot continue here"

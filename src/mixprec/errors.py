@@ -12,13 +12,24 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["PerformanceWarning", "PrecisionError", "PrecisionWarning", "user_stacklevel"]
+__all__ = [
+    "PerformanceWarning",
+    "PrecisionError",
+    "PrecisionWarning",
+    "UserCodeError",
+    "user_stacklevel",
+]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class PrecisionError(RuntimeError):
     """Training cannot continue safely under the current precision policy."""
+
+
+class UserCodeError(RuntimeError):
+    """An exception raised by the user's own code that mixprec called (a workload
+    factory): the message names what was called and the original type and message."""
 
 
 class PrecisionWarning(UserWarning):

@@ -160,3 +160,17 @@ def test_mixprec_policy_stays_the_preset_function() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "fp32"
+
+
+def test_a_user_workload_s_error_keeps_its_type_and_leaves_no_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by review: the line lost the exception type, and a refused workload still
+    created the --out folder."""
+    out = tmp_path / "never"
+    assert main(["compare", "--workload", "os:system", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "workload 'os:system' raised TypeError" in err[0]
+    assert not out.exists()
+    assert main(["compare", "--workload", "nope", "--out", str(out)]) == 2
+    assert not out.exists()

@@ -106,10 +106,10 @@ def run(args: argparse.Namespace) -> int:
     # Everything that can be refused is checked before any output: one line.
     resolve_device(args.device)
     allow_import = args.workload is not None and ":" in args.workload
-    check_out_dir(args.out)
     workload = load_workload(
         contract.workload, allow_import=allow_import, **workload_options(contract)
     )
+    check_out_dir(args.out)  # after the workload: a refused one leaves no folder behind
     out: Path = args.out
     stream = None if args.quiet else sys.stderr
     started = time.perf_counter()

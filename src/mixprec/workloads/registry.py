@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+from mixprec.errors import UserCodeError
 from mixprec.workloads.base import Workload
 from mixprec.workloads.digits import digits_workload
 from mixprec.workloads.shakespeare import shakespeare_workload
@@ -81,7 +82,12 @@ def load_workload(spec: str, *, allow_import: bool = True, **overrides: object) 
     factory = _import_attr(module_name, attr_path, spec=spec)
     if not callable(factory):
         raise TypeError(f"workload {spec!r} is a {type(factory).__name__}, not a callable")
-    workload = factory(**overrides)
+    try:
+        workload = factory(**overrides)
+    except Exception as exc:  # the user's code: keep its type and message in one line
+        raise UserCodeError(
+            f"workload {spec!r} raised {type(exc).__name__}: {exc}".rstrip(": ")
+        ) from exc
     if not isinstance(workload, Workload):
         raise TypeError(
             f"workload factory {spec!r} returned {type(workload).__name__}; "

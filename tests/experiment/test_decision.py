@@ -348,3 +348,15 @@ def test_step_caps_validation() -> None:
         Contract(candidates=("amp_fp16",), step_caps={"amp_fp16": 0})
     c = Contract.from_dict({"candidates": ["amp_fp16"], "step_caps": {"amp_fp16": 5}})
     assert Contract.from_dict(c.to_dict()) == c
+
+
+def test_a_candidate_that_never_ran_is_not_run_not_rejected() -> None:
+    """Found by review: an interrupted experiment's report said 'rejected (run): no runs'."""
+    from mixprec.experiment.report import verdict_label
+
+    records = paired("amp_bf16", [1.0, 1.01], [0.001, 0.001])
+    d = decide(records, contract(candidates=("amp_bf16", "bf16_master")), higher_is_better=False)
+    assert d.verdicts["bf16_master"].status == "not_run"
+    assert "bf16_master" not in d.rejected and "bf16_master" in d.not_run
+    assert verdict_label("bf16_master", d) == "not run"
+    assert d.to_dict()["not_run"] == {"bf16_master": "not run yet: rerun compare to train it"}

@@ -27,7 +27,7 @@ from mixprec.experiment.summary import (
 
 __all__ = ["Decision", "Verdict", "VerdictStatus", "decide"]
 
-VerdictStatus = Literal["eligible", "rejected", "inconclusive", "too_short"]
+VerdictStatus = Literal["eligible", "rejected", "inconclusive", "too_short", "not_run"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +104,11 @@ class Decision:
         return self._with("inconclusive")
 
     @property
+    def not_run(self) -> dict[str, str]:
+        """Candidates with no runs yet (an interrupted experiment)."""
+        return self._with("not_run")
+
+    @property
     def notes(self) -> dict[str, str]:
         """Candidate -> remarks beside the verdict (acknowledged doctor errors)."""
         return {
@@ -140,6 +145,7 @@ class Decision:
             "eligible": list(self.eligible),
             "rejected": self.rejected,
             "inconclusive": self.inconclusive,
+            "not_run": self.not_run,
             "notes": self.notes,
             "recommended": self.recommended,
             "max_seeds": self.max_seeds,
@@ -153,8 +159,6 @@ def _hard_gate(
     """The first hard gate `s` fails, as ``(gate, sentence)``, or ``("", "")``."""
     if s.failed:
         return "run", f"run failed ({s.failed[0]})"
-    if not s.seeds:
-        return "run", "no runs"
     if s.nonfinite_steps > gates.max_nonfinite_steps:
         return "non-finite", (
             f"{s.nonfinite_steps} non-finite-loss steps > "
@@ -225,6 +229,8 @@ def _judge(
     base: Sequence[RunRecord],
 ) -> Verdict:
     gates = contract.gates
+    if not s.seeds:  # an interrupted experiment: missing, not rejected
+        return Verdict(status="not_run", gate="", reason="not run yet: rerun compare to train it")
     gate, reason = _hard_gate(s, gates, higher_is_better, records)
     if gate:
         return Verdict(status="rejected", gate=gate, reason=reason)

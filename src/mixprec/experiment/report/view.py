@@ -91,7 +91,8 @@ class PolicyRow:
     Attributes:
         policy: the policy name.
         kind: ``base`` (the baseline), ``rec`` (the recommended candidate), or the
-            verdict status (``eligible``, ``rejected``, ``inconclusive``, ``too_short``).
+            verdict status (``eligible``, ``rejected``, ``inconclusive``, ``too_short``,
+            ``not_run``).
         steps: steps trained, ``"12 of 60"`` for a capped run.
         seeds: how many seeds ran.
         heldout_loss: mean held-out loss.

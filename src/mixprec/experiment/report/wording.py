@@ -30,6 +30,7 @@ _STATUS_WORDS = {
     "rejected": "rejected",
     "inconclusive": "inconclusive",
     "too_short": "too short to judge",
+    "not_run": "not run",
 }
 
 

@@ -26,6 +26,7 @@ from mixprec.formats import (
 from mixprec.optim import sharding
 from mixprec.optim.functional import adamw_scalars
 from mixprec.optim.kernels import KernelMode, StepFamily, StepKernel, resolve_mode
+from mixprec.optim.layout import flat_view, like_param
 from mixprec.optim.options import check_hyper, refuse_unsupported, scalar
 from mixprec.optim.param_plan import ParamPlan, check_param, fresh_state, plan_param
 from mixprec.optim.resync import reset_master, resync_master
@@ -37,7 +38,7 @@ __all__ = ["AdamW"]
 
 def _view_like(t: torch.Tensor, p: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     # Element state (shaped like the param) takes the kernel view; per-block state is flat.
-    return t.view(shape) if t.shape == p.shape else t.view(-1)
+    return flat_view(t).view(shape) if t.shape == p.shape else t.view(-1)
 
 
 def _local_grad(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -306,9 +307,9 @@ class AdamW(torch.optim.Optimizer):
                 self._restored.discard(p)
                 shape = plan.moments.kernel_shape(lp.numel())
                 kernel(
-                    lp.view(shape),
-                    _local_grad(p, grad).reshape(shape),
-                    [local_state[k].view(shape) for k in plan.master.spec.state_keys],
+                    flat_view(lp).view(shape),
+                    flat_view(like_param(_local_grad(p, grad), lp)).view(shape),
+                    [flat_view(local_state[k]).view(shape) for k in plan.master.spec.state_keys],
                     [_view_like(local_state[k], lp, shape) for k in plan.moments.spec.state_keys],
                     scalars,
                     self._noise_key(p, state) if plan.master.spec.uses_noise else self._unused_seed,
@@ -378,10 +379,12 @@ class AdamW(torch.optim.Optimizer):
                 lp = sharding.local(p.detach())
                 state = self.state.get(p) or plan.master.init_state(lp)
                 flat_state = [
-                    sharding.local(state[k]).view(-1) for k in plan.master.spec.state_keys
+                    flat_view(sharding.local(state[k])) for k in plan.master.spec.state_keys
                 ]
-                value = plan.master.decode(lp.view(-1), flat_state)
-                value = value.to(torch.float32).view(lp.shape).clone()
+                value = plan.master.decode(flat_view(lp), flat_state).to(torch.float32)
+                out_local = torch.empty_like(lp, dtype=torch.float32)
+                flat_view(out_local).copy_(value)
+                value = out_local
                 out.append(sharding.shard_like(value, p, p.shape))
         return out
 

@@ -16,6 +16,7 @@ from mixprec.formats import MasterFormat, MomentFormat, moment_format, resolve_m
 from mixprec.formats.moments import Int8Moments
 from mixprec.optim import sharding
 from mixprec.optim.kernels import KernelMode
+from mixprec.optim.layout import is_dense
 from mixprec.optim.rng import derive_seed
 
 __all__ = ["ParamPlan", "check_param", "fresh_state", "plan_param"]
@@ -50,10 +51,13 @@ def check_param(p: torch.Tensor) -> None:
             "update in fp32 and would silently drop fp64 precision; use "
             "torch.optim.AdamW for fp64 parameters, or cast them to fp32"
         )
-    if not sharding.local(p.detach()).is_contiguous():  # the local shard of a DTensor
+    local = sharding.local(p.detach())  # the local shard of a DTensor
+    dense = local.is_contiguous() if sharding.is_dtensor(p) else is_dense(local)
+    if not dense:
         raise ValueError(
-            f"parameter of shape {tuple(p.shape)} is not contiguous; "
-            "mixprec AdamW updates flattened views (make it contiguous first)"
+            f"parameter of shape {tuple(p.shape)} with strides {local.stride()} has gaps or "
+            "overlaps in memory; mixprec AdamW updates parameters as one run of memory "
+            "(contiguous or channels-last): make it .contiguous() first"
         )
 
 
@@ -77,7 +81,8 @@ def plan_param(
     if moments.spec.blockwise:
         assert isinstance(moments, Int8Moments)
         whole_blocks = (
-            p.numel() >= min_int8_numel
+            sharding.local(p.detach()).is_contiguous()  # blocks run in row-major order
+            and p.numel() >= min_int8_numel
             and p.numel() % block_size == 0
             and sharding.int8_blocks_fit(p, block_size, moments.scale_shape(p.shape))
         )

@@ -24,6 +24,7 @@ import torch
 
 from mixprec.dtypes import ulp
 from mixprec.formats import MasterFormat
+from mixprec.optim.layout import flat_view
 
 __all__ = ["reset_master", "resync_master"]
 
@@ -42,8 +43,8 @@ def resync_master(fmt: MasterFormat, param: torch.Tensor, state: list[torch.Tens
     """
     if not fmt.spec.state_keys or fmt.spec.uses_noise:
         return 0  # no master state (none, stochastic): the parameter is the master
-    flat = param.reshape(-1)
-    flat_state = [s.view(-1) for s in state]
+    flat = flat_view(param)
+    flat_state = [flat_view(s) for s in state]
     decoded = fmt.decode(flat, flat_state)
     value = flat.to(torch.float32)
     distance = (decoded.to(torch.float64) - value.to(torch.float64)).abs()

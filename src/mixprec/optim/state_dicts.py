@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from mixprec.optim import sharding
+from mixprec.optim.layout import flat_view, like_param
 from mixprec.optim.options import check_hyper, refuse_unsupported
 
 if TYPE_CHECKING:
@@ -178,11 +179,20 @@ def param_state_from_torch(
         raise ValueError(f"torch AdamW state holds unknown keys {unknown}")
     exp_avg, exp_avg_sq = _moment(saved, "exp_avg", p), _moment(saved, "exp_avg_sq", p)
     shape = moments.kernel_shape(p.numel())
-    encoded = moments.encode(exp_avg.reshape(shape), exp_avg_sq.reshape(shape))
+    # Encoded in the order the step walks the parameter (memory order), into tensors
+    # made like the optimizer's own (same strides).
+    exp_avg = like_param(exp_avg, p.detach())
+    exp_avg_sq = like_param(exp_avg_sq, p.detach())
+    encoded = moments.encode(flat_view(exp_avg).view(shape), flat_view(exp_avg_sq).view(shape))
     out = dict(fresh)
     out["step"] = step_tensor(saved.get("step"), p.device)
     for key, value in zip(moments.spec.state_keys, encoded, strict=True):
-        out[key] = value.reshape(fresh[key].shape).to(fresh[key].dtype)
+        dst = torch.empty_like(fresh[key])
+        if dst.shape == p.shape:
+            flat_view(dst).copy_(value.reshape(-1))
+        else:  # per-block scales
+            dst.copy_(value.reshape(dst.shape))
+        out[key] = dst
     out.update(master.init_state(p.detach()))  # torch keeps no master: start at the param
     return out
 
@@ -196,15 +206,16 @@ def param_state_to_torch(
     shape = moments.kernel_shape(lp.numel())
     local = {k: sharding.local(v) for k, v in state.items()}
     views = [
-        local[k].view(shape) if local[k].shape == lp.shape else local[k].view(-1)
+        flat_view(local[k]).view(shape) if local[k].shape == lp.shape else local[k].view(-1)
         for k in moments.spec.state_keys
     ]
     exp_avg, exp_avg_sq = moments.decode(views)
-    return {
-        "step": torch.tensor(float(local["step"]), dtype=torch.float32),
-        "exp_avg": exp_avg.reshape(lp.shape).to(p.dtype).clone(),
-        "exp_avg_sq": exp_avg_sq.reshape(lp.shape).to(p.dtype).clone(),
-    }
+    out = {"step": torch.tensor(float(local["step"]), dtype=torch.float32)}
+    for key, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        dst = torch.empty_like(lp, dtype=p.dtype)  # the parameter's layout, as torch keeps it
+        flat_view(dst).copy_(value.reshape(-1))
+        out[key] = dst
+    return out
 
 
 def check_param_state(state: Mapping[str, torch.Tensor], saved: object) -> None:

@@ -63,8 +63,8 @@ class ExactMaster:
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero remainders: the master starts equal to the bf16 parameter."""
         return {
-            "remainder_hi": torch.zeros(param.shape, dtype=torch.int8, device=param.device),
-            "remainder_lo": torch.zeros(param.shape, dtype=torch.int8, device=param.device),
+            "remainder_hi": torch.zeros_like(param, dtype=torch.int8),
+            "remainder_lo": torch.zeros_like(param, dtype=torch.int8),
         }
 
     def decode(self, param: torch.Tensor, state: Sequence[torch.Tensor]) -> torch.Tensor:

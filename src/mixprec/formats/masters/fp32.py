@@ -36,7 +36,7 @@ class Fp32Master:
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """The parameter upcast to fp32."""
-        master = torch.empty(param.shape, dtype=torch.float32, device=param.device)
+        master = torch.empty_like(param, dtype=torch.float32)
         master.copy_(param.detach())
         return {"master": master}
 

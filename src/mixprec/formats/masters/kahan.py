@@ -44,7 +44,7 @@ class KahanMaster:
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero compensation."""
-        return {"compensation": torch.zeros(param.shape, dtype=param.dtype, device=param.device)}
+        return {"compensation": torch.zeros_like(param)}
 
     def decode(self, param: torch.Tensor, state: Sequence[torch.Tensor]) -> torch.Tensor:
         """``param + compensation`` in fp32."""

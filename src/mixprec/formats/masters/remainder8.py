@@ -45,7 +45,7 @@ class Remainder8Master:
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero remainder: the master starts equal to the bf16 parameter."""
-        return {"remainder": torch.zeros(param.shape, dtype=torch.int8, device=param.device)}
+        return {"remainder": torch.zeros_like(param, dtype=torch.int8)}
 
     def decode(self, param: torch.Tensor, state: Sequence[torch.Tensor]) -> torch.Tensor:
         """The 24-bit master as fp32 (low 8 bits zero)."""

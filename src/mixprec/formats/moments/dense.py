@@ -51,10 +51,7 @@ class DenseMoments:
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero moments in `dtype`, shaped like `param`."""
-        return {
-            key: torch.zeros(param.shape, dtype=self.dtype, device=param.device)
-            for key in self.spec.state_keys
-        }
+        return {key: torch.zeros_like(param, dtype=self.dtype) for key in self.spec.state_keys}
 
     def kernel_shape(self, numel: int) -> tuple[int, ...]:
         """Flat: ``(numel,)``."""

@@ -143,9 +143,9 @@ class Int8Moments:
         scales = self.scale_shape(param.shape)
         dev = param.device
         return {
-            "exp_avg_i8": torch.zeros(param.shape, dtype=torch.int8, device=dev),
+            "exp_avg_i8": torch.zeros_like(param, dtype=torch.int8),
             "exp_avg_absmax": torch.zeros(scales, dtype=torch.float32, device=dev),
-            "exp_avg_sq_u8": torch.zeros(param.shape, dtype=torch.uint8, device=dev),
+            "exp_avg_sq_u8": torch.zeros_like(param, dtype=torch.uint8),
             "exp_avg_sq_absmax": torch.zeros(scales, dtype=torch.float32, device=dev),
         }
 

@@ -64,3 +64,15 @@ def test_prepare_only_adds_hooks_and_casts() -> None:
     assert {k: v.dtype for k, v in model.state_dict().items()} == {
         k: torch.float32 if k.startswith("1.") else torch.bfloat16 for k in plain.state_dict()
     }
+
+
+def test_fp32_islands_names_what_runs_as_an_island_now() -> None:
+    """Found by review: the names stayed after islands.remove_fp32_islands(model)."""
+    from mixprec import Precision
+    from mixprec.islands import remove_fp32_islands
+
+    prec = Precision("bf16_master")
+    model = prec.prepare(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)))
+    assert prec.fp32_islands == ("1",)
+    remove_fp32_islands(model)
+    assert prec.fp32_islands == ()

@@ -57,6 +57,7 @@ from mixprec.engine.stepping import (
 )
 from mixprec.engine.storage import apply_storage
 from mixprec.errors import PrecisionWarning, user_stacklevel
+from mixprec.islands import island_names
 from mixprec.optim.sharding import is_dtensor
 from mixprec.policy import Policy, policy
 from mixprec.telemetry import PrecisionStats, StepReport
@@ -129,7 +130,7 @@ class Precision:
         self._grads = ScaledGradients(scales_loss=self.plan.scales_loss)
         self._clip: ClipNote | None = None
         self._warned_scaled_edit = False
-        self._islands: tuple[str, ...] | None = None  # names, once a model is prepared
+        self._model: nn.Module | None = None  # the model last prepared
         self.observers: list[StepObserver] = []
 
     # ------------------------------------------------------------ properties
@@ -159,9 +160,9 @@ class Precision:
 
     @property
     def fp32_islands(self) -> tuple[str, ...] | None:
-        """Qualified names of the modules that run as fp32 islands in the model last
+        """Qualified names of the modules that run as fp32 islands now in the model last
         given to `prepare` (``""`` is the model itself); None before `prepare`."""
-        return self._islands
+        return None if self._model is None else island_names(self._model)
 
     # --------------------------------------------------------------- prepare
 
@@ -187,7 +188,8 @@ class Precision:
             warnings.warn(risk, PrecisionWarning, stacklevel=user_stacklevel())
         self._sharded = any(is_dtensor(p) for p in model.parameters())
         self._scaler = None  # rebuilt for this model's device and sharding
-        self._islands = apply_storage(model, self.plan, self.device.type)
+        apply_storage(model, self.plan, self.device.type)
+        self._model = model
         return model
 
     # -------------------------------------------------------------- optimizer
@@ -449,7 +451,7 @@ class Precision:
         ``reason`` (why the compute dtype is slow or unsupported here). `summary`
         says the same in a few lines of text.
         """
-        return effective_precision(self.policy, self.plan, self.device, self._islands)
+        return effective_precision(self.policy, self.plan, self.device, self.fp32_islands)
 
     def summary(self) -> str:
         """What this run will do, a few lines of text: the policy, the device, the

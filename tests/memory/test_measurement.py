@@ -117,3 +117,57 @@ def test_one_optimizer_state_measurement() -> None:
     whole = training_state_bytes(opt)
     assert got.bytes.params == whole["params"] == 2 * n
     assert got.bytes.grads == 2 * n and whole["grads"] == 0  # measured as accumulated
+
+
+class _LoraLike(nn.Module):
+    """A frozen 1024x1024 base and a trainable rank-8 adapter, with a LayerNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = nn.Linear(1024, 1024, bias=False).requires_grad_(False)
+        self.down = nn.Linear(1024, 8, bias=False)
+        self.up = nn.Linear(8, 1024, bias=False)
+        self.norm = nn.LayerNorm(1024)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.base(x) + self.up(self.down(x)))
+
+
+class _TiedFrozen(nn.Module):
+    """Tied input/output embeddings and a frozen middle block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(512, 64)
+        self.block = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+        self.block.requires_grad_(False)
+        self.head = nn.Linear(64, 512, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.emb(x)))
+
+
+@pytest.mark.parametrize("name", ["bf16_master", "bf16_lean", "amp_bf16", "fp32"])
+@pytest.mark.parametrize("make", [_LoraLike, _TiedFrozen], ids=["lora", "tied"])
+def test_frozen_and_tied_parameters_are_predicted_as_measured(name: str, make: type) -> None:
+    """Found in review of the drop-in claim: the estimate left frozen parameters out (a
+    LoRA-like model held 2.1 MB of parameters against 33 KB predicted)."""
+    torch.manual_seed(0)
+    model = make()
+    prec = Precision(name)
+    prec.prepare(model)
+    opt = prec.optimizer([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    x = torch.randint(0, 512, (4, 8)) if make is _TiedFrozen else torch.randn(4, 1024)
+    predicted = estimate(model, prec.policy)
+
+    def step() -> None:
+        with prec.autocast():
+            loss = model(x).float().pow(2).mean()
+        prec.backward(loss)
+        prec.step(opt)
+        opt.zero_grad(set_to_none=True)
+
+    got = measure(model, opt, step, policy=prec.policy)
+    for comp in ("params", "fp32_islands", "grads", "master", "moments"):
+        assert getattr(got.bytes, comp) == getattr(predicted.bytes, comp), comp

@@ -43,10 +43,14 @@ class _Tensor:
     rows: int  # size of dim 0: FSDP2 shards along it
     island: bool
     aggregate: bool = False  # a count standing for many large tensors
+    trainable: bool = True  # frozen: stored, but no gradient and no optimizer state
 
 
 def _state_for(t: _Tensor, pol: Policy, numel: int) -> Components:
     dtype = torch.float32 if t.island else pol.param_dtype
+    size = numel * _nbytes(dtype)
+    if not t.trainable:  # optimizers make state at a parameter's first step: never here
+        return Components(params=0 if t.island else size, fp32_islands=size if t.island else 0)
     master = "none" if dtype == torch.float32 else pol.master
     st = state_nbytes(
         numel,
@@ -55,7 +59,6 @@ def _state_for(t: _Tensor, pol: Policy, numel: int) -> Components:
         moments=pol.moments,
         quantizable=True if t.aggregate else None,
     )
-    size = numel * _nbytes(dtype)
     return Components(
         params=0 if t.island else size,
         fp32_islands=size if t.island else 0,
@@ -105,11 +108,17 @@ def estimate(
     act_rank = 0
     if isinstance(model, nn.Module):
         islands = island_param_names(model, pol)
+        # Every parameter is stored (tied ones once: named_parameters skips repeats);
+        # frozen ones get no gradient and no optimizer state.
         tensors = [
-            _Tensor(p.numel(), p.shape[0] if p.dim() else 1, name in islands)
+            _Tensor(
+                p.numel(), p.shape[0] if p.dim() else 1, name in islands, False, p.requires_grad
+            )
             for name, p in model.named_parameters()
-            if p.requires_grad
         ]
+        if any(not t.trainable for t in tensors):
+            frozen = sum(t.numel for t in tensors if not t.trainable)
+            notes.append(f"{frozen:,} frozen parameters: stored, no gradients or optimizer state")
         if inputs is not None:
             act_rank = saved_activation_bytes(
                 model, inputs, policy=pol, loss_fn=loss_fn, targets=targets, device_type=device_type
@@ -137,6 +146,7 @@ def estimate(
     if activation_values is not None:
         act_rank = round(activation_values) * compute_bytes
     n_params = sum(t.numel for t in tensors)
+    n_trainable = sum(t.numel for t in tensors if t.trainable)  # only these are reduced
 
     # One rank's state: FSDP2 gives every rank ceil(rows / W) rows of each tensor
     # (padded), DDP and single-device runs hold every tensor whole.
@@ -157,10 +167,10 @@ def estimate(
                 for t in tensors
             )
             comm["all_gather"] = 2 * gather_bytes  # forward, and again for backward
-            comm["reduce_scatter"] = n_params * reduce_bytes
+            comm["reduce_scatter"] = n_trainable * reduce_bytes
             notes.append("FSDP2 re-gathers parameters for backward (reshard_after_forward=True)")
         else:
-            comm["all_reduce"] = n_params * reduce_bytes
+            comm["all_reduce"] = n_trainable * reduce_bytes
     return MemoryBreakdown(
         policy=pol.name,
         params=n_params,

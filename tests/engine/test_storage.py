@@ -76,3 +76,31 @@ def test_fp32_islands_names_what_runs_as_an_island_now() -> None:
     assert prec.fp32_islands == ("1",)
     remove_fp32_islands(model)
     assert prec.fp32_islands == ()
+
+
+def test_a_prepared_16bit_model_evaluates_fp32_inputs_outside_autocast() -> None:
+    """Found in the drop-in review: the README's model failed outside prec.autocast()
+    with 'mat1 and mat2 must have the same dtype' (an evaluation loop written the torch way)."""
+    from torch import nn
+
+    from mixprec import Precision
+    from mixprec.engine.storage import CastInputs
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 2))
+    prec = Precision("bf16_master")
+    prec.prepare(model)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        out = model(x)  # no autocast: inputs cast to bf16 like FSDP2's cast_forward_inputs
+        assert out.dtype == torch.bfloat16
+        with prec.autocast():
+            inside = model(x)
+        hooks = [h for h in model._forward_pre_hooks.values() if isinstance(h, CastInputs)]
+        assert len(hooks) == 1
+        model._forward_pre_hooks.clear()
+        with prec.autocast():
+            assert torch.equal(model(x), inside)  # under autocast the hook changes nothing
+    prec.prepare(model)
+    prec.prepare(model)  # a second prepare keeps one hook
+    assert len(model._forward_pre_hooks) == 1

@@ -5,17 +5,60 @@ forward hooks, nothing replaced); their parameters are kept in fp32 and every
 other floating parameter is cast to the plan's storage dtype, in place
 (``p.data``, so the parameter objects an optimizer may already hold stay the
 same). Buffers are left as they are.
+
+With 16-bit storage the model's root also gets a forward pre-hook that casts
+floating inputs to the storage dtype when autocast is off (as FSDP2's
+``cast_forward_inputs`` does), so an evaluation loop written the torch way,
+outside `Precision.autocast`, runs instead of failing on mixed dtypes. Under
+autocast the hook does nothing: autocast chooses op dtypes.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from mixprec.engine.plan import PrecisionPlan
 from mixprec.islands import add_fp32_islands, is_fp32_island, island_names
 
-__all__ = ["apply_storage"]
+__all__ = ["CastInputs", "apply_storage"]
+
+_ATTR = "_mixprec_cast_inputs"  # on the root module: the pre-hook's id
+
+
+class CastInputs:
+    """Forward pre-hook: floating inputs to `dtype` when autocast is off on `device_type`."""
+
+    def __init__(self, dtype: torch.dtype, device_type: str) -> None:
+        self.dtype = dtype
+        self.device_type = device_type
+
+    def _cast(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(self.dtype)
+        return value
+
+    def __call__(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if torch.is_autocast_enabled(self.device_type):
+            return None
+        return tree_map(self._cast, args), tree_map(self._cast, kwargs)
+
+
+def _set_input_cast(model: nn.Module, dtype: torch.dtype, device_type: str) -> None:
+    old = getattr(model, _ATTR, None)
+    if old is not None:  # a second prepare replaces the first one's hook
+        model._forward_pre_hooks.pop(old, None)
+        model._forward_pre_hooks_with_kwargs.pop(old, None)
+        delattr(model, _ATTR)
+    if dtype == torch.float32 or is_fp32_island(model):
+        return
+    handle = model.register_forward_pre_hook(CastInputs(dtype, device_type), with_kwargs=True)
+    setattr(model, _ATTR, handle.id)
 
 
 def apply_storage(model: nn.Module, plan: PrecisionPlan, device_type: str) -> tuple[str, ...]:
@@ -36,4 +79,5 @@ def apply_storage(model: nn.Module, plan: PrecisionPlan, device_type: str) -> tu
             target = torch.float32 if id(p) in island_params else storage
             if p.dtype != target:
                 p.data = p.data.to(target)
+    _set_input_cast(model, storage, device_type)
     return island_names(model)

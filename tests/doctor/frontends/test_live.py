@@ -172,3 +172,21 @@ def test_fp8_parameters_are_fp8_without_scaling() -> None:
     model.weight.data = model.weight.data.to(torch.float8_e4m3fn)
     findings = check(model=model)
     assert "fp8-without-scaling" in {f.rule for f in findings}
+
+
+def test_islands_inside_a_mixprec_group_are_not_a_master_over_fp32_params() -> None:
+    """Found by the demo check: prec.optimizer now keeps one group holding bf16 weights and
+    fp32 norm islands; the live facts read the group's 'exact' for the islands too and
+    warned master-without-16bit-params on every bf16_master run."""
+    import mixprec
+    from mixprec.doctor.frontends.live import optimizer_facts
+
+    prec = mixprec.Precision("bf16_master")
+    model = prec.prepare(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)))
+    facts = optimizer_facts(prec.optimizer(model))
+    by_dtype = {g.param_dtype: g.master for g in facts.groups}
+    assert by_dtype == {torch.bfloat16: "exact", torch.float32: "none"}
+    findings = mixprec.doctor.check(
+        policy=prec.policy, model=model, optimizer=prec.optimizer(model)
+    )
+    assert "master-without-16bit-params" not in {f.rule for f in findings}

@@ -82,7 +82,7 @@ def _split_by_dtype(
         out.append(
             GroupFacts(
                 param_dtype=dt,
-                master=master_of(dt),
+                master=master_of(dt, ps),
                 moments=moments_of(dt, ps),
                 numel=sum(p.numel() for p in ps),
                 label=name,
@@ -110,12 +110,16 @@ def optimizer_facts(optimizer: torch.optim.Optimizer) -> OptimizerFacts:
         if mod.startswith("mixprec.optim"):
             master = str(group.get("master", "none"))
             moments = str(group.get("moments", "fp32"))
-            groups += _split_by_dtype(
-                label,
-                params,
-                lambda dt, m=master: resolve_mixprec_master(m, dt),
-                lambda dt, ps, m=moments: m,
-            )
+            format_of = getattr(optimizer, "format_of", None)
+
+            def mixprec_master(
+                dt: torch.dtype, ps: list[torch.Tensor], m: str = master, f: Any = format_of
+            ) -> str:
+                # The optimizer's own answer where it has one: fp32 parameters (islands)
+                # in a group with a 16-bit master are their own master.
+                return str(f(ps[0])[0]) if f is not None else resolve_mixprec_master(m, dt)
+
+            groups += _split_by_dtype(label, params, mixprec_master, lambda dt, ps, m=moments: m)
         elif mod.startswith("transformer_engine") and cls == "FusedAdam":
             on = bool(getattr(optimizer, "master_weights", False))
             mdt = getattr(optimizer, "master_weight_dtype", torch.float32)
@@ -133,14 +137,16 @@ def optimizer_facts(optimizer: torch.optim.Optimizer) -> OptimizerFacts:
                     return _format(mdt)
                 return "exact" if rem and dt == torch.bfloat16 else "fp32"
 
-            groups += _split_by_dtype(label, params, te_master, lambda dt, ps, m=moments: m)
+            groups += _split_by_dtype(
+                label, params, lambda dt, ps: te_master(dt), lambda dt, ps, m=moments: m
+            )
         elif mod.startswith("optimi"):
             kahan = group.get("kahan_sum")
             groups += _split_by_dtype(
                 label,
                 params,
                 # optimi applies Kahan summation to 16-bit parameters only
-                lambda dt, k=kahan: "kahan" if is_16bit(dt) and k is not False else "none",
+                lambda dt, ps, k=kahan: "kahan" if is_16bit(dt) and k is not False else "none",
                 lambda dt, ps: dtype_name(dt),
             )
         elif mod.startswith("torchao.optim"):
@@ -148,7 +154,7 @@ def optimizer_facts(optimizer: torch.optim.Optimizer) -> OptimizerFacts:
             groups += _split_by_dtype(
                 label,
                 params,
-                lambda dt, s=sr: "stochastic" if s else "none",
+                lambda dt, ps, s=sr: "stochastic" if s else "none",
                 lambda dt, ps: (
                     "int8" if "8bit" in cls else "int4" if "4bit" in cls else dtype_name(dt)
                 ),
@@ -163,10 +169,10 @@ def optimizer_facts(optimizer: torch.optim.Optimizer) -> OptimizerFacts:
                         return dtype_name(exp_avg.dtype)
                 return dtype_name(dt)
 
-            groups += _split_by_dtype(label, params, lambda dt: "none", state_moments)
+            groups += _split_by_dtype(label, params, lambda dt, ps: "none", state_moments)
         else:
             adam_like = False
-            groups += _split_by_dtype(label, params, lambda dt: "none", lambda dt, ps: "none")
+            groups += _split_by_dtype(label, params, lambda dt, ps: "none", lambda dt, ps: "none")
     return OptimizerFacts(name=name, adam_like=adam_like, groups=tuple(groups), note=note)
 
 

@@ -97,3 +97,12 @@ def test_formats_other_than_the_policy_s_are_refused_and_lr_may_be_positional() 
         prec.optimizer(model, moments="int8")
     opt = prec.optimizer(model, 1e-2, master="exact", moments="fp32")
     assert opt.param_groups[0]["lr"] == 1e-2
+
+
+def test_a_group_cannot_ask_for_other_formats_than_the_policy_s() -> None:
+    """Found by the second review: group keys slipped past the refusal of master=/moments=."""
+    prec, model = _prepared()
+    with pytest.raises(ValueError, match=r"group 0 asks for master='kahan'"):
+        prec.optimizer([{"params": list(model.parameters()), "master": "kahan"}])
+    with pytest.raises(ValueError, match=r"group 0 asks for moments='int8'"):
+        prec.optimizer([{"params": list(model.parameters()), "moments": "int8"}])

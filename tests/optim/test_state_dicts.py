@@ -200,3 +200,43 @@ def test_malformed_state_dicts_raise_value_error_and_change_nothing(
     with pytest.raises(ValueError, match=words):
         ours.load_state_dict(sd)
     assert all(torch.equal(before[k], ours.state[params[0]][k]) for k in before)
+
+
+def test_other_torch_optimizers_and_mistyped_flags_are_refused() -> None:
+    """Found by the second review: RAdam's state (AdamW's keys) loaded as AdamW, and a
+    saved maximize='no' turned into gradient ascent."""
+    ref_params = _params()
+    radam = torch.optim.RAdam(ref_params)
+    _run(radam, ref_params, range(1))
+    ours = AdamW(_params())
+    with pytest.raises(ValueError, match=r"not a torch\.optim\.AdamW"):
+        ours.load_state_dict(radam.state_dict())
+    params = _params()
+    own = AdamW(params)
+    _run(own, params, range(1))
+    for key, value in (("maximize", "no"), ("fused", "x")):
+        sd = copy.deepcopy(own.state_dict())
+        sd["param_groups"][0][key] = value
+        with pytest.raises(ValueError, match=f"saved {key}="):
+            own.load_state_dict(sd)
+
+
+def test_after_a_resume_a_second_write_or_a_prune_resets_the_masters() -> None:
+    """Found by the second review: after load_state_dict every later write kept the old
+    remainders (fill_(0.5) gave 0.50014...), and pruned masters were denormals, not 0."""
+    params = _params(dtype=torch.bfloat16)
+    opt = AdamW(params, master="exact")
+    _run(opt, params, range(2))
+    saved = copy.deepcopy(opt.state_dict())
+    weights = [p.detach().clone() for p in params]
+    fresh = _params(1, dtype=torch.bfloat16)
+    again = AdamW(fresh, master="exact")
+    again.load_state_dict(saved)
+    with torch.no_grad():
+        for p, w in zip(fresh, weights, strict=True):
+            p.copy_(w)  # the resume's checkpoint: masters kept bitwise
+        fresh[0].mul_((torch.arange(fresh[0].numel()) % 2).view(fresh[0].shape).bfloat16())
+        fresh[1].fill_(0.5)
+    masters = again.master_weights()
+    assert torch.equal(masters[0], fresh[0].detach().float())  # two writes: reset, zeros 0
+    assert torch.equal(masters[1], torch.full_like(masters[1], 0.5))

@@ -38,13 +38,17 @@ def implied_param_groups(plan: PrecisionPlan, params: ParamsArg) -> list[dict[st
         source = cast(list[dict[str, Any]], raw)
     else:
         source = [{"params": raw}]
+    planned = {"master": plan.master.name, "moments": plan.moments.name}
+    for i, group in enumerate(source):
+        for key, value in planned.items():
+            if key in group and group[key] != value:
+                raise ValueError(
+                    f"prec.optimizer: param group {i} asks for {key}={group[key]!r}, but the "
+                    f"policy {plan.policy_name!r} decides {key} ({value!r}); change the policy, "
+                    "or build mixprec.optim.AdamW yourself and prec.register(it)"
+                )
     groups = [
-        {
-            **group,
-            "params": _items(group["params"]),
-            "master": group.get("master", plan.master.name),
-        }
-        for group in source
+        {**group, "params": _items(group["params"]), "master": plan.master.name} for group in source
     ]
     tensors = [t for g in groups for t in map(_tensor, g["params"]) if t is not None]
     all_fp32 = bool(tensors) and all(t.dtype == torch.float32 for t in tensors)

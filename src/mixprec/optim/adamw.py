@@ -325,10 +325,12 @@ class AdamW(torch.optim.Optimizer):
         # resume's model checkpoint (keep the masters that fit); otherwise the master
         # becomes the written value.
         tensors = [state[k] for k in plan.master.spec.state_keys]
-        if p in self._restored:
+        writes = sharding.write_version(p) - self._versions.get(p, 0)
+        if p in self._restored and writes == 1:  # one copy_: the checkpoint's weights
             resync_master(plan.master, lp, tensors)
         else:
             reset_master(plan.master, lp, tensors)
+        self._restored.discard(p)
 
     @staticmethod
     def _noise_key(p: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:

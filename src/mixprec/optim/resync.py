@@ -50,6 +50,7 @@ def resync_master(fmt: MasterFormat, param: torch.Tensor, state: list[torch.Tens
     distance = (decoded.to(torch.float64) - value.to(torch.float64)).abs()
     stale = distance > 0.5 * ulp(flat, flat.dtype)  # NaN for a non-finite param: not stale
     stale |= ~torch.isfinite(decoded) & torch.isfinite(value)
+    stale |= value == 0  # a pruned or zeroed element: its master is 0, not a stale denormal
     count = int(stale.sum())
     if count:
         _, fresh = fmt.encode(flat.to(torch.float32), dtype=param.dtype, noise=None)

@@ -297,6 +297,11 @@ def _from_torch(
     moments: dict[str, int] = {}
     params = masters = 0
     for i, (group, saved) in enumerate(zip(param_groups, groups, strict=True)):
+        if "amsgrad" not in saved:  # torch's Adam and AdamW groups carry it; RAdam, NAdam... not
+            raise ValueError(
+                f"group {i}: not a torch.optim.AdamW (or Adam) state dict (its groups have no "
+                "'amsgrad'): another optimizer's state cannot continue as AdamW"
+            )
         l2_decay = saved.get("decoupled_weight_decay") is False and saved.get("weight_decay")
         if l2_decay:  # torch Adam with weight_decay=0 is AdamW with it 0: fine
             raise ValueError(
@@ -389,6 +394,13 @@ def _check_groups(param_groups: Sequence[dict[str, Any]], saved_groups: list[Any
                     f"group {i}: saved {key}={saved.get(key)!r} differs from "
                     f"this optimizer's {group[key]!r}"
                 )
+        for key in ("maximize", "amsgrad", "capturable", "differentiable"):
+            if key in saved and not isinstance(saved[key], bool):
+                raise ValueError(f"group {i}: saved {key}={saved[key]!r} must be true or false")
+        if saved.get("fused") is not None and not isinstance(saved["fused"], bool):
+            raise ValueError(
+                f"group {i}: saved fused={saved['fused']!r} must be true, false or null"
+            )
         try:
             refuse_unsupported("", saved)
             check_hyper(saved["lr"], tuple(saved["betas"]), saved["eps"], saved["weight_decay"])

@@ -360,3 +360,12 @@ def test_a_candidate_that_never_ran_is_not_run_not_rejected() -> None:
     assert "bf16_master" not in d.rejected and "bf16_master" in d.not_run
     assert verdict_label("bf16_master", d) == "not run"
     assert d.to_dict()["not_run"] == {"bf16_master": "not run yet: rerun compare to train it"}
+
+
+def test_a_candidate_whose_baseline_runs_are_missing_is_not_run_not_rejected() -> None:
+    """Found by the second review: with the baseline's record gone the candidates that
+    ran were 'rejected (loss-gap)', as if their gap had been judged."""
+    records = [rec("fp32", 1, 1.0), rec("amp_bf16", 0, 1.0)]
+    d = decide(records, contract(candidates=("amp_bf16",)), higher_is_better=False)
+    assert d.verdicts["amp_bf16"].status == "not_run"
+    assert "amp_bf16" not in d.rejected

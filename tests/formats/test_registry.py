@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,41 @@ def test_native_kernel_enums_agree_with_the_registry() -> None:
     moments = {s.kernel_enum: s.kernel_code for s in formats.moment_specs() if s.kernel_enum}
     assert masters == _cpp_enum("Master")
     assert moments == _cpp_enum("Moments")
+    assert native.kernel_enums() == (masters, moments)  # what supports() reads
+
+
+def test_a_kernel_code_the_cpp_source_lacks_is_never_sent_to_the_kernel() -> None:
+    """Found by the second review: a format registered with kernel_code=42 was sent to
+    the native kernel, which refused the step at run time."""
+
+    @dataclass(frozen=True)
+    class Bogus(NoMaster):
+        spec: ClassVar[MasterSpec] = MasterSpec(
+            name="bogus_test",
+            summary="test",
+            state=(),
+            param_dtypes=(torch.bfloat16,),
+            exact=False,
+            keeps_small_updates=False,
+            kernel_enum="M_BOGUS",
+            kernel_code=42,
+        )
+
+    formats.register_master(Bogus())
+    try:
+        b16 = torch.zeros(256, dtype=torch.bfloat16)
+        assert not native.NativeLibrary.supports(
+            master="bogus_test", moments="fp32", param=b16, grad=b16, block_size=256
+        )
+    finally:
+        del _MASTERS["bogus_test"]
+
+
+def test_register_moments_needs_a_builder() -> None:
+    spec = formats.moment_spec("fp32")
+    odd = dataclasses.replace(spec, name="odd_test", kernel_enum=None, kernel_code=None)
+    with pytest.raises(TypeError, match="build must take the block size"):
+        formats.register_moments(odd, None)  # type: ignore[arg-type]
 
 
 def test_state_keys_and_bytes_come_from_the_declared_tensors() -> None:
@@ -115,6 +151,8 @@ def test_a_new_format_is_one_registration_and_never_reaches_the_native_kernel() 
         ({"state": (StateTensor("a", "int8"),)}, TypeError, "torch.dtype"),  # type: ignore[arg-type]
         ({"kernel_code": 7}, ValueError, "together"),
         ({"param_dtypes": ("bf16",)}, TypeError, "param_dtypes"),
+        ({"param_dtypes": (torch.int8,)}, TypeError, "floating"),
+        ({"exact": "yes"}, TypeError, "exact must be True or False"),
     ],
 )
 def test_specs_that_would_damage_the_registry_are_refused(

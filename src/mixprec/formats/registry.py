@@ -82,6 +82,8 @@ def register_moments(spec: MomentSpec, build: Callable[[int], MomentFormat]) -> 
     """Add a moment format: its spec and a builder taking the int8 block size."""
     if not isinstance(spec, MomentSpec):
         raise TypeError(f"register_moments takes a MomentSpec, got {type(spec).__name__}")
+    if not callable(build):
+        raise TypeError(f"format {spec.name!r}: build must take the block size, got {build!r}")
     _check_new(spec, moment_specs(), master_state_keys())
     _MOMENTS[spec.name] = (spec, build)
 

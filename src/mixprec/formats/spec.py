@@ -75,6 +75,12 @@ def _check_spec(name: object, state: object, code: object, enum: object) -> None
         raise ValueError(f"format {name!r}: kernel_code must be an int >= 0, got {code!r}")
 
 
+def _check_flags(name: str, **flags: object) -> None:
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"format {name!r}: {key} must be True or False, got {value!r}")
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -118,12 +124,21 @@ class MasterSpec:
 
     def __post_init__(self) -> None:
         _check_spec(self.name, self.state, self.kernel_code, self.kernel_enum)
+        _check_flags(
+            self.name,
+            exact=self.exact,
+            keeps_small_updates=self.keeps_small_updates,
+            uses_noise=self.uses_noise,
+        )
         dtypes = self.param_dtypes
         if dtypes is not None and not (
-            isinstance(dtypes, tuple) and dtypes and all(isinstance(d, torch.dtype) for d in dtypes)
+            isinstance(dtypes, tuple)
+            and dtypes
+            and all(isinstance(d, torch.dtype) and d.is_floating_point for d in dtypes)
         ):
             raise TypeError(
-                f"format {self.name!r}: param_dtypes must be None or a tuple of torch.dtype"
+                f"format {self.name!r}: param_dtypes must be None or a tuple of floating "
+                "torch.dtype"
             )
 
     @property
@@ -190,6 +205,7 @@ class MomentSpec:
 
     def __post_init__(self) -> None:
         _check_spec(self.name, self.state, self.kernel_code, self.kernel_enum)
+        _check_flags(self.name, rounds_increments=self.rounds_increments, blockwise=self.blockwise)
         if len(self.state) < 2:
             raise ValueError(f"moment format {self.name!r} must store both moments")
 

@@ -61,7 +61,13 @@ class LossScaling:
                 raise TypeError(f"{name} must be a number, got {value!r}")
         if not isinstance(self.dynamic, bool):
             raise TypeError(f"dynamic must be True or False, got {self.dynamic!r}")
-        if not (math.isfinite(self.init_scale) and self.init_scale > 0):
+        try:
+            init_scale = float(self.init_scale)
+        except OverflowError:
+            raise ValueError(
+                f"init_scale must be finite and > 0, got {self.init_scale!r}"
+            ) from None
+        if not (math.isfinite(init_scale) and init_scale > 0):
             raise ValueError(f"init_scale must be finite and > 0, got {self.init_scale!r}")
         if not self.growth_factor > 1.0:
             raise ValueError(f"growth_factor must be > 1, got {self.growth_factor!r}")
@@ -145,7 +151,13 @@ class Policy:
                 f"{self.fp32_modules!r}; wrap it: fp32_modules=({self.fp32_modules!r},)"
             )
         if not isinstance(self.fp32_modules, tuple):
-            object.__setattr__(self, "fp32_modules", tuple(self.fp32_modules))
+            try:
+                object.__setattr__(self, "fp32_modules", tuple(self.fp32_modules))
+            except TypeError:
+                raise TypeError(
+                    "fp32_modules must be a tuple of module types or name patterns, got "
+                    f"{self.fp32_modules!r}"
+                ) from None
         for entry in self.fp32_modules:
             if not (
                 isinstance(entry, str) or (isinstance(entry, type) and issubclass(entry, nn.Module))

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -49,6 +50,7 @@ __all__ = [
     "NativeUnavailableError",
     "cache_dir",
     "enabled",
+    "kernel_enums",
     "library",
 ]
 
@@ -181,7 +183,10 @@ class NativeLibrary:
         ``kernel_code``); a format without one is never handed to the kernel.
         """
         master_fmt, moment_fmt = master_spec(master), moment_spec(moments)
-        if master_fmt.kernel_code is None or moment_fmt.kernel_code is None:
+        kernel_masters, kernel_moments = kernel_enums()
+        if (master_fmt.kernel_enum, master_fmt.kernel_code) not in kernel_masters.items():
+            return False  # the C++ source has no such case (a format registered later)
+        if (moment_fmt.kernel_enum, moment_fmt.kernel_code) not in kernel_moments.items():
             return False
         plain = all(
             type(t) is torch.Tensor and t.device.type == "cpu" and t.is_contiguous()
@@ -246,6 +251,20 @@ class NativeLibrary:
 
 
 _lock = threading.Lock()
+
+
+@functools.cache
+def kernel_enums() -> tuple[dict[str, int], dict[str, int]]:
+    """The ``enum Master`` and ``enum Moments`` of the C++ source: name -> value."""
+    text = SOURCE.read_text(encoding="utf-8")
+    out = []
+    for enum in ("Master", "Moments"):
+        body = re.search(rf"enum {enum} \{{([^}}]*)\}}", text)
+        pairs = (
+            item.split("=") for item in (body.group(1) if body else "").split(",") if item.strip()
+        )
+        out.append({key.strip(): int(value) for key, value in pairs})
+    return out[0], out[1]
 
 
 def _kernel_code(code: int | None, name: str) -> int:

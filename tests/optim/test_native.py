@@ -282,3 +282,18 @@ def test_an_unwritable_cache_falls_back_with_one_warning(
         assert lib.info.path.is_relative_to(tmp_path / "tmp")
     finally:
         native.library.cache_clear()
+
+
+def test_the_default_runs_small_cpu_groups_natively() -> None:
+    """A small group used to run eagerly under fused=None (14.7 ms against 6.1 ms native
+    for 148 small tensors): the native kernel costs no compile, so it is the default."""
+    w = torch.nn.Parameter(torch.randn(64, 64))
+    opt = AdamW([w])
+    w.grad = torch.ones_like(w)
+    opt.step()
+    want = "native" if native.enabled() else "eager"
+    try:
+        native.library()
+    except native.NativeUnavailableError:
+        want = "eager"
+    assert set(opt.kernel_backends().values()) == {want}

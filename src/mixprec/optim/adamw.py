@@ -88,11 +88,11 @@ class AdamW(torch.optim.Optimizer):
             (`mixprec.optim.native`, built once per machine; fp16 params and
             machines without a compiler use `torch.compile`), elsewhere with
             `torch.compile` (a compile failure raises). ``False`` runs eagerly.
-            ``None`` fuses the param groups worth it (on CUDA; on CPU groups of
-            at least `mixprec.optim.kernels.AUTO_COMPILE_MIN_NUMEL` elements)
-            and runs the others eagerly, falling back to eager with a
-            `RuntimeWarning` if compilation fails. Results are bitwise
-            identical in every mode.
+            ``None``: on CPU the native kernel for every group (where it cannot
+            run, groups of at least `mixprec.optim.kernels.AUTO_COMPILE_MIN_NUMEL`
+            elements compile and smaller ones run eagerly); on CUDA compiled,
+            falling back to eager with a `RuntimeWarning` if compilation fails.
+            Results are bitwise identical in every mode.
         seed: seed of the stochastic-rounding noise (``None``: drawn from
             torch's default generator, so `torch.manual_seed` makes it repeatable).
         block_size: elements per int8 quantization block.

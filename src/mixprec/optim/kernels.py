@@ -32,7 +32,7 @@ from mixprec.optim.rng import uniform16
 
 __all__ = ["AUTO_COMPILE_MIN_NUMEL", "StepFamily", "StepKernel", "adamw_step_", "resolve_mode"]
 
-KernelMode = Literal["auto", "compiled", "eager", "native", "native-auto"]
+KernelMode = Literal["auto", "compiled", "eager", "native", "native-auto", "native-eager"]
 
 #: ``fused=None`` fuses the step of a CPU param group holding at least this
 #: many elements (2**20: above every built-in workload). Below it the eager
@@ -50,16 +50,20 @@ def resolve_mode(fused: bool | None, *, device_type: str, numel: int) -> KernelM
       run goes to ``"compiled"``), elsewhere ``"compiled"`` (`torch.compile`;
       a failure raises).
     * ``fused=None``: on CUDA ``"auto"`` (compile; on failure warn once and
-      run eagerly); on CPU, for groups of at least `AUTO_COMPILE_MIN_NUMEL`
-      elements, ``"native-auto"`` (native, else ``"auto"``); otherwise ``"eager"``.
+      run eagerly); on CPU the native kernel for every group (it costs no
+      compile): ``"native-auto"`` for groups of at least `AUTO_COMPILE_MIN_NUMEL`
+      elements (native, else ``"auto"``), ``"native-eager"`` for smaller ones
+      (native, else eager: compiling small groups does not pay).
 
     With ``MIXPREC_NATIVE=0`` CPU groups take the ``torch.compile`` modes instead.
     """
     if fused is False:
         return "eager"
     large = numel >= AUTO_COMPILE_MIN_NUMEL
-    if device_type == "cpu" and native.enabled() and (fused or large):
-        return "native" if fused else "native-auto"
+    if device_type == "cpu" and native.enabled():
+        if fused:
+            return "native"
+        return "native-auto" if large else "native-eager"
     if fused:
         return "compiled"
     return "auto" if device_type == "cuda" or large else "eager"
@@ -167,9 +171,10 @@ class StepKernel:
 
     Args:
         family: the formats.
-        mode: from `resolve_mode`: ``"native"`` / ``"native-auto"`` (the native
-            kernel; parameters it does not cover, or every parameter if it
-            cannot be built, go to ``"compiled"`` / ``"auto"``), ``"compiled"``
+        mode: from `resolve_mode`: ``"native"`` / ``"native-auto"`` /
+            ``"native-eager"`` (the native kernel; parameters it does not cover,
+            or every parameter if it cannot be built, go to ``"compiled"`` /
+            ``"auto"`` / ``"eager"``), ``"compiled"``
             (raise if compilation fails), ``"auto"`` (compile; on failure warn
             once and run eagerly) or ``"eager"``.
     """
@@ -177,12 +182,17 @@ class StepKernel:
     def __init__(self, family: StepFamily, *, mode: KernelMode) -> None:
         self.family = family
         self._native: native.NativeLibrary | None = None
-        if mode in ("native", "native-auto"):
+        if mode in ("native", "native-auto", "native-eager"):
             try:
                 self._native = native.library()
             except native.NativeUnavailableError as exc:
                 _warn_native_unavailable(str(exc))
-            mode = "compiled" if mode == "native" else "auto"
+            fallback: dict[str, KernelMode] = {
+                "native": "compiled",
+                "native-auto": "auto",
+                "native-eager": "eager",
+            }
+            mode = fallback[mode]
         self.mode: KernelMode = mode
         self._eager = _family_function(family)
         self._compiled: StepFn | None = (

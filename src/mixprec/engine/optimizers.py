@@ -21,9 +21,22 @@ from mixprec.engine.gradients import SIXTEEN_BIT, optimizer_params
 from mixprec.engine.plan import PrecisionPlan
 from mixprec.errors import PrecisionError
 
-__all__ = ["ParamsArg", "check_optimizers", "implied_param_groups"]
+__all__ = ["ParamsArg", "check_optimizers", "implied_param_groups", "refuse_other_formats"]
 
 ParamsArg = nn.Module | Iterable[torch.Tensor] | Iterable[dict[str, Any]]
+
+
+def refuse_other_formats(plan: PrecisionPlan, asked: dict[str, Any], *, where: str) -> None:
+    """Raise `ValueError` if `asked` (keyword arguments or a param group) names a
+    ``master``/``moments`` other than the plan's: the policy decides them."""
+    for key, planned in (("master", plan.master.name), ("moments", plan.moments.name)):
+        if key in asked and asked[key] != planned:
+            raise ValueError(
+                f"prec.optimizer: {where} asks for {key}={asked[key]!r}, but the policy "
+                f"{plan.policy_name!r} decides {key} ({planned!r}); change the policy (e.g. "
+                f"policy.replace({key}=...)), or build mixprec.optim.AdamW yourself and "
+                "prec.register(it)"
+            )
 
 
 def implied_param_groups(plan: PrecisionPlan, params: ParamsArg) -> list[dict[str, Any]]:
@@ -38,15 +51,8 @@ def implied_param_groups(plan: PrecisionPlan, params: ParamsArg) -> list[dict[st
         source = cast(list[dict[str, Any]], raw)
     else:
         source = [{"params": raw}]
-    planned = {"master": plan.master.name, "moments": plan.moments.name}
     for i, group in enumerate(source):
-        for key, value in planned.items():
-            if key in group and group[key] != value:
-                raise ValueError(
-                    f"prec.optimizer: param group {i} asks for {key}={group[key]!r}, but the "
-                    f"policy {plan.policy_name!r} decides {key} ({value!r}); change the policy, "
-                    "or build mixprec.optim.AdamW yourself and prec.register(it)"
-                )
+        refuse_other_formats(plan, group, where=f"param group {i}")
     groups = [
         {**group, "params": _items(group["params"]), "master": plan.master.name} for group in source
     ]

@@ -44,7 +44,12 @@ from mixprec.engine.effective import (
 )
 from mixprec.engine.gradients import check_max_norm, has_grads
 from mixprec.engine.observers import StepObserver
-from mixprec.engine.optimizers import ParamsArg, check_optimizers, implied_param_groups
+from mixprec.engine.optimizers import (
+    ParamsArg,
+    check_optimizers,
+    implied_param_groups,
+    refuse_other_formats,
+)
 from mixprec.engine.plan import PrecisionPlan, resolve_plan
 from mixprec.engine.scaling import ScaledGradients, make_scaler, owning_optimizers
 from mixprec.engine.state import parse_state, precision_state
@@ -217,17 +222,9 @@ class Precision:
         """
         from mixprec.optim import AdamW
 
-        for key, planned in (
-            ("master", self.plan.master.name),
-            ("moments", self.plan.moments.name),
-        ):
-            if key in kwargs and kwargs.pop(key) != planned:
-                raise ValueError(
-                    f"prec.optimizer: the policy {self.plan.policy_name!r} decides {key} "
-                    f"({planned!r}); to use another, change the policy (e.g. "
-                    f"policy.replace({key}=...)) or build mixprec.optim.AdamW yourself and "
-                    "prec.register(it)"
-                )
+        refuse_other_formats(self.plan, kwargs, where="the call")
+        for key in ("master", "moments"):  # the plan's own values, restated
+            kwargs.pop(key, None)
         opt = AdamW(
             implied_param_groups(self.plan, params),
             lr=lr,

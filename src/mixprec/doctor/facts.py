@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 
 from mixprec.device import DeviceCaps
-from mixprec.formats import master_specs
+from mixprec.formats import auto_master, master_specs
 
 __all__ = [
     "FULL_PRECISION_MASTERS",
@@ -37,15 +37,9 @@ FULL_PRECISION_MASTERS: frozenset[str] = frozenset(
 
 
 def resolve_mixprec_master(requested: str, dtype: torch.dtype) -> str:
-    """The master `mixprec.optim.AdamW` uses for a `dtype` parameter (``auto`` resolved:
-    ``exact`` for bf16, ``fp32`` for fp16, ``none`` for fp32)."""
-    if requested != "auto":
-        return requested
-    try:
-        from mixprec.formats import auto_master
-    except ImportError:  # mixprec.optim not available: its documented rule
-        return {torch.bfloat16: "exact", torch.float16: "fp32"}.get(dtype, "none")
-    return str(auto_master(dtype))
+    """The master `mixprec.optim.AdamW` uses for a `dtype` parameter when a config asks
+    for `requested` (``auto`` resolved by the registry's rule)."""
+    return requested if requested != "auto" else auto_master(dtype)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,7 +51,12 @@ from mixprec.engine.optimizers import (
     refuse_other_formats,
 )
 from mixprec.engine.plan import PrecisionPlan, resolve_plan
-from mixprec.engine.scaling import ScaledGradients, make_scaler, owning_optimizers
+from mixprec.engine.scaling import (
+    SCALED_EDIT_WARNING,
+    ScaledGradients,
+    make_scaler,
+    owning_optimizers,
+)
 from mixprec.engine.state import parse_state, precision_state
 from mixprec.engine.stepping import (
     ClipNote,
@@ -67,18 +72,7 @@ from mixprec.optim.sharding import is_dtensor
 from mixprec.policy import Policy, policy
 from mixprec.telemetry import PrecisionStats, StepReport
 
-__all__ = ["SCALED_EDIT_WARNING", "Precision"]
-
-#: Said once per `Precision` when gradients were edited in place between `backward`
-#: and their unscale: torch's own clip then clips scaled gradients.
-SCALED_EDIT_WARNING = (
-    "gradients were changed in place after prec.backward while still multiplied by the "
-    "loss scale ({scale:g}): torch.nn.utils.clip_grad_norm_ there clips the scaled "
-    "gradients, so max_norm acts as max_norm / scale and updates shrink to almost nothing; "
-    "use prec.clip_grad_norm_(params, max_norm) (it unscales first), or call "
-    "prec.unscale_(optimizer) before your own clip (which also silences this for "
-    "scale-free edits such as dividing every gradient by a constant)"
-)
+__all__ = ["Precision"]
 
 
 class Precision:

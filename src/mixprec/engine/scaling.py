@@ -27,7 +27,24 @@ from mixprec.engine.accumulation import AccumulationWatch
 from mixprec.engine.gradients import grad_versions, optimizer_params
 from mixprec.policy import LossScaling
 
-__all__ = ["ScaledGradients", "make_scaler", "owning_optimizers", "update_scale"]
+__all__ = [
+    "SCALED_EDIT_WARNING",
+    "ScaledGradients",
+    "make_scaler",
+    "owning_optimizers",
+    "update_scale",
+]
+
+#: Said once per `Precision` when gradients were edited in place between `backward`
+#: and their unscale: torch's own clip then clips scaled gradients.
+SCALED_EDIT_WARNING = (
+    "gradients were changed in place after prec.backward while still multiplied by the "
+    "loss scale ({scale:g}): torch.nn.utils.clip_grad_norm_ there clips the scaled "
+    "gradients, so max_norm acts as max_norm / scale and updates shrink to almost nothing; "
+    "use prec.clip_grad_norm_(params, max_norm) (it unscales first), or call "
+    "prec.unscale_(optimizer) before your own clip (which also silences this for "
+    "scale-free edits such as dividing every gradient by a constant)"
+)
 
 
 def make_scaler(

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 import torch
@@ -18,6 +16,21 @@ from mixprec.formats.registry import _MASTERS
 from mixprec.optim import native
 
 CPP = Path(native.__file__).with_name("adamw_cpu.cpp")
+
+
+def _test_master(**fields: object) -> NoMaster:
+    """A master format for tests: `NoMaster`'s encoding under a spec of the given fields."""
+    spec = MasterSpec(
+        **{
+            "summary": "test",
+            "state": (),
+            "param_dtypes": (torch.bfloat16,),
+            "exact": False,
+            "keeps_small_updates": False,
+            **fields,
+        }  # type: ignore[arg-type]
+    )
+    return type(f"{spec.name}_format", (NoMaster,), {"spec": spec})()  # type: ignore[no-any-return]
 
 
 def _cpp_enum(name: str) -> dict[str, int]:
@@ -39,20 +52,9 @@ def test_a_kernel_code_the_cpp_source_lacks_is_never_sent_to_the_kernel() -> Non
     """Found by the second review: a format registered with kernel_code=42 was sent to
     the native kernel, which refused the step at run time."""
 
-    @dataclass(frozen=True)
-    class Bogus(NoMaster):
-        spec: ClassVar[MasterSpec] = MasterSpec(
-            name="bogus_test",
-            summary="test",
-            state=(),
-            param_dtypes=(torch.bfloat16,),
-            exact=False,
-            keeps_small_updates=False,
-            kernel_enum="M_BOGUS",
-            kernel_code=42,
-        )
+    bogus = _test_master(name="bogus_test", kernel_enum="M_BOGUS", kernel_code=42)
 
-    formats.register_master(Bogus())
+    formats.register_master(bogus)
     try:
         b16 = torch.zeros(256, dtype=torch.bfloat16)
         assert not native.NativeLibrary.supports(
@@ -98,36 +100,20 @@ def test_duplicate_names_and_kernel_codes_are_refused() -> None:
     with pytest.raises(ValueError, match="already registered"):
         formats.register_master(NoMaster())
 
-    @dataclass(frozen=True)
-    class Clash(NoMaster):
-        spec: ClassVar[MasterSpec] = MasterSpec(
-            name="clash",
-            summary="test",
-            state=(),
-            param_dtypes=None,
-            exact=False,
-            keeps_small_updates=False,
-            kernel_enum="M_CLASH",
-            kernel_code=2,
-        )
+    clash = _test_master(name="clash", param_dtypes=None, kernel_enum="M_CLASH", kernel_code=2)
 
     with pytest.raises(ValueError, match="kernel code 2 is already taken"):
-        formats.register_master(Clash())
+        formats.register_master(clash)
 
 
 def test_a_new_format_is_one_registration_and_never_reaches_the_native_kernel() -> None:
-    @dataclass(frozen=True)
-    class Copy16(NoMaster):
-        spec: ClassVar[MasterSpec] = MasterSpec(
-            name="copy16_test",
-            summary="a bf16 copy (test only)",
-            state=(StateTensor("copy16", torch.bfloat16),),
-            param_dtypes=(torch.bfloat16,),
-            exact=False,
-            keeps_small_updates=False,
-        )
+    copy16 = _test_master(
+        name="copy16_test",
+        summary="a bf16 copy (test only)",
+        state=(StateTensor("copy16", torch.bfloat16),),
+    )
 
-    formats.register_master(Copy16())
+    formats.register_master(copy16)
     try:
         assert formats.master_spec("copy16_test").bytes_per_element == 2
         assert "copy16" in formats.master_state_keys()
@@ -160,32 +146,15 @@ def test_specs_that_would_damage_the_registry_are_refused(
 ) -> None:
     """Found by review: 'auto', '' and 5 were accepted as names, and a non-string name
     turned every later 'unknown master' message into a TypeError."""
-    base: dict[str, object] = {
-        "name": "probe_test",
-        "summary": "test",
-        "state": (),
-        "param_dtypes": None,
-        "exact": False,
-        "keeps_small_updates": False,
-    }
     with pytest.raises(kind, match=words):
-        MasterSpec(**{**base, **kwargs})  # type: ignore[arg-type]
+        _test_master(**{"name": "probe_test", "param_dtypes": None, **kwargs})
 
 
 def test_a_master_state_key_may_not_shadow_a_moment_key() -> None:
-    @dataclass(frozen=True)
-    class Shadow(NoMaster):
-        spec: ClassVar[MasterSpec] = MasterSpec(
-            name="shadow_test",
-            summary="test",
-            state=(StateTensor("exp_avg", torch.bfloat16),),
-            param_dtypes=(torch.bfloat16,),
-            exact=False,
-            keeps_small_updates=False,
-        )
+    shadow = _test_master(name="shadow_test", state=(StateTensor("exp_avg", torch.bfloat16),))
 
     with pytest.raises(ValueError, match=r"state keys \['exp_avg'\] are already used"):
-        formats.register_master(Shadow())
+        formats.register_master(shadow)
 
 
 def test_a_format_registered_later_is_usable_by_policy_and_optimizer_alike() -> None:
@@ -194,18 +163,9 @@ def test_a_format_registered_later_is_usable_by_policy_and_optimizer_alike() -> 
     import mixprec
     from mixprec.optim import AdamW
 
-    @dataclass(frozen=True)
-    class Plain(NoMaster):
-        spec: ClassVar[MasterSpec] = MasterSpec(
-            name="plain_test",
-            summary="test",
-            state=(),
-            param_dtypes=(torch.bfloat16,),
-            exact=False,
-            keeps_small_updates=False,
-        )
+    plain = _test_master(name="plain_test")
 
-    formats.register_master(Plain())
+    formats.register_master(plain)
     try:
         pol = mixprec.Policy(
             compute_dtype=torch.bfloat16, param_dtype=torch.bfloat16, master="plain_test"

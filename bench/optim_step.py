@@ -1,6 +1,14 @@
 """Optimizer step benchmark: mixprec AdamW formats against torch, torchao and optimi.
 
-Run with OMP_NUM_THREADS=2, e.g. ``python bench/optim_step.py --sizes 16M,64M``.
+Run with OMP_NUM_THREADS=2, e.g. ``python bench/optim_step.py --sizes 16M,64M``, or
+on a real model's parameter tensors with ``--model gpt2-small`` (148 tensors, 124M
+parameters) or ``--model shakespeare-small`` (the built-in workload's model).
+
+``--model``: every tensor of the model, bf16 for the mixprec rows (fp32 for
+``none`` and for the reference), one param group, against
+``torch.optim.AdamW(fused=True)`` on fp32 copies, paired step by step as below.
+Each row also gives the same optimizer on one flat tensor of the model's size
+(``1-tensor ratio``), so the cost of many tensors shows as the difference.
 
 One parameter of N elements, bf16 unless said otherwise. Each row is measured
 paired with the reference (``torch.optim.AdamW(fused=True)``, fp32 params):
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import statistics
 import time
@@ -38,6 +47,7 @@ from typing import Any
 
 import torch
 
+from mixprec import device_caps
 from mixprec.memory import training_state_bytes
 from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, native
 
@@ -204,6 +214,82 @@ def _print_row(row: Row) -> None:
     print("| " + " | ".join(cells) + " |", flush=True)
 
 
+def gpt2_small_shapes() -> list[tuple[int, ...]]:
+    """GPT-2 small's 148 parameter tensors (124,439,808 elements; Hugging Face order)."""
+    d, vocab, ctx, layers = 768, 50257, 1024, 12
+    block = [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,)]
+    block += [(d, 4 * d), (4 * d,), (4 * d, d), (d,)]
+    return [(vocab, d), (ctx, d), *block * layers, (d,), (d,)]
+
+
+def shakespeare_small_shapes() -> list[tuple[int, ...]]:
+    """The tensors of the built-in ``shakespeare`` workload's ``small`` model."""
+    from mixprec.workloads import load_workload
+
+    model = load_workload("shakespeare", size="small").make_model(0)
+    return [tuple(p.shape) for p in model.parameters()]
+
+
+MODELS: dict[str, Callable[[], list[tuple[int, ...]]]] = {
+    "gpt2-small": gpt2_small_shapes,
+    "shakespeare-small": shakespeare_small_shapes,
+}
+
+
+def _model_params(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    params = []
+    for shape in shapes:
+        p = (torch.randn(shape, generator=gen) * 0.02).to(dtype).requires_grad_()
+        p.grad = (torch.randn(shape, generator=gen) * 1e-3).to(dtype)
+        params.append(p)
+    return params
+
+
+def _paired(ours: Callable[[], object], ref: Callable[[], object], steps: int) -> float:
+    """Best of ours over best of the reference, alternating step by step."""
+    ours()
+    ref()
+    mine, theirs = [], []
+    for _ in range(steps):
+        theirs.append(_timed(ref))
+        mine.append(_timed(ours))
+    return min(mine) / min(theirs)
+
+
+def run_model(name: str, combos: list[tuple[str, str]], steps: int) -> None:
+    """The `--model` table: each combination on the model's tensors and on one tensor."""
+    shapes = MODELS[name]()
+    numel = sum(math.prod(s) for s in shapes)
+    print(f"\n## {name}: {len(shapes)} tensors, {numel:,} parameters\n")
+    print("| optimizer | ms best | ratio | 1-tensor ratio |")
+    print("| --- | --- | --- | --- |")
+    ref_model = torch.optim.AdamW(_model_params(shapes, torch.float32), fused=True)
+    ref_flat = torch.optim.AdamW(_model_params([(numel,)], torch.float32), fused=True)
+    ref_model.step()
+    best_ref = min(_timed(ref_model.step) for _ in range(steps))
+    print(f"| torch AdamW fused (fp32) | {best_ref * 1e3:.2f} | 1.00 | 1.00 |", flush=True)
+    for master, moments in combos:
+        dtype = torch.float32 if master == "none" else torch.bfloat16
+        model_params = _model_params(shapes, dtype)
+        opt = AdamW(model_params, master=master, moments=moments, fused=True, seed=0)
+        opt.step()
+        best = min(_timed(opt.step) for _ in range(2))
+        ratio = _paired(opt.step, ref_model.step, steps)
+        del opt, model_params
+        gc.collect()
+        flat = AdamW(
+            _model_params([(numel,)], dtype), master=master, moments=moments, fused=True, seed=0
+        )
+        flat_ratio = _paired(flat.step, ref_flat.step, steps)
+        del flat
+        gc.collect()
+        print(
+            f"| mixprec {master}+{moments} | {best * 1e3:.2f} | {ratio:.2f} | {flat_ratio:.2f} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="16M,64M")
@@ -219,6 +305,7 @@ def main() -> None:
         default="",
         help="comma-separated combinations (or 'all') also run through torch.compile",
     )
+    parser.add_argument("--model", choices=sorted(MODELS), help="a model's tensors instead")
     args = parser.parse_args()
     all_combos: list[tuple[str, str]] = [(m, mo) for m in MASTER_KINDS for mo in MOMENT_KINDS]
 
@@ -228,6 +315,11 @@ def main() -> None:
         return [(c.split("+")[0], c.split("+")[1]) for c in text.split(",") if c]
 
     combos, inductor_combos = parse(args.combos), parse(args.inductor)
+    if args.model:
+        caps = device_caps("cpu")
+        print(f"cpu: {caps.name}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+        run_model(args.model, combos, args.steps)
+        return
     peers = [] if args.no_peers else _peers()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     try:

@@ -12,6 +12,7 @@ import torch
 
 from mixprec.dtypes import ulp
 from mixprec.optim import AdamW
+from mixprec.optim.rng import step_key
 
 
 def _setup(master: str, moments: str) -> tuple[list[torch.nn.Parameter], AdamW]:
@@ -216,7 +217,7 @@ def test_stochastic_rounding_noise_keeps_changing_past_2_to_the_24_steps() -> No
         w.grad = torch.ones_like(w)
         opt.step()
         counts.append(int(opt.state[w]["step"].item()))
-        keys.add(int(opt._noise_key(w, opt.state[w])))
+        keys.add(int(step_key(opt.state[w]["rng_seed"], opt.state[w]["step"])))
     assert counts == [2**24 - 1, 2**24, 2**24 + 1, 2**24 + 2]
     assert len(keys) == 4
 

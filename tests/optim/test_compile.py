@@ -122,8 +122,10 @@ def broken_compiler(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(torch, "compile", broken)
     kernels._compiled_family_function.cache_clear()
+    kernels.clear_kernels()  # kernels are process-wide: none made with a compiler
     yield
     kernels._compiled_family_function.cache_clear()
+    kernels.clear_kernels()
 
 
 @pytest.mark.usefixtures("broken_compiler")

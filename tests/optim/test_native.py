@@ -171,9 +171,11 @@ def fresh_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[P
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
     native.library.cache_clear()
     kernels._warn_native_unavailable.cache_clear()
+    kernels.clear_kernels()  # kernels are process-wide and hold the library
     yield tmp_path / "native"
     native.library.cache_clear()
     kernels._warn_native_unavailable.cache_clear()
+    kernels.clear_kernels()
 
 
 @needs_native

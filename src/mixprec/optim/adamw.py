@@ -23,22 +23,23 @@ from mixprec.formats import (
     check_moments,
     master_spec,
 )
-from mixprec.optim import sharding
-from mixprec.optim.functional import adamw_scalars
-from mixprec.optim.kernels import KernelMode, StepFamily, StepKernel, resolve_mode
+from mixprec.optim import ops, sharding
+from mixprec.optim.kernels import (
+    GroupHyper,
+    KernelMode,
+    StepBatch,
+    StepFamily,
+    StepKernel,
+    resolve_mode,
+    step_kernel,
+)
 from mixprec.optim.layout import flat_view, like_param
 from mixprec.optim.options import check_hyper, refuse_unsupported, scalar
 from mixprec.optim.param_plan import ParamPlan, check_param, fresh_state, plan_param
 from mixprec.optim.resync import reset_master, resync_master
-from mixprec.optim.rng import step_key
 from mixprec.optim.state_dicts import StateConversion, read_state_dict, to_torch
 
 __all__ = ["AdamW"]
-
-
-def _view_like(t: torch.Tensor, p: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    # Element state (shaped like the param) takes the kernel view; per-block state is flat.
-    return flat_view(t).view(shape) if t.shape == p.shape else t.view(-1)
 
 
 def _local_grad(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -52,6 +53,39 @@ def _local_grad(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
             "mixprec AdamW steps each shard locally and needs them sharded alike"
         )
     return sharding.local(grad)
+
+
+_PLAIN = (torch.nn.Parameter, torch.Tensor)
+
+
+def _add_to_batch(
+    batch: StepBatch,
+    p: torch.Tensor,
+    grad: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    plan: ParamPlan,
+) -> None:
+    """Append `p` (its local shard), its gradient and its state to `batch`, as the
+    kernels take them: contiguous, or flat views in memory order (channels-last).
+    (`AdamW.step` inlines the case of a plain contiguous parameter.)"""
+    lp = sharding.local(p.detach())  # a DTensor's local shard
+    lgrad = like_param(_local_grad(p, grad), lp)
+    masters = [sharding.local(state[k]) for k in plan.master_keys]
+    moments = [sharding.local(state[k]) for k in plan.moment_keys]
+    if not lp.is_contiguous():  # dense in another order (channels-last): flat views
+        lp, lgrad = flat_view(lp), flat_view(lgrad)
+        masters = [flat_view(t) for t in masters]
+        moments = [flat_view(t) for t in moments]
+    batch.params.append(lp)
+    batch.grads.append(lgrad)
+    batch.master_state.extend(masters)
+    batch.moment_state.extend(moments)
+    batch.steps.append(state["step"])
+    if plan.uses_noise:
+        batch.seeds.append(state["rng_seed"])
+        batch.offsets.append(sharding.global_flat_offset(p) or 0)
+    else:
+        batch.offsets.append(0)
 
 
 class AdamW(torch.optim.Optimizer):
@@ -155,7 +189,6 @@ class AdamW(torch.optim.Optimizer):
         # taken as the matching model checkpoint of a resume (masters kept where they fit).
         self._restored: set[torch.Tensor] = set()
         self._kernels: dict[tuple[str, str, bool, KernelMode], StepKernel] = {}
-        self._unused_seed = torch.zeros((), dtype=torch.int64)
         #: What the last `load_state_dict` converted (a torch or older state dict).
         self.last_conversion: StateConversion | None = None
         defaults = {
@@ -247,7 +280,7 @@ class AdamW(torch.optim.Optimizer):
         kernel = self._kernels.get(key)
         if kernel is None:
             family = StepFamily(master=plan.master, moments=plan.moments, maximize=maximize)
-            kernel = StepKernel(family, mode=plan.mode)
+            kernel = step_kernel(family, plan.mode)
             self._kernels[key] = kernel
         return kernel
 
@@ -256,6 +289,11 @@ class AdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Apply one AdamW step to every parameter that has a gradient.
+
+        Each group's parameters are stepped by one call per family of formats
+        (``torch.ops.mixprec.adamw_step_``): the native CPU kernel runs all of
+        them in one pass; step counters are kept on the tensors, with no
+        per-parameter host synchronisation.
 
         Args:
             closure: re-evaluates the model and returns the loss (optional).
@@ -267,78 +305,99 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        tracing = torch.compiler.is_compiling()
+        plans, versions, restored = self._plans, self._versions, self._restored
+        state_get = self.state.get
         for group in self.param_groups:
-            beta1, beta2 = (scalar(b) for b in group["betas"])
-            scalars_by_step: dict[int, torch.Tensor] = {}
+            # One batch per family, kernel mode and device: (a plan of it, the batch).
+            batches: dict[tuple[tuple[str, str, str], torch.device], tuple[ParamPlan, StepBatch]]
+            batches = {}
+            stepped: list[torch.Tensor] = []
             for p in group["params"]:
                 grad = p.grad
                 if grad is None:
                     continue
-                if grad.is_sparse:
-                    raise ValueError("mixprec AdamW does not support sparse gradients")
-                plan = self._plans[p]
-                if p.dtype != plan.dtype:
-                    raise PrecisionError(
-                        f"parameter {tuple(p.shape)} was {dtype_name(plan.dtype)} when this "
-                        f"AdamW was built (master {plan.master.spec.name!r}) and is "
-                        f"{dtype_name(p.dtype)} now; its master and moments no longer fit: "
-                        "cast the model (or prec.prepare it) before building the optimizer"
-                    )
-                state = self._state_of(p)
-                step_t = state["step"]
-                step_t += 1
-                step = int(step_t.item())
-                scalars = scalars_by_step.get(step)
-                if scalars is None:
-                    scalars = adamw_scalars(
-                        lr=scalar(group["lr"]),
-                        beta1=beta1,
-                        beta2=beta2,
-                        eps=group["eps"],
-                        weight_decay=group["weight_decay"],
-                        step=step,
-                    ).as_tensor(p.device)
-                    scalars_by_step[step] = scalars
-                kernel = self._kernel(plan, bool(group["maximize"]))
-                lp = sharding.local(p.detach())
-                local_state = {k: sharding.local(v) for k, v in state.items()}
-                if sharding.write_version(p) != self._versions.get(p):
-                    self._master_follows_edit(p, plan, lp, local_state)
-                self._restored.discard(p)
-                shape = plan.moments.kernel_shape(lp.numel())
-                kernel(
-                    flat_view(lp).view(shape),
-                    flat_view(like_param(_local_grad(p, grad), lp)).view(shape),
-                    [flat_view(local_state[k]).view(shape) for k in plan.master.spec.state_keys],
-                    [_view_like(local_state[k], lp, shape) for k in plan.moments.spec.state_keys],
-                    scalars,
-                    self._noise_key(p, state) if plan.master.spec.uses_noise else self._unused_seed,
+                plan = plans[p]
+                if grad.is_sparse or p.dtype != plan.dtype:
+                    self._refuse_step(p, grad, plan)
+                state = state_get(p) or self._state_of(p)
+                plain = type(p) in _PLAIN
+                if not tracing:
+                    if (p._version if plain else sharding.write_version(p)) != versions.get(p):
+                        self._master_follows_edit(p, plan, state)
+                    if restored:
+                        restored.discard(p)
+                key = (plan.batch_key, p.device)
+                entry = batches.get(key)
+                if entry is None:
+                    entry = batches[key] = (plan, StepBatch())
+                batch = entry[1]
+                if plain and type(grad) in _PLAIN and p.is_contiguous():
+                    # The common case inline: this runs for every parameter on every step.
+                    batch.params.append(p)
+                    batch.grads.append(grad if grad.is_contiguous() else grad.contiguous())
+                    batch.master_state.extend([state[k] for k in plan.master_keys])
+                    batch.moment_state.extend([state[k] for k in plan.moment_keys])
+                    batch.steps.append(state["step"])
+                    batch.offsets.append(0)  # a whole tensor starts at element 0
+                    if plan.uses_noise:
+                        batch.seeds.append(state["rng_seed"])
+                else:
+                    _add_to_batch(batch, p, grad, state, plan)
+                stepped.append(p)
+            if not batches:
+                continue
+            hyper = GroupHyper(
+                lr=scalar(group["lr"]),
+                beta1=scalar(group["betas"][0]),
+                beta2=scalar(group["betas"][1]),
+                eps=float(group["eps"]),
+                weight_decay=float(group["weight_decay"]),
+            )
+            for plan, batch in batches.values():
+                self._kernel(plan, bool(group["maximize"]))  # recorded for kernel_backends()
+                ops.adamw_step_(
+                    batch,
+                    hyper,
+                    master=plan.master.spec.name,
+                    moments=plan.moments.spec.name,
+                    maximize=bool(group["maximize"]),
+                    block_size=self._block_size,
+                    mode=plan.mode,
                 )
-                self._versions[p] = sharding.write_version(p)
+            if not tracing:
+                for p in stepped:
+                    versions[p] = p._version if type(p) in _PLAIN else sharding.write_version(p)
         return loss
 
+    @staticmethod
+    def _refuse_step(p: torch.Tensor, grad: torch.Tensor, plan: ParamPlan) -> None:
+        if grad.is_sparse:
+            raise ValueError("mixprec AdamW does not support sparse gradients")
+        if p.dtype != plan.dtype:
+            raise PrecisionError(
+                f"parameter {tuple(p.shape)} was {dtype_name(plan.dtype)} when this "
+                f"AdamW was built (master {plan.master.spec.name!r}) and is "
+                f"{dtype_name(p.dtype)} now; its master and moments no longer fit: "
+                "cast the model (or prec.prepare it) before building the optimizer"
+            )
+
     def _master_follows_edit(
-        self, p: torch.Tensor, plan: ParamPlan, lp: torch.Tensor, state: dict[str, torch.Tensor]
+        self, p: torch.Tensor, plan: ParamPlan, state: dict[str, torch.Tensor]
     ) -> None:
         # The parameter was written in place since this optimizer last wrote it (see
         # `mixprec.optim.resync`): after a load of this optimizer's state the write is the
         # resume's model checkpoint (keep the masters that fit); otherwise the master
         # becomes the written value.
-        tensors = [state[k] for k in plan.master.spec.state_keys]
+        lp = sharding.local(p.detach())
+        tensors = [sharding.local(state[k]) for k in plan.master.spec.state_keys]
         writes = sharding.write_version(p) - self._versions.get(p, 0)
         if p in self._restored and writes == 1:  # one copy_: the checkpoint's weights
             resync_master(plan.master, lp, tensors)
         else:
             reset_master(plan.master, lp, tensors)
         self._restored.discard(p)
-
-    @staticmethod
-    def _noise_key(p: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        # Element i of the local tensor draws its noise at global position
-        # offset + i, so a sharded parameter rounds exactly as an unsharded one.
-        offset = sharding.global_flat_offset(p)
-        key = step_key(state["rng_seed"], state["step"])
-        return (key + (offset or 0)) & 0xFFFFFFFF
+        self._versions[p] = sharding.write_version(p)
 
     # -- views of the state -----------------------------------------------------------
 
@@ -353,11 +412,9 @@ class AdamW(torch.optim.Optimizer):
         """
         for group in self.param_groups:
             for p in group["params"]:
-                lp = sharding.local(p.detach())
-                if self.state.get(p) and sharding.write_version(p) != self._versions.get(p):
-                    state = {k: sharding.local(v) for k, v in self.state[p].items()}
-                    self._master_follows_edit(p, self._plans[p], lp, state)
-                    self._versions[p] = sharding.write_version(p)
+                state = self.state.get(p)
+                if state and sharding.write_version(p) != self._versions.get(p):
+                    self._master_follows_edit(p, self._plans[p], state)
 
     def state_dict(self) -> dict[str, Any]:
         """torch's state dict, with masters first re-synced with edited parameters."""
@@ -438,7 +495,6 @@ class AdamW(torch.optim.Optimizer):
         self._restored = set()
         self.last_conversion = None
         self._kernels = {}
-        self._unused_seed = torch.zeros((), dtype=torch.int64)
         self._record_versions()
 
     def _record_versions(self) -> None:

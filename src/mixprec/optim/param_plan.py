@@ -6,7 +6,7 @@ itself is made at the parameter's first step (`fresh_state`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,6 +32,10 @@ class ParamPlan:
         mode: how its step runs (native, compiled, eager).
         dtype: the parameter's dtype the formats were resolved for.
         index: the parameter's position when added (derives its rounding seed).
+        batch_key: what parameters stepped by one kernel call share (formats, mode).
+        master_keys: the master's state keys, in kernel order.
+        moment_keys: the moments' state keys, in kernel order.
+        uses_noise: whether the master draws stochastic-rounding noise.
     """
 
     master: MasterFormat
@@ -39,6 +43,18 @@ class ParamPlan:
     mode: KernelMode
     dtype: torch.dtype
     index: int
+    batch_key: tuple[str, str, str] = field(init=False)
+    master_keys: tuple[str, ...] = field(init=False)
+    moment_keys: tuple[str, ...] = field(init=False)
+    uses_noise: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Read on every step for every parameter: computed once here.
+        names = (self.master.spec.name, self.moments.spec.name, self.mode)
+        object.__setattr__(self, "batch_key", names)
+        object.__setattr__(self, "master_keys", self.master.spec.state_keys)
+        object.__setattr__(self, "moment_keys", self.moments.spec.state_keys)
+        object.__setattr__(self, "uses_noise", self.master.spec.uses_noise)
 
 
 def check_param(p: torch.Tensor) -> None:

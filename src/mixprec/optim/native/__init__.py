@@ -25,7 +25,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import itertools
 import json
+import operator
 import os
 import platform
 import re
@@ -45,7 +47,9 @@ import torch
 from mixprec.formats import master_spec, moment_spec
 
 __all__ = [
+    "DTYPES",
     "MAX_BLOCK",
+    "PLAIN_TYPES",
     "NativeLibrary",
     "NativeUnavailableError",
     "cache_dir",
@@ -57,7 +61,7 @@ __all__ = [
 #: Largest int8 block the kernel handles (its per-block buffers live on the stack).
 MAX_BLOCK = 4096
 #: Must equal ``mixprec_abi_version()`` in the source.
-ABI_VERSION = 1
+ABI_VERSION = 3
 
 SOURCE = Path(__file__).with_name("adamw_cpu.cpp")
 
@@ -151,103 +155,213 @@ class BuildInfo:
 
 
 class NativeLibrary:
-    """The loaded kernel; `step` runs one parameter's AdamW step in place."""
+    """The loaded kernel; `step_many` runs one AdamW step over a list of tensors."""
 
     def __init__(self, info: BuildInfo) -> None:
         self.info = info
         lib = ctypes.CDLL(str(info.path))
         if lib.mixprec_abi_version() != ABI_VERSION:
             raise NativeUnavailableError(f"{info.path} has ABI {lib.mixprec_abi_version()}")
-        fn = lib.mixprec_adamw_step
+        fn = lib.mixprec_adamw_multi
         fn.restype = ctypes.c_int
-        fn.argtypes = (
-            [ctypes.c_int] * 5
-            + [ctypes.c_void_p] * 9
-            + [
-                ctypes.c_int64,
-                ctypes.c_int64,
-                ctypes.c_uint32,
-                ctypes.c_int,
-            ]
-        )
+        fn.argtypes = [
+            ctypes.c_int,  # master
+            ctypes.c_int,  # moments
+            ctypes.c_int,  # maximize
+            ctypes.c_int64,  # count
+            ctypes.c_void_p,  # table (int64[TABLE_COLUMNS * count], column after column)
+            ctypes.c_void_p,  # hyper (double[5])
+            ctypes.c_int64,  # block
+            ctypes.c_int,  # threads
+        ]
         self._fn = fn
         self._lib = lib
 
     @staticmethod
-    def supports(
-        *, master: str, moments: str, param: torch.Tensor, grad: torch.Tensor, block_size: int
-    ) -> bool:
-        """Whether `step` handles this parameter (else the caller uses another kernel).
-
-        The formats' registry says which formats the kernel implements (their
-        ``kernel_code``); a format without one is never handed to the kernel.
-        """
+    def covers(*, master: str, moments: str) -> bool:
+        """Whether the C++ source implements this pair of formats (their registered
+        ``kernel_code`` is a case of its enums; a format registered later is not)."""
         master_fmt, moment_fmt = master_spec(master), moment_spec(moments)
         kernel_masters, kernel_moments = kernel_enums()
-        if (master_fmt.kernel_enum, master_fmt.kernel_code) not in kernel_masters.items():
-            return False  # the C++ source has no such case (a format registered later)
-        if (moment_fmt.kernel_enum, moment_fmt.kernel_code) not in kernel_moments.items():
-            return False
-        plain = all(
-            type(t) is torch.Tensor and t.device.type == "cpu" and t.is_contiguous()
-            for t in (param, grad)
+        return (master_fmt.kernel_enum, master_fmt.kernel_code) in kernel_masters.items() and (
+            moment_fmt.kernel_enum,
+            moment_fmt.kernel_code,
+        ) in kernel_moments.items()
+
+    @staticmethod
+    def accepts(param: torch.Tensor, grad: torch.Tensor, *, master: str) -> bool:
+        """Whether one tensor of a covered family can be stepped here: plain contiguous
+        CPU tensors, fp32 or bf16, a parameter dtype the master takes. (int8 block sizes
+        are checked per call: `supports`.)"""
+        return (
+            param.dtype in _DTYPE_CODES
+            and grad.dtype in _DTYPE_CODES
+            and param.device.type == "cpu"
+            and grad.device.type == "cpu"
+            and type(param) in _PLAIN
+            and type(grad) in _PLAIN
+            and param.is_contiguous()
+            and grad.is_contiguous()
+            and master_spec(master).accepts(param.dtype)
         )
-        if not plain or param.dtype not in _DTYPE_CODES or grad.dtype not in _DTYPE_CODES:
+
+    @classmethod
+    def supports(
+        cls, *, master: str, moments: str, param: torch.Tensor, grad: torch.Tensor, block_size: int
+    ) -> bool:
+        """Whether `step_many` handles this parameter (else the caller uses another kernel)."""
+        if not cls.covers(master=master, moments=moments) or not cls.accepts(
+            param, grad, master=master
+        ):
             return False
-        if not master_fmt.accepts(param.dtype):
-            return False
-        return not moment_fmt.blockwise or (
+        return not moment_spec(moments).blockwise or (
             1 <= block_size <= MAX_BLOCK and param.numel() % block_size == 0
         )
 
-    def step(
+    def step_many(
         self,
         *,
         master: str,
         moments: str,
         maximize: bool,
-        param: torch.Tensor,
-        grad: torch.Tensor,
+        params: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
         master_state: Sequence[torch.Tensor],
         moment_state: Sequence[torch.Tensor],
-        scalars: torch.Tensor,
-        key: int,
+        steps: Sequence[torch.Tensor],
+        seeds: Sequence[torch.Tensor],
+        offsets: Sequence[int],
+        hyper: Sequence[float],
         block_size: int,
     ) -> None:
-        """One AdamW step for one flat parameter (see `mixprec.optim.kernels.adamw_step_`).
+        """One AdamW step over `params` (see `mixprec.optim.kernels.adamw_step_`), in one call.
 
-        Every tensor must be a contiguous CPU tensor as laid out by the formats;
-        `supports` says which parameters qualify. `key` is the stochastic-rounding
-        key of this step (`mixprec.optim.rng.step_key`).
+        Each parameter's step counter (a float64 0-d tensor) is incremented and its
+        per-step scalars computed in the kernel, as `mixprec.optim.functional.adamw_scalars`
+        computes them. `master_state` and `moment_state` hold each parameter's state
+        tensors in its formats' key order, parameter after parameter; `seeds` (one
+        int64 0-d tensor per parameter, stochastic master only, else empty) and
+        `offsets` (each parameter's global flat offset) make the rounding key.
+        `hyper` is ``(lr, beta1, beta2, eps, weight_decay)``. Every tensor must be
+        contiguous on the CPU (`accepts` says which qualify); nothing is written
+        unless every parameter is accepted.
         """
-        states = [*master_state, None, None][:2]
-        moms = [*moment_state, None, None, None, None][:4]
-        for t in (*master_state, *moment_state, scalars):
-            if not (t.device.type == "cpu" and t.is_contiguous()):
-                raise ValueError("native AdamW step needs contiguous CPU state tensors")
-        if scalars.dtype != torch.float32 or scalars.numel() != 7:
-            raise ValueError(f"scalars must be 7 fp32 values, got {scalars.dtype} {scalars.shape}")
+        count = len(params)
+        if count == 0:
+            return
+        codes = _family(master, moments)
+        n_master, n_moments = len(codes.master_dtypes), len(codes.moment_dtypes)
+        if len(master_state) != count * n_master or len(moment_state) != count * n_moments:
+            raise ValueError("native AdamW step: state lists do not match the formats")
+        if len(steps) != count or len(offsets) != count or len(seeds) not in (0, count):
+            raise ValueError("native AdamW step: one step counter, offset (and seed) per parameter")
+        # Every pointer handed to C must be a contiguous CPU tensor of the right dtype:
+        # checked here, with C-level loops (this runs for every tensor on every step).
+        everything = (*params, *grads, *master_state, *moment_state, *steps, *seeds)
+        if not (all(map(_IS_CPU, everything)) and all(map(torch.Tensor.is_contiguous, everything))):
+            raise ValueError("native AdamW step needs contiguous CPU tensors")
+        if list(map(_DTYPE, steps)) != [torch.float64] * count or (
+            seeds and list(map(_DTYPE, seeds)) != [torch.int64] * count
+        ):
+            raise ValueError("native AdamW step: step counters must be float64, seeds int64")
+        if (
+            list(map(_DTYPE, master_state)) != list(codes.master_dtypes) * count
+            or list(map(_DTYPE, moment_state)) != list(codes.moment_dtypes) * count
+        ):
+            raise ValueError(
+                f"native AdamW step: state dtypes differ from the formats' "
+                f"({master!r}: {codes.master_dtypes}, {moments!r}: {codes.moment_dtypes})"
+            )
+        dtype_code = _DTYPE_CODES.get
+        param_codes = [c for c in map(dtype_code, map(_DTYPE, params)) if c is not None]
+        grad_codes = [c for c in map(dtype_code, map(_DTYPE, grads)) if c is not None]
+        if len(param_codes) != count or len(grad_codes) != count:
+            raise ValueError("native AdamW step: parameters and gradients must be fp32 or bf16")
+        # One int64 table, column after column (see TABLE_COLUMNS and the C source).
+        data = torch.Tensor.data_ptr
+        absent = [0] * count
+        columns = [
+            param_codes,
+            grad_codes,
+            list(map(torch.Tensor.numel, params)),
+            list(offsets),
+            list(map(data, params)),
+            list(map(data, grads)),
+            *(
+                list(map(data, master_state[k::n_master])) if k < n_master else absent
+                for k in (0, 1)
+            ),
+            *(
+                list(map(data, moment_state[k::n_moments])) if k < n_moments else absent
+                for k in (0, 1, 2, 3)
+            ),
+            list(map(data, steps)),
+            list(map(data, seeds)) if seeds else absent,
+        ]
+        flat = list(itertools.chain.from_iterable(columns))
         rc = self._fn(
-            _kernel_code(master_spec(master).kernel_code, master),
-            _DTYPE_CODES[param.dtype],
-            _kernel_code(moment_spec(moments).kernel_code, moments),
-            _DTYPE_CODES[grad.dtype],
+            codes.master_code,
+            codes.moments_code,
             int(maximize),
-            param.data_ptr(),
-            grad.data_ptr(),
-            *(None if t is None else t.data_ptr() for t in states),
-            *(None if t is None else t.data_ptr() for t in moms),
-            scalars.data_ptr(),
-            param.numel(),
+            count,
+            (ctypes.c_int64 * len(flat))(*flat),
+            (ctypes.c_double * 5)(*map(float, hyper)),
             block_size,
-            key & 0xFFFFFFFF,
             torch.get_num_threads(),
         )
         if rc != 0:
             raise RuntimeError(
                 f"native AdamW step refused master={master!r} moments={moments!r} "
-                f"param {param.dtype} grad {grad.dtype} block {block_size} (code {rc})"
+                f"block {block_size} (code {rc}): "
+                + ("a dtype combination it does not build" if rc == 1 else "a bad block size")
             )
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+#: Tensor types whose data the kernel may read through a pointer (not subclasses).
+PLAIN_TYPES = frozenset(_PLAIN)
+#: Parameter and gradient dtypes the kernel is built for.
+DTYPES = frozenset(_DTYPE_CODES)
+_IS_CPU = operator.attrgetter("is_cpu")
+_DTYPE = operator.attrgetter("dtype")
+
+
+#: Columns of the int64 table `step_many` hands the kernel (one row per parameter).
+TABLE_COLUMNS = (
+    "param_dtype",
+    "grad_dtype",
+    "numel",
+    "offset",
+    "param",
+    "grad",
+    "s0",
+    "s1",
+    "mo0",
+    "mo1",
+    "mo2",
+    "mo3",
+    "step",
+    "seed",
+)
+
+
+@dataclass(frozen=True)
+class _FamilyCodes:
+    master_code: int
+    moments_code: int
+    master_dtypes: tuple[torch.dtype, ...]
+    moment_dtypes: tuple[torch.dtype, ...]
+
+
+@functools.cache
+def _family(master: str, moments: str) -> _FamilyCodes:
+    mspec, mospec = master_spec(master), moment_spec(moments)
+    return _FamilyCodes(
+        _kernel_code(mspec.kernel_code, master),
+        _kernel_code(mospec.kernel_code, moments),
+        tuple(t.dtype for t in mspec.state),
+        tuple(t.dtype for t in mospec.state),
+    )
 
 
 _lock = threading.Lock()

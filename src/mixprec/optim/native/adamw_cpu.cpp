@@ -17,6 +17,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace {
 
@@ -42,12 +45,13 @@ inline uint32_t mix32(uint32_t x) {
   return x;
 }
 
+// One tensor of a multi-tensor step: its pointers, its per-step scalars and key.
 struct Args {
   void* param; const void* grad;
   void* s0; void* s1;
   void* mo0; void* mo1; void* mo2; void* mo3;
-  const float* scalars;
-  int64_t n; int64_t block; uint32_t key; float grad_sign; int threads;
+  float scalars[7];
+  int64_t n; int64_t block; uint32_t key; float grad_sign;
 };
 
 template <int PDT> inline float load_p(const void* p, int64_t i) {
@@ -131,37 +135,31 @@ struct Math {
 // moments/int8.py U_MAX: the largest sqrt(v) stored, so a decoded v stays finite.
 constexpr float kUMax = 9223372036854775808.0f;  // 2**63
 
+// Elements [lo, hi) of one tensor with dense moments.
 template <int MASTER, int PDT, int MO, int GDT>
-void step_dense(const Args& args) {
-  const Math k(args.scalars);
-  const int64_t n = args.n;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) num_threads(args.threads)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const Args a = args;  // a private copy: stores through the data pointers cannot alias it
-    const int64_t lo = c * kChunk;
-    const int64_t hi = lo + kChunk < n ? lo + kChunk : n;
+void dense_range(const Args& args, int64_t lo, int64_t hi) {
+  const Args a = args;  // a private copy: stores through the data pointers cannot alias it
+  const Math k(a.scalars);
 #pragma GCC ivdep
-    for (int64_t i = lo; i < hi; ++i) {
-      float p = decode_master<MASTER, PDT>(a, i);
-      float g = load_p<GDT>(a.grad, i) * a.grad_sign;
-      float m, v, u;
-      if constexpr (MO == MO_FP32) {
-        m = static_cast<const float*>(a.mo0)[i];
-        v = static_cast<const float*>(a.mo1)[i];
-      } else {
-        m = bf2f(static_cast<const uint16_t*>(a.mo0)[i]);
-        v = bf2f(static_cast<const uint16_t*>(a.mo1)[i]);
-      }
-      k.apply(p, g, m, v, u);
-      encode_master<MASTER, PDT>(a, i, p);
-      if constexpr (MO == MO_FP32) {
-        static_cast<float*>(a.mo0)[i] = m;
-        static_cast<float*>(a.mo1)[i] = v;
-      } else {
-        static_cast<uint16_t*>(a.mo0)[i] = f2bf(m);
-        static_cast<uint16_t*>(a.mo1)[i] = f2bf(v);
-      }
+  for (int64_t i = lo; i < hi; ++i) {
+    float p = decode_master<MASTER, PDT>(a, i);
+    float g = load_p<GDT>(a.grad, i) * a.grad_sign;
+    float m, v, u;
+    if constexpr (MO == MO_FP32) {
+      m = static_cast<const float*>(a.mo0)[i];
+      v = static_cast<const float*>(a.mo1)[i];
+    } else {
+      m = bf2f(static_cast<const uint16_t*>(a.mo0)[i]);
+      v = bf2f(static_cast<const uint16_t*>(a.mo1)[i]);
+    }
+    k.apply(p, g, m, v, u);
+    encode_master<MASTER, PDT>(a, i, p);
+    if constexpr (MO == MO_FP32) {
+      static_cast<float*>(a.mo0)[i] = m;
+      static_cast<float*>(a.mo1)[i] = v;
+    } else {
+      static_cast<uint16_t*>(a.mo0)[i] = f2bf(m);
+      static_cast<uint16_t*>(a.mo1)[i] = f2bf(v);
     }
   }
 }
@@ -169,21 +167,19 @@ void step_dense(const Args& args) {
 // moments/int8.py: m as 127*sqrt(|m|/absmax) with sign, v through u = sqrt(v)
 // as 255*sqrt(u/umax); decode, update and re-encode one block at a time.
 template <int MASTER, int PDT, int GDT>
-void step_int8(const Args& args) {
-  const Math k(args.scalars);
-  const int64_t bs = args.block;
-  const int64_t blocks = args.n / bs;
-  int8_t* const mq = static_cast<int8_t*>(args.mo0);
-  float* const mmax = static_cast<float*>(args.mo1);
-  uint8_t* const vq = static_cast<uint8_t*>(args.mo2);
-  float* const umax = static_cast<float*>(args.mo3);
+void int8_range(const Args& args, int64_t block_lo, int64_t block_hi) {
+  const Args a = args;  // a private copy: stores through the data pointers cannot alias it
+  const Math k(a.scalars);
+  const int64_t bs = a.block;
+  int8_t* const mq = static_cast<int8_t*>(a.mo0);
+  float* const mmax = static_cast<float*>(a.mo1);
+  uint8_t* const vq = static_cast<uint8_t*>(a.mo2);
+  float* const umax = static_cast<float*>(a.mo3);
   const float inv127sq = static_cast<float>(1.0 / (127.0 * 127.0));
   const float inv255sq = static_cast<float>(1.0 / (255.0 * 255.0));
-#pragma omp parallel for schedule(static) num_threads(args.threads)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const Args a = args;  // a private copy: stores through the data pointers cannot alias it
-    float mloc[kMaxBlock];
-    float uloc[kMaxBlock];
+  float mloc[kMaxBlock];
+  float uloc[kMaxBlock];
+  for (int64_t b = block_lo; b < block_hi; ++b) {
     const int64_t base = b * bs;
     const float ms = mmax[b] * inv127sq;
     const float us = umax[b] * inv255sq;
@@ -235,17 +231,19 @@ void step_int8(const Args& args) {
   }
 }
 
-using StepFn = void (*)(const Args&);
+// Runs items [lo, hi) of one tensor: chunks of kChunk elements (dense moments) or
+// runs of int8 blocks.
+using RangeFn = void (*)(const Args&, int64_t, int64_t);
 
 template <int MASTER, int PDT, int MO, int GDT>
-constexpr StepFn pick() {
-  if constexpr (MO == MO_INT8) return &step_int8<MASTER, PDT, GDT>;
-  else return &step_dense<MASTER, PDT, MO, GDT>;
+constexpr RangeFn pick() {
+  if constexpr (MO == MO_INT8) return &int8_range<MASTER, PDT, GDT>;
+  else return &dense_range<MASTER, PDT, MO, GDT>;
 }
 
 template <int MASTER, int PDT>
-StepFn lookup_grad(int mo, int gdt) {
-  static const StepFn table[3][2] = {
+RangeFn lookup_grad(int mo, int gdt) {
+  static const RangeFn table[3][2] = {
       {pick<MASTER, PDT, MO_FP32, DT_F32>(), pick<MASTER, PDT, MO_FP32, DT_BF16>()},
       {pick<MASTER, PDT, MO_BF16, DT_F32>(), pick<MASTER, PDT, MO_BF16, DT_BF16>()},
       {pick<MASTER, PDT, MO_INT8, DT_F32>(), pick<MASTER, PDT, MO_INT8, DT_BF16>()},
@@ -253,7 +251,7 @@ StepFn lookup_grad(int mo, int gdt) {
   return table[mo][gdt];
 }
 
-StepFn lookup(int master, int pdt, int mo, int gdt) {
+RangeFn lookup(int master, int pdt, int mo, int gdt) {
   if (mo < 0 || mo > 2 || gdt < 0 || gdt > 1) return nullptr;
   if (pdt == DT_F32) return master == M_NONE ? lookup_grad<M_NONE, DT_F32>(mo, gdt) : nullptr;
   if (pdt != DT_BF16) return nullptr;
@@ -268,24 +266,120 @@ StepFn lookup(int master, int pdt, int mo, int gdt) {
   }
 }
 
+// rng.step_key: a per-(parameter, step) key from the parameter's seed and step count.
+inline uint32_t step_key(int64_t seed, double step) {
+  const uint32_t t = static_cast<uint32_t>(static_cast<int64_t>(step));
+  return mix32(mix32(t) + static_cast<uint32_t>(seed));
+}
+
 }  // namespace
 
 extern "C" {
 
 // ABI version: bump with any change of the signature below.
-int mixprec_abi_version() { return 1; }
+int mixprec_abi_version() { return 3; }
 
-// 0: done; 1: this combination is not built; 2: bad block size.
-int mixprec_adamw_step(int master, int param_dtype, int moments, int grad_dtype, int maximize,
-                       void* param, const void* grad, void* s0, void* s1, void* mo0, void* mo1,
-                       void* mo2, void* mo3, const float* scalars, int64_t n, int64_t block,
-                       uint32_t key, int threads) {
-  StepFn fn = lookup(master, param_dtype, moments, grad_dtype);
-  if (fn == nullptr) return 1;
-  if (moments == MO_INT8 && (block < 1 || block > kMaxBlock || n % block != 0)) return 2;
-  Args a{param, grad, s0, s1, mo0, mo1, mo2, mo3, scalars, n, block, key,
-         maximize ? -1.0f : 1.0f, threads < 1 ? 1 : threads};
-  fn(a);
+// The columns of the table (native/__init__.py TABLE_COLUMNS), count entries each.
+enum Column {
+  C_PDT = 0, C_GDT, C_NUMEL, C_OFFSET, C_PARAM, C_GRAD, C_S0, C_S1,
+  C_MO0, C_MO1, C_MO2, C_MO3, C_STEP, C_SEED, C_COLUMNS
+};
+
+// One AdamW step over `count` tensors of one family (master and moment formats).
+//
+// table[c * count + t] holds column c of tensor t: parameter and gradient dtypes
+// (DType), element count, the global offset of its first element (a shard's
+// position in the whole parameter), data pointers (0 where the formats use no
+// such tensor), its float64 step counter (incremented here) and its int64
+// rounding seed (stochastic master only). The per-step scalars are computed
+// from the step count exactly as functional.adamw_scalars computes them
+// (float64, then rounded to fp32). hyper: lr, beta1, beta2, eps, weight_decay.
+//
+// Everything is checked before anything is written. Returns 0: done; 1: a
+// combination this source does not build; 2: a bad block size.
+int mixprec_adamw_multi(int master, int moments, int maximize, int64_t count,
+                        const int64_t* table, const double* hyper, int64_t block, int threads) {
+  if (count <= 0) return 0;
+  auto col = [&](int c, int64_t t) { return table[c * count + t]; };
+  auto ptr = [&](int c, int64_t t) { return reinterpret_cast<void*>(col(c, t)); };
+  const bool int8 = moments == MO_INT8;
+  if (int8 && (block < 1 || block > kMaxBlock)) return 2;
+  RangeFn* fns = new RangeFn[count];
+  for (int64_t t = 0; t < count; ++t) {
+    fns[t] = lookup(master, static_cast<int>(col(C_PDT, t)), moments,
+                    static_cast<int>(col(C_GDT, t)));
+    if (fns[t] == nullptr || (int8 && col(C_NUMEL, t) % block != 0)) {
+      const int rc = fns[t] == nullptr ? 1 : 2;
+      delete[] fns;
+      return rc;
+    }
+  }
+  const double lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3], wd = hyper[4];
+  Args* args = new Args[count];
+  int64_t* first = new int64_t[count + 1];  // first work item of each tensor
+  // Items: kChunk elements, or as many whole int8 blocks as fit in kChunk.
+  const int64_t per_item = int8 ? (kChunk / block > 0 ? kChunk / block : 1) : kChunk;
+  first[0] = 0;
+  for (int64_t t = 0; t < count; ++t) {
+    double* const step_ptr = static_cast<double*>(ptr(C_STEP, t));
+    const double step = *step_ptr + 1.0;
+    *step_ptr = step;
+    const double bc1 = 1.0 - std::pow(beta1, step);
+    const double bc2 = 1.0 - std::pow(beta2, step);
+    Args& a = args[t];
+    a.param = ptr(C_PARAM, t);
+    a.grad = ptr(C_GRAD, t);
+    a.s0 = ptr(C_S0, t);
+    a.s1 = ptr(C_S1, t);
+    a.mo0 = ptr(C_MO0, t);
+    a.mo1 = ptr(C_MO1, t);
+    a.mo2 = ptr(C_MO2, t);
+    a.mo3 = ptr(C_MO3, t);
+    a.scalars[0] = static_cast<float>(1.0 - lr * wd);
+    a.scalars[1] = static_cast<float>(1.0 - beta1);
+    a.scalars[2] = static_cast<float>(beta2);
+    a.scalars[3] = static_cast<float>(1.0 - beta2);
+    a.scalars[4] = static_cast<float>(-lr / bc1);
+    a.scalars[5] = static_cast<float>(1.0 / std::sqrt(bc2));
+    a.scalars[6] = static_cast<float>(eps);
+    a.n = col(C_NUMEL, t);
+    a.block = int8 ? block : 1;
+    const int64_t* const seed = static_cast<const int64_t*>(ptr(C_SEED, t));
+    a.key = seed ? step_key(*seed, step) + static_cast<uint32_t>(col(C_OFFSET, t)) : 0u;
+    a.grad_sign = maximize ? -1.0f : 1.0f;
+    const int64_t units = int8 ? a.n / block : a.n;
+    first[t + 1] = first[t] + (units + per_item - 1) / per_item;
+  }
+  const int64_t total = first[count];
+  int nthreads = threads < 1 ? 1 : threads;
+  if (total < nthreads) nthreads = total < 1 ? 1 : static_cast<int>(total);
+  // Each thread takes one contiguous run of items and walks the tensors it covers:
+  // results do not depend on the thread count (every item is independent).
+#pragma omp parallel num_threads(nthreads)
+  {
+#ifdef _OPENMP
+    const int64_t tid = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const int64_t tid = 0, nt = 1;
+#endif
+    const int64_t lo = total * tid / nt, hi = total * (tid + 1) / nt;
+    int64_t t = 0;
+    while (t < count && first[t + 1] <= lo) ++t;
+    for (int64_t item = lo; item < hi && t < count;) {
+      const int64_t end = hi < first[t + 1] ? hi : first[t + 1];
+      const Args& a = args[t];
+      const int64_t units = int8 ? a.n / a.block : a.n;
+      const int64_t u_lo = (item - first[t]) * per_item;
+      int64_t u_hi = (end - first[t]) * per_item;
+      u_hi = u_hi < units ? u_hi : units;
+      if (u_lo < u_hi) fns[t](a, u_lo, u_hi);
+      item = end;
+      ++t;
+    }
+  }
+  delete[] first;
+  delete[] args;
+  delete[] fns;
   return 0;
 }
 

@@ -1,0 +1,131 @@
+"""``torch.ops.mixprec.adamw_step_``: the step of one batch of parameters as a PyTorch operator.
+
+`mixprec.optim.AdamW` steps each family of parameters of a group through this
+operator, so the profiler shows one ``mixprec::adamw_step_`` per call and
+``torch.compile`` / ``torch._dynamo`` trace it as one opaque, in-place node
+(no graph break; the implementation runs when the graph runs). It takes the
+parameters, their state and their float64 step counters as lists, and the
+group's hyperparameters as floats; its implementation is `StepKernel.run`
+of `mixprec.optim.kernels` (the native CPU kernel in one call, else the
+portable path).
+
+The schema declares what it writes: parameters, master and moment state and
+the step counters. A fake implementation (nothing to compute: no outputs)
+lets tracing run on fake tensors.
+
+`adamw_step_` goes through the dispatcher whenever anyone could be watching:
+under ``torch.compile`` / ``torch._dynamo`` tracing, with the profiler on, or
+inside a ``TorchDispatchMode`` (fake tensors, ``make_fx``, debug modes). In
+plain eager execution it calls the same implementation directly: the
+dispatcher's round trip for a Python operator with list arguments costs about
+15 us a call, which is a tenth of a small model's optimizer step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mixprec.optim.kernels import GroupHyper, StepBatch, kernel_for
+
+__all__ = ["OP_NAME", "adamw_step_"]
+
+#: The operator's qualified name.
+OP_NAME = "mixprec::adamw_step_"
+
+torch.library.define(
+    OP_NAME,
+    "(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_state, "
+    "Tensor(c!)[] moment_state, Tensor(d!)[] steps, Tensor[] seeds, int[] offsets, "
+    "float lr, float beta1, float beta2, float eps, float weight_decay, "
+    "str master, str moments, bool maximize, int block_size, str kernel_mode) -> ()",
+)
+
+
+def _adamw_step_impl(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    master_state: list[torch.Tensor],
+    moment_state: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    seeds: list[torch.Tensor],
+    offsets: list[int],
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    master: str,
+    moments: str,
+    maximize: bool,
+    block_size: int,
+    kernel_mode: str,
+) -> None:
+    # (``kernel_mode``, not ``mode``: torch's mode redirection takes a ``mode`` argument.)
+    kernel = kernel_for(master, moments, maximize=maximize, block_size=block_size, mode=kernel_mode)
+    batch = StepBatch(
+        params=params,
+        grads=grads,
+        master_state=master_state,
+        moment_state=moment_state,
+        steps=steps,
+        seeds=seeds,
+        offsets=list(offsets),
+    )
+    kernel.run(batch, GroupHyper(lr, beta1, beta2, eps, weight_decay))
+    # The native kernel writes through pointers: tell autograd the parameters changed
+    # (the portable path's in-place copies count themselves; one more bump is harmless).
+    if kernel.is_native:
+        torch.autograd.graph.increment_version(params)
+
+
+def _adamw_step_fake(*args: object, **kwargs: object) -> None:
+    return None
+
+
+torch.library.impl(OP_NAME, "default", _adamw_step_impl)
+torch.library.register_fake(OP_NAME, _adamw_step_fake)
+
+
+def adamw_step_(
+    batch: StepBatch,
+    hyper: GroupHyper,
+    *,
+    master: str,
+    moments: str,
+    maximize: bool,
+    block_size: int,
+    mode: str,
+) -> None:
+    """Run ``torch.ops.mixprec.adamw_step_`` on `batch` (see the module's docstring)."""
+    args = (
+        batch.params,
+        batch.grads,
+        batch.master_state,
+        batch.moment_state,
+        batch.steps,
+        batch.seeds,
+        batch.offsets,
+        hyper.lr,
+        hyper.beta1,
+        hyper.beta2,
+        hyper.eps,
+        hyper.weight_decay,
+        master,
+        moments,
+        maximize,
+        block_size,
+        mode,
+    )
+    if _observed():
+        torch.ops.mixprec.adamw_step_(*args)
+    else:
+        _adamw_step_impl(*args)
+
+
+def _observed() -> bool:
+    """Whether tracing, the profiler or a dispatch mode could see this call."""
+    return (
+        torch.compiler.is_compiling()
+        or torch.autograd.profiler._is_profiler_enabled
+        or torch._C._len_torch_dispatch_stack() > 0
+    )

@@ -1,0 +1,282 @@
+"""The multi-tensor step: one call per family and group, bitwise the per-parameter reference.
+
+The reference is `kernels.adamw_step_` called on one parameter at a time with
+scalars from `adamw_scalars` (what every path must reproduce). Checked here:
+the native kernel's single call over a whole group, the portable path's
+concatenation of small tensors, parameters at different step counts in one
+call, the operator seen by the profiler and by ``torch._dynamo``, and no
+per-parameter host read of the step counter.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from mixprec.formats import moment_format, resolve_master
+from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, kernels, native, ops
+from mixprec.optim.functional import adamw_scalars
+from mixprec.optim.kernels import StepFamily, adamw_step_
+from mixprec.optim.rng import step_key
+
+try:
+    native.library()
+    HAVE_NATIVE = True
+except native.NativeUnavailableError:  # pragma: no cover - machines without a compiler
+    HAVE_NATIVE = False
+
+# Tiny, block-sized, tails, and one above the portable path's concatenation limit.
+SHAPES = [(3,), (7, 11), (256,), (2, 512), (4096 + 13,), (kernels.CONCAT_MAX_NUMEL + 256,)]
+HYPER: dict[str, Any] = {"lr": 3e-3, "betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": 0.1}
+
+
+def _params(dtype: torch.dtype) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return [(torch.randn(s, generator=gen) * 2).to(dtype).requires_grad_() for s in SHAPES]
+
+
+def _grads(params: list[torch.Tensor], step: int, grad_dtype: torch.dtype) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + step)
+    scale = 10.0 ** (step % 7 - 4)
+    return [(torch.randn(p.shape, generator=gen) * scale).to(grad_dtype) for p in params]
+
+
+def _reference_step(
+    opt: AdamW, params: list[torch.Tensor], grads: list[torch.Tensor | None], maximize: bool
+) -> None:
+    """One step, one parameter at a time, through the pure function (the reference)."""
+    group = opt.param_groups[0]
+    for p, g in zip(params, grads, strict=True):
+        if g is None:
+            continue
+        plan = opt._plans[p]
+        state = opt._state_of(p)
+        state["step"] += 1
+        step = int(state["step"].item())
+        scalars = adamw_scalars(
+            lr=group["lr"],
+            beta1=group["betas"][0],
+            beta2=group["betas"][1],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            step=step,
+        ).as_tensor()
+        shape = plan.moments.kernel_shape(p.numel())
+        key = torch.zeros((), dtype=torch.int64)
+        if plan.master.spec.uses_noise:
+            key = step_key(state["rng_seed"], state["step"]) & 0xFFFFFFFF
+        moments = [
+            state[t.name].view(-1) if t.per_block else state[t.name].view(shape)
+            for t in plan.moments.spec.state
+        ]
+        with torch.no_grad():
+            adamw_step_(
+                p.detach().view(shape),
+                g.view(shape),
+                [state[k].view(shape) for k in plan.master.spec.state_keys],
+                moments,
+                scalars,
+                key,
+                family=StepFamily(plan.master, plan.moments, maximize),
+            )
+
+
+def _same(a: list[torch.Tensor], a_opt: AdamW, b: list[torch.Tensor], b_opt: AdamW) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(
+            x.detach().view(-1).view(torch.uint8), y.detach().view(-1).view(torch.uint8)
+        )
+        assert a_opt.state[x].keys() == b_opt.state[y].keys()
+        for key, value in a_opt.state[x].items():
+            other = b_opt.state[y][key]
+            assert torch.equal(
+                value.reshape(-1).view(torch.uint8), other.reshape(-1).view(torch.uint8)
+            ), key
+
+
+CASES = [(m, mo) for m in MASTER_KINDS for mo in MOMENT_KINDS]
+
+
+@pytest.mark.parametrize(
+    "fused",
+    [
+        False,
+        pytest.param(True, marks=pytest.mark.skipif(not HAVE_NATIVE, reason="no native kernel")),
+    ],
+)
+@pytest.mark.parametrize(("master", "moments"), CASES)
+def test_one_call_per_group_is_bitwise_the_per_parameter_reference(
+    master: str, moments: str, fused: bool
+) -> None:
+    dtype = torch.float32 if master == "none" else torch.bfloat16
+    kw: dict[str, Any] = {**HYPER, "master": master, "moments": moments, "seed": 5}
+    kw.update(min_int8_numel=0, maximize=True)
+    ours_p, ref_p = _params(dtype), _params(dtype)
+    ours = AdamW(ours_p, fused=fused, **kw)
+    ref = AdamW(ref_p, fused=False, **kw)
+    for step in range(5):
+        grads: list[torch.Tensor | None] = list(
+            _grads(ours_p, step, torch.float32 if step % 2 else dtype)
+        )
+        if step == 2:  # some parameters skip a step: counters differ inside one call
+            grads[1] = grads[4] = None
+        for p, q, g in zip(ours_p, ref_p, grads, strict=True):
+            p.grad_dtype = q.grad_dtype = None
+            p.grad = None if g is None else g.clone()
+        ours.step()
+        _reference_step(ref, ref_p, grads, maximize=True)
+    assert ours.state[ours_p[1]]["step"].item() == 4 and ours.state[ours_p[0]]["step"].item() == 5
+    _same(ours_p, ours, ref_p, ref)
+    if fused:
+        assert set(ours.kernel_backends().values()) == {"native"}
+
+
+def test_portable_concatenation_covers_mixed_gradient_dtypes_and_odd_sizes() -> None:
+    # Tensors with different gradient dtypes and step counts go to separate concatenations.
+    dtype = torch.bfloat16
+    kw: dict[str, Any] = {**HYPER, "master": "stochastic", "moments": "int8", "seed": 1}
+    kw.update(min_int8_numel=0, block_size=4)
+    shapes = [(4,), (8,), (3, 4), (16,), (2, 2)]
+    ours_p = [torch.randn(s).to(dtype).requires_grad_() for s in shapes]
+    ref_p = [p.detach().clone().requires_grad_() for p in ours_p]
+    ours, ref = AdamW(ours_p, fused=False, **kw), AdamW(ref_p, fused=False, **kw)
+    for step in range(4):
+        grads: list[torch.Tensor | None] = [
+            torch.randn(s).to(torch.float32 if i % 2 else dtype) for i, s in enumerate(shapes)
+        ]
+        if step == 1:
+            grads[0] = None
+        for p, q, g in zip(ours_p, ref_p, grads, strict=True):
+            p.grad_dtype = q.grad_dtype = None
+            p.grad = None if g is None else g.clone()
+        ours.step()
+        _reference_step(ref, ref_p, grads, maximize=False)
+    _same(ours_p, ours, ref_p, ref)
+
+
+@pytest.mark.skipif(not HAVE_NATIVE, reason="no native kernel")
+def test_the_native_kernel_is_called_once_per_group_and_family(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+    original = native.NativeLibrary.step_many
+
+    def counting(self: native.NativeLibrary, **kw: Any) -> None:
+        calls.append(len(kw["params"]))
+        original(self, **kw)
+
+    monkeypatch.setattr(native.NativeLibrary, "step_many", counting)
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(10)]).to(torch.bfloat16)
+    decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    opt = AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], fused=True)
+    model(torch.randn(4, 16, dtype=torch.bfloat16)).float().sum().backward()
+    opt.step()
+    assert calls == [10, 10]
+
+
+def test_no_host_read_of_step_counters_on_the_native_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not HAVE_NATIVE:
+        pytest.skip("no native kernel")
+    params = [torch.randn(64, dtype=torch.bfloat16, requires_grad=True) for _ in range(5)]
+    opt = AdamW(params, fused=True)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+
+    def no_item(self: torch.Tensor) -> Any:
+        raise AssertionError("a host read of a tensor during the step")
+
+    monkeypatch.setattr(torch.Tensor, "item", no_item)
+    monkeypatch.setattr(torch.Tensor, "tolist", no_item)
+    opt.step()
+    monkeypatch.undo()
+    assert [int(opt.state[p]["step"].item()) for p in params] == [2] * 5
+
+
+def test_the_profiler_sees_the_operator() -> None:
+    params = [torch.randn(32, requires_grad=True) for _ in range(3)]
+    opt = AdamW(params)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        opt.step()
+    names = [e.name for e in prof.events()]
+    assert names.count(ops.OP_NAME) == 1
+
+
+def test_dynamo_traces_the_step_without_a_graph_break() -> None:
+    torch._dynamo.reset()
+    params = [torch.randn(32, dtype=torch.bfloat16, requires_grad=True) for _ in range(5)]
+    opt = AdamW(params, master="stochastic", seed=0)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()  # state exists: the traced step is a steady one
+    explanation = torch._dynamo.explain(opt.step)()
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+@pytest.mark.compile
+def test_compiled_step_equals_the_eager_step() -> None:
+    torch._dynamo.reset()
+    make = lambda: [torch.randn(s).to(torch.bfloat16).requires_grad_() for s in ((8,), (3, 5))]  # noqa: E731
+    torch.manual_seed(0)
+    a = make()
+    torch.manual_seed(0)
+    b = make()
+    opt_a, opt_b = AdamW(a, seed=0, master="kahan"), AdamW(b, seed=0, master="kahan")
+    step_b = torch.compile(opt_b.step)
+    for i in range(3):
+        for p, q in zip(a, b, strict=True):
+            p.grad = torch.full_like(p, 0.1 * (i + 1))
+            q.grad = p.grad.clone()
+        opt_a.step()
+        step_b()
+    _same(a, opt_a, b, opt_b)
+
+
+def test_deepcopy_of_an_optimizer_steps_its_own_state() -> None:
+    p = torch.randn(16, dtype=torch.bfloat16, requires_grad=True)
+    p.grad = torch.ones_like(p)
+    opt = AdamW([p])
+    opt.step()
+    twin_p = copy.deepcopy(p)
+    twin = AdamW([twin_p])
+    twin.load_state_dict(copy.deepcopy(opt.state_dict()))
+    twin_p.grad = torch.ones_like(twin_p)
+    twin.step()
+    assert opt.state[p]["step"].item() == 1 and twin.state[twin_p]["step"].item() == 2
+
+
+def test_the_operator_refuses_what_it_cannot_read() -> None:
+    if not HAVE_NATIVE:
+        pytest.skip("no native kernel")
+    lib = native.library()
+    p = torch.zeros(8)
+    g = torch.zeros(16)[::2]  # not contiguous
+    m, v = torch.zeros(8), torch.zeros(8)
+    step = torch.zeros((), dtype=torch.float64)
+    with pytest.raises(ValueError, match="contiguous CPU"):
+        lib.step_many(
+            master="none", moments="fp32", maximize=False, params=[p], grads=[g],
+            master_state=[], moment_state=[m, v], steps=[step], seeds=[], offsets=[0],
+            hyper=(1e-3, 0.9, 0.999, 1e-8, 0.0), block_size=1,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="float64"):
+        lib.step_many(
+            master="none", moments="fp32", maximize=False, params=[p], grads=[p.clone()],
+            master_state=[], moment_state=[m, v], steps=[step.float()], seeds=[], offsets=[0],
+            hyper=(1e-3, 0.9, 0.999, 1e-8, 0.0), block_size=1,
+        )  # fmt: skip
+    assert step.item() == 0 and torch.equal(p, torch.zeros(8))  # nothing written
+
+
+def test_family_of_names_round_trips() -> None:
+    family = kernels.family_of("exact", "int8", maximize=True, block_size=64)
+    assert family == StepFamily(
+        resolve_master("exact", torch.bfloat16), moment_format("int8", block_size=64), True
+    )

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from mixprec.optim import AdamW, kernels
+from mixprec.optim import AdamW, batches, kernels
 from mixprec.optim.inductor import vector_bitcasts, vector_bitcasts_supported
 from mixprec.optim.kernels import AUTO_COMPILE_MIN_NUMEL, resolve_mode
 
@@ -55,8 +55,8 @@ def test_compiled_step_equals_eager_bitwise_with_one_graph_per_family(
     eager = AdamW(eager_p, fused=False, **kw)  # type: ignore[arg-type]
     comp = AdamW(comp_p, fused=True, **kw)  # type: ignore[arg-type]
     _steps(eager, eager_p, range(4))
-    kernels._family_function.cache_clear()  # fresh functions: count this test's graphs only
-    kernels._compiled_family_function.cache_clear()
+    kernels.family_function.cache_clear()  # fresh functions: count this test's graphs only
+    kernels.compiled_family_function.cache_clear()
     torch._dynamo.utils.counters.clear()
     _steps(comp, comp_p, range(2))
     comp, comp_p = reload(comp, comp_p, fused=True, **kw)
@@ -121,11 +121,11 @@ def broken_compiler(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         return fail
 
     monkeypatch.setattr(torch, "compile", broken)
-    kernels._compiled_family_function.cache_clear()
-    kernels.clear_kernels()  # kernels are process-wide: none made with a compiler
+    kernels.compiled_family_function.cache_clear()
+    batches.clear_kernels()  # kernels are process-wide: none made with a compiler
     yield
-    kernels._compiled_family_function.cache_clear()
-    kernels.clear_kernels()
+    kernels.compiled_family_function.cache_clear()
+    batches.clear_kernels()
 
 
 @pytest.mark.usefixtures("broken_compiler")

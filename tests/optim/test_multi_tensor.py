@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from mixprec.formats import moment_format, resolve_master
-from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, kernels, native, ops
+from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, batches, native, ops
 from mixprec.optim.functional import adamw_scalars
 from mixprec.optim.kernels import StepFamily, adamw_step_
 from mixprec.optim.rng import step_key
@@ -29,7 +29,7 @@ except native.NativeUnavailableError:  # pragma: no cover - machines without a c
     HAVE_NATIVE = False
 
 # Tiny, block-sized, tails, and one above the portable path's concatenation limit.
-SHAPES = [(3,), (7, 11), (256,), (2, 512), (4096 + 13,), (kernels.CONCAT_MAX_NUMEL + 256,)]
+SHAPES = [(3,), (7, 11), (256,), (2, 512), (4096 + 13,), (batches.CONCAT_MAX_NUMEL + 256,)]
 HYPER: dict[str, Any] = {"lr": 3e-3, "betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": 0.1}
 
 
@@ -276,7 +276,7 @@ def test_the_operator_refuses_what_it_cannot_read() -> None:
 
 
 def test_family_of_names_round_trips() -> None:
-    family = kernels.family_of("exact", "int8", maximize=True, block_size=64)
+    family = batches.family_of("exact", "int8", maximize=True, block_size=64)
     assert family == StepFamily(
         resolve_master("exact", torch.bfloat16), moment_format("int8", block_size=64), True
     )

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from mixprec.formats import moment_format, resolve_master
-from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, kernels, native
-from mixprec.optim.kernels import StepFamily, StepKernel, resolve_mode
+from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, batches, kernels, native
+from mixprec.optim.batches import StepKernel
+from mixprec.optim.kernels import StepFamily, resolve_mode
 
 from .checkpoint import reload
 
@@ -170,12 +171,12 @@ def test_resolve_mode_with_and_without_the_native_kernel(monkeypatch: pytest.Mon
 def fresh_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
     native.library.cache_clear()
-    kernels._warn_native_unavailable.cache_clear()
-    kernels.clear_kernels()  # kernels are process-wide and hold the library
+    kernels.warn_native_unavailable.cache_clear()
+    batches.clear_kernels()  # kernels are process-wide and hold the library
     yield tmp_path / "native"
     native.library.cache_clear()
-    kernels._warn_native_unavailable.cache_clear()
-    kernels.clear_kernels()
+    kernels.warn_native_unavailable.cache_clear()
+    batches.clear_kernels()
 
 
 @needs_native

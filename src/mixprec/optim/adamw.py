@@ -24,15 +24,8 @@ from mixprec.formats import (
     master_spec,
 )
 from mixprec.optim import ops, sharding
-from mixprec.optim.kernels import (
-    GroupHyper,
-    KernelMode,
-    StepBatch,
-    StepFamily,
-    StepKernel,
-    resolve_mode,
-    step_kernel,
-)
+from mixprec.optim.batches import GroupHyper, StepBatch, StepKernel, step_kernel
+from mixprec.optim.kernels import KernelMode, StepFamily, resolve_mode
 from mixprec.optim.layout import flat_view, like_param
 from mixprec.optim.options import check_hyper, refuse_unsupported, scalar
 from mixprec.optim.param_plan import ParamPlan, check_param, fresh_state, plan_param

@@ -1,7 +1,8 @@
 """The fused AdamW step: decode master and moments, update in fp32, encode, write in place.
 
-`adamw_step_` composes the pure pieces for one flattened parameter. `StepKernel`
-runs it one of three ways, all bitwise identical:
+`adamw_step_` composes the pure pieces for one flattened parameter; a batch of
+parameters (`mixprec.optim.batches.StepKernel`) runs one of three ways, all
+bitwise identical:
 
 * native (CPU): the C++ kernel of `mixprec.optim.native`, one pass over memory;
 * compiled: `torch.compile` (Inductor; dim 0 marked dynamic, so one graph per
@@ -16,34 +17,29 @@ runs it one of three ways, all bitwise identical:
 from __future__ import annotations
 
 import functools
-import operator
 import types
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from mixprec.formats import MasterFormat, MomentFormat, master_format, moment_format
+from mixprec.formats import MasterFormat, MomentFormat
 from mixprec.optim import native
-from mixprec.optim.functional import AdamWScalars, adamw_math, adamw_scalars
+from mixprec.optim.functional import adamw_math
 from mixprec.optim.inductor import compile_fn
-from mixprec.optim.rng import step_key, uniform16
+from mixprec.optim.rng import uniform16
 
 __all__ = [
     "AUTO_COMPILE_MIN_NUMEL",
-    "CONCAT_MAX_NUMEL",
-    "GroupHyper",
-    "StepBatch",
     "StepFamily",
-    "StepKernel",
+    "StepFn",
     "adamw_step_",
-    "clear_kernels",
-    "family_of",
-    "kernel_for",
+    "compiled_family_function",
+    "family_function",
     "resolve_mode",
-    "step_kernel",
+    "warn_native_unavailable",
 ]
 
 KernelMode = Literal["auto", "compiled", "eager", "native", "native-auto", "native-eager"]
@@ -154,7 +150,7 @@ StepFn = Callable[
 
 
 @functools.cache
-def _family_function(family: StepFamily) -> StepFn:
+def family_function(family: StepFamily) -> StepFn:
     def step_fn(
         param: torch.Tensor,
         grad: torch.Tensor,
@@ -174,375 +170,14 @@ def _family_function(family: StepFamily) -> StepFn:
 
 
 @functools.cache
-def _compiled_family_function(family: StepFamily) -> StepFn:
+def compiled_family_function(family: StepFamily) -> StepFn:
     # One compiled function per family for the whole process, so a new
     # optimizer (or one rebuilt to load a checkpoint) reuses its graphs.
-    return compile_fn(_family_function(family))
-
-
-@dataclass(frozen=True)
-class GroupHyper:
-    """A param group's hyperparameters as plain floats (what every kernel takes)."""
-
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-
-    def scalars(self, step: int) -> AdamWScalars:
-        """The per-step scalars for step number `step`."""
-        return adamw_scalars(
-            lr=self.lr,
-            beta1=self.beta1,
-            beta2=self.beta2,
-            eps=self.eps,
-            weight_decay=self.weight_decay,
-            step=step,
-        )
-
-
-@dataclass
-class StepBatch:
-    """The parameters of one family on one device that one call steps.
-
-    Every tensor is as stored and contiguous (`mixprec.optim.AdamW` hands flat
-    views of channels-last parameters). ``master_state`` and ``moment_state``
-    hold each parameter's state tensors in its formats' key order, parameter
-    after parameter; ``seeds`` is empty unless the master draws noise.
-    """
-
-    params: list[torch.Tensor] = field(default_factory=list)
-    grads: list[torch.Tensor] = field(default_factory=list)
-    master_state: list[torch.Tensor] = field(default_factory=list)
-    moment_state: list[torch.Tensor] = field(default_factory=list)
-    steps: list[torch.Tensor] = field(default_factory=list)
-    seeds: list[torch.Tensor] = field(default_factory=list)
-    offsets: list[int] = field(default_factory=list)
-
-
-#: Parameters of at most this many elements are concatenated and stepped by one
-#: call on the portable (compiled or eager) path; larger ones are stepped one by
-#: one (each is large enough to keep a kernel busy).
-CONCAT_MAX_NUMEL = 1 << 16
-
-
-class StepKernel:
-    """The step for one family: native, compiled or eager, over a batch of parameters.
-
-    One per family and mode for the whole process (`step_kernel`), shared by every
-    optimizer, so compiled graphs and the native library are reused.
-
-    Args:
-        family: the formats.
-        mode: from `resolve_mode`: ``"native"`` / ``"native-auto"`` /
-            ``"native-eager"`` (the native kernel; parameters it does not cover,
-            or every parameter if it cannot be built, go to ``"compiled"`` /
-            ``"auto"`` / ``"eager"``), ``"compiled"``
-            (raise if compilation fails), ``"auto"`` (compile; on failure warn
-            once and run eagerly) or ``"eager"``.
-    """
-
-    def __init__(self, family: StepFamily, *, mode: KernelMode) -> None:
-        self.family = family
-        self.requested: KernelMode = mode
-        self._native: native.NativeLibrary | None = None
-        if mode in ("native", "native-auto", "native-eager"):
-            try:
-                library = native.library()
-                if library.covers(master=family.master.spec.name, moments=family.moments.spec.name):
-                    self._native = library
-            except native.NativeUnavailableError as exc:
-                _warn_native_unavailable(str(exc))
-            fallback: dict[str, KernelMode] = {
-                "native": "compiled",
-                "native-auto": "auto",
-                "native-eager": "eager",
-            }
-            mode = fallback[mode]
-        self.mode: KernelMode = mode
-        self._eager = _family_function(family)
-        self._compiled: StepFn | None = (
-            None if mode == "eager" else _compiled_family_function(family)
-        )
-        self._block_size = int(getattr(family.moments, "block_size", 1))
-        spec = family.master.spec
-        self._master_name, self._moments_name = spec.name, family.moments.spec.name
-        self._n_master = len(spec.state)
-        self._n_moments = len(family.moments.spec.state)
-        self._per_block = tuple(t.per_block for t in family.moments.spec.state)
-        # Parameter dtypes the native kernel steps for this master.
-        self._native_dtypes = frozenset(d for d in native.DTYPES if family.master.spec.accepts(d))
-
-    @property
-    def is_native(self) -> bool:
-        """Whether steps run through the native CPU kernel (where it applies)."""
-        return self._native is not None
-
-    @property
-    def is_compiled(self) -> bool:
-        """Whether steps run fused: the native kernel or the compiled function."""
-        return self._native is not None or self._compiled is not None
-
-    def run(self, batch: StepBatch, hyper: GroupHyper) -> None:
-        """One step of every parameter of `batch`: the native kernel for those it
-        accepts, in one call; the others on the portable path (`run_portable`)."""
-        rest: Sequence[int] = range(len(batch.params))
-        if self._native is not None:
-            ok = self._native_indices(batch)
-            if ok:
-                native_batch = batch if len(ok) == len(rest) else _select(batch, ok, self)
-                self._native.step_many(
-                    master=self._master_name,
-                    moments=self._moments_name,
-                    maximize=self.family.maximize,
-                    params=native_batch.params,
-                    grads=native_batch.grads,
-                    master_state=native_batch.master_state,
-                    moment_state=native_batch.moment_state,
-                    steps=native_batch.steps,
-                    seeds=native_batch.seeds,
-                    offsets=native_batch.offsets,
-                    hyper=(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay),
-                    block_size=self._block_size,
-                )
-                if len(ok) == len(rest):
-                    return
-                taken = set(ok)
-                rest = [i for i in rest if i not in taken]
-        whole = len(rest) == len(batch.params)
-        self.run_portable(batch if whole else _select(batch, rest, self), hyper)
-
-    def _native_indices(self, batch: StepBatch) -> Sequence[int]:
-        """Which parameters of `batch` the native kernel takes (usually all: checked at
-        once, with C-level loops, before the per-parameter rule)."""
-        assert self._native is not None
-        # The batch is the normal case; `step_many` checks every tensor it is handed
-        # (device, contiguity, dtypes) and raises rather than read a bad pointer.
-        if (
-            batch.params[0].is_cpu
-            and self._native_dtypes.issuperset(map(_DTYPE, batch.params))
-            and native.DTYPES.issuperset(map(_DTYPE, batch.grads))
-            and native.PLAIN_TYPES.issuperset(map(type, batch.params))
-            and native.PLAIN_TYPES.issuperset(map(type, batch.grads))
-            and (not self.family.moments.spec.blockwise or self._whole_blocks(batch.params))
-        ):
-            return range(len(batch.params))
-        master = self._master_name
-        return [
-            i
-            for i, (p, g) in enumerate(zip(batch.params, batch.grads, strict=True))
-            if self._native.accepts(p, g, master=master)
-            and (not self.family.moments.spec.blockwise or self._whole_blocks([p]))
-        ]
-
-    def _whole_blocks(self, params: Sequence[torch.Tensor]) -> bool:
-        size = self._block_size
-        return size <= native.MAX_BLOCK and all(p.numel() % size == 0 for p in params)
-
-    def run_portable(self, batch: StepBatch, hyper: GroupHyper) -> None:
-        """The step with PyTorch operations (compiled or eager): step counters are
-        incremented together and read with one host transfer; parameters of at most
-        `CONCAT_MAX_NUMEL` elements sharing a step count and dtypes are concatenated
-        and stepped by one call, larger ones one by one."""
-        n = len(batch.params)
-        if n == 0:
-            return
-        torch._foreach_add_(batch.steps, 1.0)
-        host_steps = (
-            [int(s) for s in torch.stack(batch.steps).tolist()]
-            if n > 1
-            else [int(batch.steps[0].item())]
-        )
-        keys: list[torch.Tensor | None] = [None] * n
-        if self.family.master.spec.uses_noise:
-            seeds, steps = torch.stack(batch.seeds), torch.stack(batch.steps)
-            offsets = torch.tensor(batch.offsets, dtype=torch.int64, device=seeds.device)
-            all_keys = (step_key(seeds, steps) + offsets) & 0xFFFFFFFF
-            keys = list(all_keys.unbind(0))
-        scalars: dict[int, torch.Tensor] = {}
-        small: dict[tuple[int, torch.dtype, torch.dtype], list[int]] = {}
-        for i, p in enumerate(batch.params):
-            step = host_steps[i]
-            if step not in scalars:
-                scalars[step] = hyper.scalars(step).as_tensor(p.device)
-            if p.numel() <= CONCAT_MAX_NUMEL:
-                small.setdefault((step, p.dtype, batch.grads[i].dtype), []).append(i)
-            else:
-                self._call(*self._views(batch, i), scalars[step], keys[i])
-        for (step, _, _), members in small.items():
-            if len(members) == 1:
-                i = members[0]
-                self._call(*self._views(batch, i), scalars[step], keys[i])
-            else:
-                self._concatenated(batch, members, scalars[step], keys)
-
-    def _views(
-        self, batch: StepBatch, i: int
-    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """Parameter `i`'s tensors viewed as the kernel takes them."""
-        p = batch.params[i]
-        shape = self.family.moments.kernel_shape(p.numel())
-        masters = batch.master_state[i * self._n_master : (i + 1) * self._n_master]
-        moments = batch.moment_state[i * self._n_moments : (i + 1) * self._n_moments]
-        return (
-            p.view(shape),
-            batch.grads[i].view(shape),
-            [t.view(shape) for t in masters],
-            [
-                t.view(-1) if per_block else t.view(shape)
-                for t, per_block in zip(moments, self._per_block, strict=True)
-            ],
-        )
-
-    def _concatenated(
-        self,
-        batch: StepBatch,
-        members: list[int],
-        scalars: torch.Tensor,
-        keys: list[torch.Tensor | None],
-    ) -> None:
-        # Elementwise (and block-local) arithmetic gives the same bits on a
-        # concatenation as on each part: step the parts as one tensor, copy back.
-        views = [self._views(batch, i) for i in members]
-        params = [v[0] for v in views]
-        state = [[v[2][k] for v in views] for k in range(self._n_master)] + [
-            [v[3][k] for v in views] for k in range(self._n_moments)
-        ]
-        p_cat = torch.cat(params)
-        cat_state = [torch.cat(parts) for parts in state]
-        key: torch.Tensor | None = None
-        if self.family.master.spec.uses_noise:
-            # Element j of member m draws at j + key_m: in the concatenation that is
-            # (start_m + j) + (key_m - start_m).
-            numels = [p.numel() for p in params]
-            starts = torch.tensor(
-                [sum(numels[:k]) for k in range(len(numels))], device=p_cat.device
-            )
-            shift = torch.stack([keys[i] for i in members]) - starts  # type: ignore[misc]
-            key = torch.repeat_interleave(
-                shift,
-                torch.tensor(numels, device=p_cat.device),
-                output_size=p_cat.numel(),
-            ).view(p_cat.shape)
-        self._call(
-            p_cat,
-            torch.cat([v[1] for v in views]),
-            cat_state[: self._n_master],
-            cat_state[self._n_master :],
-            scalars,
-            key,
-        )
-        rows = [p.shape[0] for p in params]
-        dsts = list(params)
-        srcs = list(torch.split(p_cat, rows))
-        for parts, whole in zip(state, cat_state, strict=True):
-            dsts.extend(parts)
-            srcs.extend(torch.split(whole, [t.shape[0] for t in parts]))
-        torch._foreach_copy_(dsts, srcs)
-
-    def _call(
-        self,
-        param: torch.Tensor,
-        grad: torch.Tensor,
-        master_state: Sequence[torch.Tensor],
-        moment_state: Sequence[torch.Tensor],
-        scalars: torch.Tensor,
-        noise_key: torch.Tensor | None,
-    ) -> None:
-        """One `adamw_step_` call, compiled or eager."""
-        if noise_key is None:
-            noise_key = _unused_key(param.device)
-        args = (param, grad, tuple(master_state), tuple(moment_state), scalars, noise_key)
-        if self._compiled is not None:
-            # Dim 0 (elements or blocks) is symbolic from the first compile, so one
-            # graph serves every tensor size; the block dim stays static.
-            for t in (param, grad, *master_state, *moment_state):
-                torch._dynamo.maybe_mark_dynamic(t, 0)
-            if noise_key.dim():
-                torch._dynamo.maybe_mark_dynamic(noise_key, 0)
-            try:
-                self._compiled(*args)
-                return
-            except Exception as exc:
-                if self.mode == "compiled":
-                    raise
-                warnings.warn(
-                    f"mixprec AdamW: torch.compile failed for {self.family.name} "
-                    f"({type(exc).__name__}: {exc}); running the eager step instead "
-                    "(same results, slower). Pass fused=False to silence this.",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                self._compiled = None
-        self._eager(*args)
-
-
-def _select(batch: StepBatch, indices: Sequence[int], kernel: StepKernel) -> StepBatch:
-    """The parameters `indices` of `batch`, with their state."""
-    nm, nmo = kernel._n_master, kernel._n_moments
-    return StepBatch(
-        params=[batch.params[i] for i in indices],
-        grads=[batch.grads[i] for i in indices],
-        master_state=[t for i in indices for t in batch.master_state[i * nm : (i + 1) * nm]],
-        moment_state=[t for i in indices for t in batch.moment_state[i * nmo : (i + 1) * nmo]],
-        steps=[batch.steps[i] for i in indices],
-        seeds=[batch.seeds[i] for i in indices] if batch.seeds else [],
-        offsets=[batch.offsets[i] for i in indices],
-    )
-
-
-_DTYPE = operator.attrgetter("dtype")
+    return compile_fn(family_function(family))
 
 
 @functools.cache
-def _unused_key(device: torch.device) -> torch.Tensor:
-    return torch.zeros((), dtype=torch.int64, device=device)
-
-
-def step_kernel(family: StepFamily, mode: KernelMode) -> StepKernel:
-    """The process-wide kernel of `family` in `mode` (see `StepKernel`)."""
-    block_size = int(getattr(family.moments, "block_size", 1))
-    key = (family.master.spec.name, family.moments.spec.name, family.maximize, block_size, mode)
-    kernel = _KERNELS.get(key)
-    if kernel is None:
-        kernel = _KERNELS[key] = StepKernel(family, mode=mode)
-    return kernel
-
-
-@functools.cache
-def family_of(master: str, moments: str, *, maximize: bool, block_size: int) -> StepFamily:
-    """The family named by formats and flags (the custom op's arguments)."""
-    return StepFamily(
-        master=master_format(master),
-        moments=moment_format(moments, block_size=block_size),
-        maximize=maximize,
-    )
-
-
-#: Process-wide kernels by (master, moments, maximize, block size, mode).
-_KERNELS: dict[tuple[str, str, bool, int, str], StepKernel] = {}
-
-
-def kernel_for(
-    master: str, moments: str, *, maximize: bool, block_size: int, mode: str
-) -> StepKernel:
-    """`step_kernel` looked up by names (what the custom op receives): this runs on
-    every call, so it is one dictionary lookup."""
-    kernel = _KERNELS.get((master, moments, maximize, block_size, mode))
-    if kernel is None:
-        family = family_of(master, moments, maximize=maximize, block_size=block_size)
-        kernel = step_kernel(family, mode)  # type: ignore[arg-type]
-    return kernel
-
-
-def clear_kernels() -> None:
-    """Forget the process-wide kernels (tests that change the environment they see)."""
-    _KERNELS.clear()
-
-
-@functools.cache
-def _warn_native_unavailable(reason: str) -> None:
+def warn_native_unavailable(reason: str) -> None:
     # Once per process and reason: every optimizer would otherwise repeat it.
     warnings.warn(
         f"mixprec AdamW: the native CPU kernel is unavailable ({reason}); "

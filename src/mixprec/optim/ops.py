@@ -6,7 +6,7 @@ operator, so the profiler shows one ``mixprec::adamw_step_`` per call and
 (no graph break; the implementation runs when the graph runs). It takes the
 parameters, their state and their float64 step counters as lists, and the
 group's hyperparameters as floats; its implementation is `StepKernel.run`
-of `mixprec.optim.kernels` (the native CPU kernel in one call, else the
+of `mixprec.optim.batches` (the native CPU kernel in one call, else the
 portable path).
 
 The schema declares what it writes: parameters, master and moment state and
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from mixprec.optim.kernels import GroupHyper, StepBatch, kernel_for
+from mixprec.optim.batches import GroupHyper, StepBatch, kernel_for
 
 __all__ = ["OP_NAME", "adamw_step_"]
 

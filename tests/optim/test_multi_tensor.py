@@ -280,3 +280,31 @@ def test_family_of_names_round_trips() -> None:
     assert family == StepFamily(
         resolve_master("exact", torch.bfloat16), moment_format("int8", block_size=64), True
     )
+
+
+@pytest.mark.skipif(not HAVE_NATIVE, reason="no native kernel")
+def test_a_resized_parameter_is_refused_not_stepped_with_its_old_state() -> None:
+    # Found by review: `p.data = smaller` was stepped with the old, larger state.
+    p = torch.nn.Parameter(torch.randn(100, dtype=torch.bfloat16))
+    opt = AdamW([p], fused=True)
+    p.grad = torch.randn_like(p)
+    opt.step()
+    p.data = torch.zeros(50, dtype=torch.bfloat16)
+    p.grad = torch.ones_like(p)
+    step_before = opt.state[p]["step"].clone()
+    with pytest.raises(ValueError, match="size does not match its parameter"):
+        opt.step()
+    assert torch.equal(opt.state[p]["step"], step_before)  # nothing written
+    assert torch.equal(p.detach(), torch.zeros(50, dtype=torch.bfloat16))
+
+
+@pytest.mark.skipif(not HAVE_NATIVE, reason="no native kernel")
+def test_an_empty_step_counter_raises_instead_of_crashing() -> None:
+    # Found by review: an empty `state["step"]` was dereferenced (segmentation fault).
+    p = torch.nn.Parameter(torch.randn(100, dtype=torch.bfloat16))
+    opt = AdamW([p], fused=True)
+    p.grad = torch.randn_like(p)
+    opt.step()
+    opt.state[p]["step"] = torch.tensor([], dtype=torch.float64)
+    with pytest.raises(ValueError, match="one value each"):
+        opt.step()

@@ -61,7 +61,7 @@ __all__ = [
 #: Largest int8 block the kernel handles (its per-block buffers live on the stack).
 MAX_BLOCK = 4096
 #: Must equal ``mixprec_abi_version()`` in the source.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 SOURCE = Path(__file__).with_name("adamw_cpu.cpp")
 
@@ -264,6 +264,8 @@ class NativeLibrary:
             seeds and list(map(_DTYPE, seeds)) != [torch.int64] * count
         ):
             raise ValueError("native AdamW step: step counters must be float64, seeds int64")
+        if list(map(torch.Tensor.numel, (*steps, *seeds))) != [1] * (count + len(seeds)):
+            raise ValueError("native AdamW step: step counters and seeds must hold one value each")
         if (
             list(map(_DTYPE, master_state)) != list(codes.master_dtypes) * count
             or list(map(_DTYPE, moment_state)) != list(codes.moment_dtypes) * count
@@ -298,6 +300,17 @@ class NativeLibrary:
             list(map(data, steps)),
             list(map(data, seeds)) if seeds else absent,
         ]
+        # The state's sizes: the kernel checks them against each parameter's before it
+        # writes anything (a parameter resized by `p.data = ...` must not be stepped
+        # with its old state).
+        numel = torch.Tensor.numel
+        columns += [
+            list(map(numel, master_state[k::n_master])) if k < n_master else absent for k in (0, 1)
+        ]
+        columns += [
+            list(map(numel, moment_state[k::n_moments])) if k < n_moments else absent
+            for k in (0, 1, 2, 3)
+        ]
         flat = list(itertools.chain.from_iterable(columns))
         rc = self._fn(
             codes.master_code,
@@ -310,10 +323,15 @@ class NativeLibrary:
             torch.get_num_threads(),
         )
         if rc != 0:
-            raise RuntimeError(
+            why = {
+                1: "a dtype combination it does not build",
+                2: "a bad block size",
+                3: "a state tensor whose size does not match its parameter (was the "
+                "parameter resized, e.g. by `p.data = ...`, after its state was made?)",
+            }
+            raise ValueError(
                 f"native AdamW step refused master={master!r} moments={moments!r} "
-                f"block {block_size} (code {rc}): "
-                + ("a dtype combination it does not build" if rc == 1 else "a bad block size")
+                f"block {block_size} (code {rc}): {why.get(rc, 'unknown')}"
             )
 
 
@@ -342,6 +360,12 @@ TABLE_COLUMNS = (
     "mo3",
     "step",
     "seed",
+    "s0_numel",
+    "s1_numel",
+    "mo0_numel",
+    "mo1_numel",
+    "mo2_numel",
+    "mo3_numel",
 )
 
 

@@ -308,3 +308,22 @@ def test_an_empty_step_counter_raises_instead_of_crashing() -> None:
     opt.state[p]["step"] = torch.tensor([], dtype=torch.float64)
     with pytest.raises(ValueError, match="one value each"):
         opt.step()
+
+
+@pytest.mark.compile
+def test_compiled_steps_are_not_taken_for_edits_by_the_eager_views() -> None:
+    # Found by review: after a compiled step, master_weights() / state_dict() saw the
+    # step's own writes as in-place edits and reset the masters (precision lost).
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(300, dtype=torch.bfloat16))
+    q = torch.nn.Parameter(p.detach().clone())
+    eager, compiled = AdamW([p], lr=1e-2), AdamW([q], lr=1e-2)
+    step = torch.compile(compiled.step)
+    for _ in range(3):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.clone()
+        eager.step()
+        step()
+        assert torch.equal(eager.master_weights()[0], compiled.master_weights()[0])
+    _same([p], eager, [q], compiled)

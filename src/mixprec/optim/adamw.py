@@ -181,6 +181,8 @@ class AdamW(torch.optim.Optimizer):
         # Parameters whose state was loaded since their last step: their next write is
         # taken as the matching model checkpoint of a resume (masters kept where they fit).
         self._restored: set[torch.Tensor] = set()
+        # Marked by steps traced by torch.compile (see `_adopt_traced_writes`).
+        self._traced_writes: set[bool] = set()
         self._kernels: dict[tuple[str, str, bool, KernelMode], StepKernel] = {}
         #: What the last `load_state_dict` converted (a torch or older state dict).
         self.last_conversion: StateConversion | None = None
@@ -299,6 +301,12 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         tracing = torch.compiler.is_compiling()
+        if tracing:
+            # A traced step reads no version counters; its writes (which move them) are
+            # ours: `_adopt_traced_writes` tells the eager side so.
+            self._traced_writes.add(True)  # a container: torch.compile replays its mutation
+        else:
+            self._adopt_traced_writes()
         plans, versions, restored = self._plans, self._versions, self._restored
         state_get = self.state.get
         for group in self.param_groups:
@@ -348,7 +356,8 @@ class AdamW(torch.optim.Optimizer):
                 weight_decay=float(group["weight_decay"]),
             )
             for plan, batch in batches.values():
-                self._kernel(plan, bool(group["maximize"]))  # recorded for kernel_backends()
+                if not tracing:  # recorded for kernel_backends() (building one may lock)
+                    self._kernel(plan, bool(group["maximize"]))
                 ops.adamw_step_(
                     batch,
                     hyper,
@@ -362,6 +371,14 @@ class AdamW(torch.optim.Optimizer):
                 for p in stepped:
                     versions[p] = p._version if type(p) in _PLAIN else sharding.write_version(p)
         return loss
+
+    def _adopt_traced_writes(self) -> None:
+        """After steps run inside ``torch.compile``, take the parameters' version counters
+        as they are: those writes were the optimizer's own, not edits to follow (in-place
+        edits between compiled steps are not detected: see docs/optim.md)."""
+        if self._traced_writes:
+            self._record_versions()
+            self._traced_writes.clear()
 
     @staticmethod
     def _refuse_step(p: torch.Tensor, grad: torch.Tensor, plan: ParamPlan) -> None:
@@ -403,6 +420,7 @@ class AdamW(torch.optim.Optimizer):
         value; right after `load_state_dict`, a write of the same checkpoint's
         weights keeps the loaded masters (see `mixprec.optim.resync`).
         """
+        self._adopt_traced_writes()
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state.get(p)
@@ -486,6 +504,7 @@ class AdamW(torch.optim.Optimizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._restored = set()
+        self._traced_writes = set()
         self.last_conversion = None
         self._kernels = {}
         self._record_versions()

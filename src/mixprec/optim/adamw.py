@@ -51,6 +51,19 @@ def _local_grad(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 _PLAIN = (torch.nn.Parameter, torch.Tensor)
 
 
+def _follow_layout(lp: torch.Tensor, state: dict[str, torch.Tensor], plan: ParamPlan) -> None:
+    """Lay `state`'s per-element tensors out like `lp` again if the parameter's layout
+    changed since they were made (``module.to(memory_format=...)`` assigns ``p.data``):
+    the step pairs state with parameter in memory order, so their strides must agree.
+    ``copy_`` moves values by logical index, so each keeps its element."""
+    for key in plan.element_keys:
+        t = state[key]
+        if t.stride() != lp.stride() and t.shape == lp.shape:
+            relaid = torch.empty_like(lp, dtype=t.dtype)
+            relaid.copy_(t)
+            state[key] = relaid
+
+
 def _add_to_batch(
     batch: StepBatch,
     p: torch.Tensor,
@@ -62,6 +75,8 @@ def _add_to_batch(
     kernels take them: contiguous, or flat views in memory order (channels-last).
     (`AdamW.step` inlines the case of a plain contiguous parameter.)"""
     lp = sharding.local(p.detach())  # a DTensor's local shard
+    if not sharding.is_dtensor(p):
+        _follow_layout(lp, state, plan)
     lgrad = like_param(_local_grad(p, grad), lp)
     masters = [sharding.local(state[k]) for k in plan.master_keys]
     moments = [sharding.local(state[k]) for k in plan.moment_keys]
@@ -333,7 +348,12 @@ class AdamW(torch.optim.Optimizer):
                 if entry is None:
                     entry = batches[key] = (plan, StepBatch())
                 batch = entry[1]
-                if plain and type(grad) in _PLAIN and p.is_contiguous():
+                if (
+                    plain
+                    and type(grad) in _PLAIN
+                    and p.is_contiguous()
+                    and state[plan.element_keys[0]].is_contiguous()
+                ):
                     # The common case inline: this runs for every parameter on every step.
                     batch.params.append(p)
                     batch.grads.append(grad if grad.is_contiguous() else grad.contiguous())
@@ -400,6 +420,8 @@ class AdamW(torch.optim.Optimizer):
         # resume's model checkpoint (keep the masters that fit); otherwise the master
         # becomes the written value.
         lp = sharding.local(p.detach())
+        if not sharding.is_dtensor(p):
+            _follow_layout(lp, state, plan)
         tensors = [sharding.local(state[k]) for k in plan.master.spec.state_keys]
         writes = sharding.write_version(p) - self._versions.get(p, 0)
         if p in self._restored and writes == 1:  # one copy_: the checkpoint's weights
@@ -448,6 +470,8 @@ class AdamW(torch.optim.Optimizer):
                 plan = self._plans[p]
                 lp = sharding.local(p.detach())
                 state = self.state.get(p) or plan.master.init_state(lp)
+                if self.state.get(p) and not sharding.is_dtensor(p):
+                    _follow_layout(lp, state, plan)
                 flat_state = [
                     flat_view(sharding.local(state[k])) for k in plan.master.spec.state_keys
                 ]

@@ -245,7 +245,9 @@ class StepKernel:
         self, batch: StepBatch, i: int
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Parameter `i`'s tensors viewed as the kernel takes them."""
-        p = batch.params[i]
+        # Detached: tracing a Parameter view would also trace its .grad (whose dtype
+        # may differ from the parameter's, e.g. fp16 gradients on fp32 parameters).
+        p = batch.params[i].detach()
         shape = self.family.moments.kernel_shape(p.numel())
         masters = batch.master_state[i * self._n_master : (i + 1) * self._n_master]
         moments = batch.moment_state[i * self._n_moments : (i + 1) * self._n_moments]

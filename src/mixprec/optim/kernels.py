@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import types
+import typing
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from mixprec.optim.rng import uniform16
 
 __all__ = [
     "AUTO_COMPILE_MIN_NUMEL",
+    "KERNEL_MODES",
     "StepFamily",
     "StepFn",
     "adamw_step_",
@@ -43,6 +45,8 @@ __all__ = [
 ]
 
 KernelMode = Literal["auto", "compiled", "eager", "native", "native-auto", "native-eager"]
+#: Every `KernelMode`.
+KERNEL_MODES: tuple[str, ...] = typing.get_args(KernelMode)
 
 #: ``fused=None`` fuses the step of a CPU param group holding at least this
 #: many elements (2**20: above every built-in workload). Below it the eager

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from mixprec.optim.batches import GroupHyper, StepBatch, kernel_for
+from mixprec.optim.kernels import KERNEL_MODES
 
 __all__ = ["OP_NAME", "adamw_step_"]
 
@@ -61,6 +62,10 @@ def _adamw_step_impl(
     kernel_mode: str,
 ) -> None:
     # (``kernel_mode``, not ``mode``: torch's mode redirection takes a ``mode`` argument.)
+    if kernel_mode not in KERNEL_MODES:
+        raise ValueError(f"kernel_mode {kernel_mode!r} is not one of {', '.join(KERNEL_MODES)}")
+    if len(grads) != len(params):
+        raise ValueError(f"{len(params)} params need as many grads, got {len(grads)}")
     kernel = kernel_for(master, moments, maximize=maximize, block_size=block_size, mode=kernel_mode)
     batch = StepBatch(
         params=params,

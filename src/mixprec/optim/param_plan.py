@@ -36,6 +36,8 @@ class ParamPlan:
         master_keys: the master's state keys, in kernel order.
         moment_keys: the moments' state keys, in kernel order.
         uses_noise: whether the master draws stochastic-rounding noise.
+        element_keys: the state keys holding one value per element (laid out like
+            the parameter), masters first.
     """
 
     master: MasterFormat
@@ -47,6 +49,7 @@ class ParamPlan:
     master_keys: tuple[str, ...] = field(init=False)
     moment_keys: tuple[str, ...] = field(init=False)
     uses_noise: bool = field(init=False)
+    element_keys: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         # Read on every step for every parameter: computed once here.
@@ -55,6 +58,8 @@ class ParamPlan:
         object.__setattr__(self, "master_keys", self.master.spec.state_keys)
         object.__setattr__(self, "moment_keys", self.moments.spec.state_keys)
         object.__setattr__(self, "uses_noise", self.master.spec.uses_noise)
+        per_element = tuple(t.name for t in self.moments.spec.state if not t.per_block)
+        object.__setattr__(self, "element_keys", self.master.spec.state_keys + per_element)
 
 
 def check_param(p: torch.Tensor) -> None:

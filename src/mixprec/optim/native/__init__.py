@@ -61,7 +61,7 @@ __all__ = [
 #: Largest int8 block the kernel handles (its per-block buffers live on the stack).
 MAX_BLOCK = 4096
 #: Must equal ``mixprec_abi_version()`` in the source.
-ABI_VERSION = 4
+ABI_VERSION = 6
 
 SOURCE = Path(__file__).with_name("adamw_cpu.cpp")
 
@@ -253,17 +253,32 @@ class NativeLibrary:
         n_master, n_moments = len(codes.master_dtypes), len(codes.moment_dtypes)
         if len(master_state) != count * n_master or len(moment_state) != count * n_moments:
             raise ValueError("native AdamW step: state lists do not match the formats")
-        if len(steps) != count or len(offsets) != count or len(seeds) not in (0, count):
-            raise ValueError("native AdamW step: one step counter, offset (and seed) per parameter")
+        if len(grads) != count or len(steps) != count or len(offsets) != count:
+            raise ValueError(
+                f"native AdamW step: {count} parameters need as many gradients, step counters "
+                f"and offsets (got {len(grads)}, {len(steps)}, {len(offsets)})"
+            )
+        if len(seeds) != (count if codes.uses_noise else 0):
+            raise ValueError(
+                f"native AdamW step: master {master!r} needs "
+                f"{count if codes.uses_noise else 0} seeds, got {len(seeds)}"
+            )
+        if (
+            not PLAIN_TYPES.issuperset(map(type, steps))
+            or list(map(_DTYPE, steps)) != [torch.float64] * count
+        ):
+            raise ValueError(
+                "native AdamW step: each state['step'] must be a float64 tensor holding one "
+                "value, e.g. torch.tensor(0.0, dtype=torch.float64) (got "
+                f"{sorted({type(s).__name__ + ' ' + str(getattr(s, 'dtype', '')) for s in steps})})"
+            )
         # Every pointer handed to C must be a contiguous CPU tensor of the right dtype:
         # checked here, with C-level loops (this runs for every tensor on every step).
         everything = (*params, *grads, *master_state, *moment_state, *steps, *seeds)
         if not (all(map(_IS_CPU, everything)) and all(map(torch.Tensor.is_contiguous, everything))):
             raise ValueError("native AdamW step needs contiguous CPU tensors")
-        if list(map(_DTYPE, steps)) != [torch.float64] * count or (
-            seeds and list(map(_DTYPE, seeds)) != [torch.int64] * count
-        ):
-            raise ValueError("native AdamW step: step counters must be float64, seeds int64")
+        if seeds and list(map(_DTYPE, seeds)) != [torch.int64] * count:
+            raise ValueError("native AdamW step: rounding seeds must be int64")
         if list(map(torch.Tensor.numel, (*steps, *seeds))) != [1] * (count + len(seeds)):
             raise ValueError("native AdamW step: step counters and seeds must hold one value each")
         if (
@@ -311,6 +326,7 @@ class NativeLibrary:
             list(map(numel, moment_state[k::n_moments])) if k < n_moments else absent
             for k in (0, 1, 2, 3)
         ]
+        columns.append(list(map(numel, grads)))
         flat = list(itertools.chain.from_iterable(columns))
         rc = self._fn(
             codes.master_code,
@@ -326,8 +342,9 @@ class NativeLibrary:
             why = {
                 1: "a dtype combination it does not build",
                 2: "a bad block size",
-                3: "a state tensor whose size does not match its parameter (was the "
-                "parameter resized, e.g. by `p.data = ...`, after its state was made?)",
+                3: "a gradient or state tensor whose size does not match its parameter "
+                "(was the parameter resized, e.g. by `p.data = ...`, after its state was made?)",
+                4: "a step counter that is not a whole number >= 0 (state['step'])",
             }
             raise ValueError(
                 f"native AdamW step refused master={master!r} moments={moments!r} "
@@ -366,6 +383,7 @@ TABLE_COLUMNS = (
     "mo1_numel",
     "mo2_numel",
     "mo3_numel",
+    "grad_numel",
 )
 
 
@@ -375,6 +393,7 @@ class _FamilyCodes:
     moments_code: int
     master_dtypes: tuple[torch.dtype, ...]
     moment_dtypes: tuple[torch.dtype, ...]
+    uses_noise: bool
 
 
 @functools.cache
@@ -385,6 +404,7 @@ def _family(master: str, moments: str) -> _FamilyCodes:
         _kernel_code(mospec.kernel_code, moments),
         tuple(t.dtype for t in mspec.state),
         tuple(t.dtype for t in mospec.state),
+        mspec.uses_noise,
     )
 
 

@@ -277,20 +277,28 @@ inline uint32_t step_key(int64_t seed, double step) {
 extern "C" {
 
 // ABI version: bump with any change of the signature below.
-int mixprec_abi_version() { return 4; }
+int mixprec_abi_version() { return 6; }
 
 // The columns of the table (native/__init__.py TABLE_COLUMNS), count entries each.
 enum Column {
   C_PDT = 0, C_GDT, C_NUMEL, C_OFFSET, C_PARAM, C_GRAD, C_S0, C_S1,
   C_MO0, C_MO1, C_MO2, C_MO3, C_STEP, C_SEED,
-  C_S0_NUMEL, C_S1_NUMEL, C_MO0_NUMEL, C_MO1_NUMEL, C_MO2_NUMEL, C_MO3_NUMEL, C_COLUMNS
+  C_S0_NUMEL, C_S1_NUMEL, C_MO0_NUMEL, C_MO1_NUMEL, C_MO2_NUMEL, C_MO3_NUMEL, C_GRAD_NUMEL,
+  C_COLUMNS
 };
 
-// Whether tensor t's state sizes fit its parameter: per-element state has its
+// Whether tensor t's step counter is a count: finite, whole and not negative.
+inline bool step_valid(const int64_t* table, int64_t count, int64_t t) {
+  const double step = *reinterpret_cast<const double*>(table[C_STEP * count + t]);
+  return std::isfinite(step) && step >= 0.0 && step == std::floor(step);
+}
+
+// Whether tensor t's gradient and state sizes fit its parameter: per-element state has its
 // element count, int8 scales one value per block (checked before any write).
 inline bool sizes_fit(const int64_t* table, int64_t count, int64_t t, bool int8, int64_t block) {
   auto col = [&](int c) { return table[c * count + t]; };
   const int64_t n = col(C_NUMEL);
+  if (col(C_GRAD_NUMEL) != n) return false;
   for (int k = 0; k < 6; ++k) {
     const int ptr_col = C_S0 + k;
     if (col(ptr_col) == 0) continue;  // the formats use no such tensor
@@ -312,7 +320,8 @@ inline bool sizes_fit(const int64_t* table, int64_t count, int64_t t, bool int8,
 //
 // Everything is checked before anything is written. Returns 0: done; 1: a
 // combination this source does not build; 2: a bad block size; 3: a state
-// tensor whose size does not fit its parameter.
+// tensor whose size does not fit its parameter; 4: a step counter that is not a
+// count (negative, fractional, NaN or infinite).
 int mixprec_adamw_multi(int master, int moments, int maximize, int64_t count,
                         const int64_t* table, const double* hyper, int64_t block, int threads) {
   if (count <= 0) return 0;
@@ -327,6 +336,7 @@ int mixprec_adamw_multi(int master, int moments, int maximize, int64_t count,
     const int rc = fns[t] == nullptr                            ? 1
                    : (int8 && col(C_NUMEL, t) % block != 0)       ? 2
                    : !sizes_fit(table, count, t, int8, block)     ? 3
+                   : !step_valid(table, count, t)                 ? 4
                                                                   : 0;
     if (rc != 0) {
       delete[] fns;

@@ -410,3 +410,14 @@ def test_the_operator_refuses_an_unknown_kernel_mode_and_short_lists() -> None:
         torch.ops.mixprec.adamw_step_(*args, False, 1, "bogus")
     with pytest.raises(ValueError, match="need as many grads"):
         torch.ops.mixprec.adamw_step_([p], [], *args[2:], False, 1, "eager")
+
+
+def test_editing_a_groups_formats_after_construction_raises() -> None:
+    # Found by review: group["master"] = ... after a step was silently ignored.
+    p = torch.nn.Parameter(torch.randn(64, dtype=torch.bfloat16))
+    opt = AdamW([p])
+    p.grad = torch.randn_like(p)
+    opt.step()
+    opt.param_groups[0]["master"] = "kahan"
+    with pytest.raises(ValueError, match="formats are fixed per group"):
+        opt.step()

@@ -329,6 +329,8 @@ class AdamW(torch.optim.Optimizer):
             batches: dict[tuple[tuple[str, str, str], torch.device], tuple[ParamPlan, StepBatch]]
             batches = {}
             stepped: list[torch.Tensor] = []
+            if group["params"]:
+                self._refuse_format_edits(group)
             for p in group["params"]:
                 grad = p.grad
                 if grad is None:
@@ -399,6 +401,18 @@ class AdamW(torch.optim.Optimizer):
         if self._traced_writes:
             self._record_versions()
             self._traced_writes.clear()
+
+    def _refuse_format_edits(self, group: dict[str, Any]) -> None:
+        # Formats are resolved, and state laid out, when a group is added: an edit of
+        # group["master"] / ["moments"] afterwards cannot take effect; say so.
+        requested = self._plans[group["params"][0]].requested
+        if (group["master"], group["moments"]) != requested:
+            raise ValueError(
+                f"param group master/moments changed from {requested} to "
+                f"{(group['master'], group['moments'])} after the optimizer was built; "
+                "formats are fixed per group: build a new AdamW (and load this one's "
+                "state_dict, which converts the state) to change them"
+            )
 
     @staticmethod
     def _refuse_step(p: torch.Tensor, grad: torch.Tensor, plan: ParamPlan) -> None:

@@ -32,6 +32,7 @@ class ParamPlan:
         mode: how its step runs (native, compiled, eager).
         dtype: the parameter's dtype the formats were resolved for.
         index: the parameter's position when added (derives its rounding seed).
+        requested: the group's ``(master, moments)`` when the plan was made.
         batch_key: what parameters stepped by one kernel call share (formats, mode).
         master_keys: the master's state keys, in kernel order.
         moment_keys: the moments' state keys, in kernel order.
@@ -45,6 +46,7 @@ class ParamPlan:
     mode: KernelMode
     dtype: torch.dtype
     index: int
+    requested: tuple[str, str] = ("auto", "fp32")
     batch_key: tuple[str, str, str] = field(init=False)
     master_keys: tuple[str, ...] = field(init=False)
     moment_keys: tuple[str, ...] = field(init=False)
@@ -109,7 +111,7 @@ def plan_param(
         )
         if not whole_blocks:
             moments = moment_format("fp32")
-    return ParamPlan(master, moments, mode, p.dtype, index)
+    return ParamPlan(master, moments, mode, p.dtype, index, (group["master"], group["moments"]))
 
 
 def fresh_state(p: torch.Tensor, plan: ParamPlan, seed: int) -> dict[str, torch.Tensor]:

@@ -22,6 +22,7 @@ int8 blocks of at most `MAX_BLOCK` elements.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import functools
 import hashlib
@@ -327,13 +328,15 @@ class NativeLibrary:
             for k in (0, 1, 2, 3)
         ]
         columns.append(list(map(numel, grads)))
-        flat = list(itertools.chain.from_iterable(columns))
+        # array.array fills the table in C (a ctypes array from Python ints costs
+        # about 90 ns an entry: 2 us a parameter).
+        table = array.array("q", itertools.chain.from_iterable(columns))
         rc = self._fn(
             codes.master_code,
             codes.moments_code,
             int(maximize),
             count,
-            (ctypes.c_int64 * len(flat))(*flat),
+            table.buffer_info()[0],
             (ctypes.c_double * 5)(*map(float, hyper)),
             block_size,
             torch.get_num_threads(),

@@ -24,8 +24,8 @@ from mixprec.formats import (
     master_spec,
 )
 from mixprec.optim import ops, sharding
-from mixprec.optim.batches import GroupHyper, StepBatch, StepKernel, step_kernel
-from mixprec.optim.kernels import KernelMode, StepFamily, resolve_mode
+from mixprec.optim.batches import GroupHyper, StepBatch, StepKernel, kernel_for
+from mixprec.optim.kernels import KernelMode, resolve_mode
 from mixprec.optim.layout import flat_view, like_param
 from mixprec.optim.options import check_hyper, refuse_unsupported, scalar
 from mixprec.optim.param_plan import ParamPlan, check_param, fresh_state, plan_param
@@ -289,9 +289,9 @@ class AdamW(torch.optim.Optimizer):
         key = (plan.master.spec.name, plan.moments.spec.name, maximize, plan.mode)
         kernel = self._kernels.get(key)
         if kernel is None:
-            family = StepFamily(master=plan.master, moments=plan.moments, maximize=maximize)
-            kernel = step_kernel(family, plan.mode)
-            self._kernels[key] = kernel
+            kernel = self._kernels[key] = kernel_for(
+                key[0], key[1], maximize=maximize, block_size=self._block_size, mode=plan.mode
+            )
         return kernel
 
     # -- stepping ---------------------------------------------------------------------

@@ -192,12 +192,16 @@ class StepKernel:
             and (not self.family.moments.spec.blockwise or self._whole_blocks(batch.params))
         ):
             return range(len(batch.params))
-        master = self._master_name
+        supports = functools.partial(
+            self._native.supports,
+            master=self._master_name,
+            moments=self._moments_name,
+            block_size=self._block_size,
+        )
         return [
             i
             for i, (p, g) in enumerate(zip(batch.params, batch.grads, strict=True))
-            if self._native.accepts(p, g, master=master)
-            and (not self.family.moments.spec.blockwise or self._whole_blocks([p]))
+            if supports(param=p, grad=g)
         ]
 
     def _whole_blocks(self, params: Sequence[torch.Tensor]) -> bool:
@@ -395,10 +399,12 @@ def kernel_for(
 ) -> StepKernel:
     """`step_kernel` looked up by names (what the custom op receives): this runs on
     every call, so it is one dictionary lookup."""
-    kernel = _KERNELS.get((master, moments, maximize, block_size, mode))
+    key = (master, moments, maximize, block_size, mode)
+    kernel = _KERNELS.get(key)
     if kernel is None:
         family = family_of(master, moments, maximize=maximize, block_size=block_size)
-        kernel = step_kernel(family, mode)  # type: ignore[arg-type]
+        # Also under the caller's key: a dense family is stored under block size 1.
+        kernel = _KERNELS[key] = step_kernel(family, mode)  # type: ignore[arg-type]
     return kernel
 
 

@@ -8,7 +8,7 @@ step runs one fused kernel per parameter (`mixprec.optim.kernels`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -496,6 +496,50 @@ class AdamW(torch.optim.Optimizer):
                 out.append(sharding.shard_like(value, p, p.shape))
         return out
 
+    @torch.no_grad()
+    def load_master_weights(self, weights: Sequence[torch.Tensor]) -> None:
+        """Set every parameter and its master from fp32 values: `master_weights` inverted.
+
+        Each parameter becomes its value rounded to the parameter's dtype as its
+        master format rounds (``stochastic`` and ``none``: to nearest), and the
+        master keeps the rest, so ``master_weights()`` then returns `weights`
+        bitwise wherever the format can hold them (``exact``, ``fp32``; ``kahan``
+        and ``remainder8`` to within their precision). Used to carry weights across
+        master formats (`mixprec.checkpoint.load(convert=True)`).
+
+        Args:
+            weights: one tensor per parameter, in `param_groups` order, shaped like it.
+
+        Raises:
+            ValueError: a count or a shape differs, or a value is not finite.
+        """
+        self.sync_edited()
+        params = [p for group in self.param_groups for p in group["params"]]
+        if len(weights) != len(params):
+            raise ValueError(f"got {len(weights)} weights for {len(params)} parameters")
+        for i, (p, w) in enumerate(zip(params, weights, strict=True)):
+            if tuple(w.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"weight {i} has shape {tuple(w.shape)}, its parameter {tuple(p.shape)}"
+                )
+        for p, w in zip(params, weights, strict=True):
+            plan = self._plans[p]
+            lp = sharding.local(p.detach())
+            value = flat_view(like_param(sharding.local(w).to(lp.device, torch.float32), lp))
+            if plan.uses_noise or not plan.master_keys:
+                flat_view(lp).copy_(value)  # round to nearest: no master to keep the rest
+                continue
+            stored, kept = plan.master.encode(value, dtype=lp.dtype, noise=None)
+            flat_view(lp).copy_(stored)
+            state = self.state.get(p)
+            if not state:
+                if not any(bool(t.any()) for t in kept):
+                    continue  # the value fits the parameter: no state needed yet (lazy)
+                state = self._state_of(p)
+            for key, src in zip(plan.master_keys, kept, strict=True):
+                flat_view(sharding.local(state[key])).copy_(src)
+        self._record_versions()
+
     def format_of(self, p: torch.Tensor) -> tuple[str, str]:
         """The effective ``(master, moments)`` of parameter `p`.
 
@@ -594,12 +638,13 @@ class AdamW(torch.optim.Optimizer):
             post_hook(self)
 
     @torch.no_grad()
-    def torch_state_dict(self) -> dict[str, Any]:
+    def torch_state_dict(self, *, moments_dtype: torch.dtype | None = None) -> dict[str, Any]:
         """This optimizer's state as `torch.optim.AdamW` saves it, for
         `torch.optim.AdamW.load_state_dict` (moments decoded into the parameters'
-        dtype; masters left out: torch keeps none, see `master_weights`)."""
+        dtype, as torch keeps them, or into `moments_dtype`; masters left out: torch
+        keeps none, see `master_weights`)."""
         self.sync_edited()
-        return to_torch(self.param_groups, self.state, self._formats_of)
+        return to_torch(self.param_groups, self.state, self._formats_of, moments_dtype)
 
     def _formats_of(self, p: torch.Tensor) -> tuple[MasterFormat, MomentFormat]:
         plan = self._plans[p]

@@ -199,9 +199,13 @@ def param_state_from_torch(
 
 @torch.no_grad()
 def param_state_to_torch(
-    state: Mapping[str, torch.Tensor], p: torch.Tensor, moments: MomentFormat
+    state: Mapping[str, torch.Tensor],
+    p: torch.Tensor,
+    moments: MomentFormat,
+    dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One parameter's state as `torch.optim.AdamW` keeps it (moments in the param dtype)."""
+    """One parameter's state as `torch.optim.AdamW` keeps it (moments in the param
+    dtype, or in `dtype`)."""
     lp = sharding.local(p.detach())
     shape = moments.kernel_shape(lp.numel())
     local = {k: sharding.local(v) for k, v in state.items()}
@@ -212,7 +216,7 @@ def param_state_to_torch(
     exp_avg, exp_avg_sq = moments.decode(views)
     out = {"step": torch.tensor(float(local["step"]), dtype=torch.float32)}
     for key, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-        dst = torch.empty_like(lp, dtype=p.dtype)  # the parameter's layout, as torch keeps it
+        dst = torch.empty_like(lp, dtype=dtype or p.dtype)  # the parameter's layout
         flat_view(dst).copy_(value.reshape(-1))
         out[key] = dst
     return out
@@ -343,8 +347,10 @@ def to_torch(
     param_groups: Sequence[dict[str, Any]],
     state: Mapping[torch.Tensor, dict[str, torch.Tensor]],
     formats_of: FormatsOf,
+    moments_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
-    """The optimizer's state as `torch.optim.AdamW` saves it (see module docs)."""
+    """The optimizer's state as `torch.optim.AdamW` saves it (see module docs);
+    moments in `moments_dtype` when given, else in each parameter's dtype."""
     groups: list[dict[str, Any]] = []
     out: dict[int, dict[str, torch.Tensor]] = {}
     index = 0
@@ -355,7 +361,7 @@ def to_torch(
         ids = []
         for p in group["params"]:
             if p in state and state[p] and float(state[p]["step"]) > 0:
-                out[index] = param_state_to_torch(state[p], p, formats_of(p)[1])
+                out[index] = param_state_to_torch(state[p], p, formats_of(p)[1], moments_dtype)
             ids.append(index)
             index += 1
         groups.append({**saved, "params": ids})

@@ -16,8 +16,10 @@ from mixprec.checkpoint.export import export
 from mixprec.checkpoint.store import (
     CheckpointError,
     CheckpointInfo,
+    CheckpointWarning,
     list_checkpoints,
     load,
+    resolve,
     save,
     verify,
 )
@@ -25,9 +27,11 @@ from mixprec.checkpoint.store import (
 __all__ = [
     "CheckpointError",
     "CheckpointInfo",
+    "CheckpointWarning",
     "export",
     "list_checkpoints",
     "load",
+    "resolve",
     "save",
     "verify",
 ]

@@ -54,6 +54,7 @@ __all__ = [
     "CheckpointWarning",
     "list_checkpoints",
     "load",
+    "resolve",
     "save",
     "verify",
 ]

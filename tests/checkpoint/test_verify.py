@@ -1,0 +1,225 @@
+"""Damaged, foreign and malicious checkpoints are refused with one line naming the file."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from tests.checkpoint import loop
+
+from mixprec import checkpoint
+from mixprec.checkpoint import CheckpointError, CheckpointWarning
+from mixprec.checkpoint.files import file_digest
+from mixprec.checkpoint.store import _manifest_digest
+
+
+def _two_checkpoints(root: Path) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
+    model, optimizer, prec = loop.build("bf16_lean")
+    for step in (1, 2):
+        loop.train(model, optimizer, prec, step - 1, step)
+        checkpoint.save(root, model=model, optimizer=optimizer, precision=prec, step=step)
+    return model, optimizer, prec
+
+
+def _data_file(path: Path) -> Path:
+    return next(path.glob("*.distcp"))
+
+
+def _truncate(path: Path) -> Path:
+    f = _data_file(path)
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    return f
+
+
+def _flip_bit(path: Path) -> Path:
+    f = _data_file(path)
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    f.write_bytes(bytes(data))
+    return f
+
+
+def _remove_metadata(path: Path) -> Path:
+    f = path / ".metadata"
+    f.unlink()
+    return f
+
+
+def _flip_manifest(path: Path) -> Path:
+    f = path / "manifest.json"
+    f.write_text(f.read_text().replace('"step": 2', '"step": 3'))
+    return f
+
+
+def _truncate_manifest(path: Path) -> Path:
+    f = path / "manifest.json"
+    f.write_text(f.read_text()[:100])
+    return f
+
+
+def _remove_manifest(path: Path) -> Path:
+    f = path / "manifest.json"
+    f.unlink()
+    return f
+
+
+DAMAGE = {
+    "truncated": (_truncate, "truncated"),
+    "bit flip": (_flip_bit, "corrupt"),
+    "missing file": (_remove_metadata, "missing"),
+    "altered manifest": (_flip_manifest, "corrupt"),
+    "truncated manifest": (_truncate_manifest, "not valid JSON"),
+    "missing manifest": (_remove_manifest, "missing"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damage_is_refused_naming_the_file_and_latest_valid_falls_back(
+    tmp_path: Path, damage: str
+) -> None:
+    model, optimizer, prec = _two_checkpoints(tmp_path)
+    before = loop.snapshot(model, optimizer)
+    harm, reason = DAMAGE[damage]
+    damaged = harm(tmp_path / "step_00000002")
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.load(tmp_path, model=model, optimizer=optimizer, precision=prec)
+    message = str(info.value)
+    assert "\n" not in message
+    assert str(damaged) in message and reason in message and "latest-valid" in message
+    after = loop.snapshot(model, optimizer)
+    assert all(torch.equal(loop.bits(v), loop.bits(after[k])) for k, v in before.items())
+
+    with pytest.warns(CheckpointWarning, match="skipped a checkpoint"):
+        got = checkpoint.load(
+            tmp_path, model=model, optimizer=optimizer, precision=prec, resume="latest-valid"
+        )
+    assert got["step"] == 1
+
+
+def test_no_valid_checkpoint_at_all(tmp_path: Path) -> None:
+    model, optimizer, prec = _two_checkpoints(tmp_path)
+    for step in (1, 2):
+        _flip_bit(tmp_path / f"step_{step:08d}")
+    with pytest.raises(CheckpointError, match="no valid checkpoint"):
+        checkpoint.load(
+            tmp_path, model=model, optimizer=optimizer, precision=prec, resume="latest-valid"
+        )
+    with pytest.raises(CheckpointError, match="no checkpoint here"):
+        checkpoint.load(tmp_path / "empty", model=model, optimizer=None, precision=None)
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_metadata_pickle_that_would_run_code_is_refused(tmp_path: Path) -> None:
+    """An adversary who also rewrites the manifest's checksums still runs nothing."""
+    model, optimizer, prec = _two_checkpoints(tmp_path)
+    path = tmp_path / "step_00000002"
+    marker = tmp_path / "pwned"
+    (path / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"][".metadata"] = {
+        "bytes": (path / ".metadata").stat().st_size,
+        "sha256": file_digest(path / ".metadata"),
+    }
+    manifest["manifest_sha256"] = _manifest_digest(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"refusing to load posix\.system|not DCP metadata"):
+        checkpoint.load(tmp_path, model=model, optimizer=optimizer, precision=prec)
+    assert not marker.exists()
+
+
+def test_state_that_needs_pickling_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    model, optimizer, prec = loop.build("bf16_master")
+    with pytest.raises(
+        CheckpointError, match=r"extra/sched/fn: a builtin_function_or_method cannot be stored"
+    ):
+        checkpoint.save(
+            tmp_path,
+            model=model,
+            optimizer=optimizer,
+            precision=prec,
+            step=0,
+            extra={"sched": {"fn": len}},
+        )
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"step": -1}, "step must be a whole number >= 0, got -1"),
+        ({"step": 1.5}, "step must be a whole number"),
+        ({"step": 1, "keep_last": 0}, "keep_last must be a whole number >= 1"),
+    ],
+)
+def test_bad_save_arguments(tmp_path: Path, kwargs: dict[str, object], match: str) -> None:
+    model, optimizer, prec = loop.build("fp32")
+    with pytest.raises(CheckpointError, match=match):
+        checkpoint.save(tmp_path, model=model, optimizer=optimizer, precision=prec, **kwargs)
+
+
+def test_a_different_model_or_optimizer_is_refused_before_anything_changes(
+    tmp_path: Path,
+) -> None:
+    model, _, prec = _two_checkpoints(tmp_path)
+    other = torch.nn.Sequential(torch.nn.Linear(16, 8))
+    with pytest.raises(CheckpointError, match="model differs"):
+        checkpoint.load(tmp_path, model=other, optimizer=None, precision=None)
+    split = prec.optimizer(
+        [{"params": list(model.parameters())[:2]}, {"params": list(model.parameters())[2:]}]
+    )
+    with pytest.raises(CheckpointError, match="1 param groups, this one 2"):
+        checkpoint.load(tmp_path, model=model, optimizer=split, precision=prec)
+
+
+def test_extra_round_trips_and_keep_last_prunes(tmp_path: Path) -> None:
+    model, optimizer, prec = loop.build("amp_fp16")
+    extra = {
+        "data": {"seed": 3, "step": 5},
+        "sched": {"last_epoch": 5, "base_lrs": [0.1, 0.2], "ids": {1: 2.5}, "pair": (1, "a")},
+        "tensor": torch.arange(4, dtype=torch.int16),
+        "nan": float("nan"),
+    }
+    for step in range(4):
+        checkpoint.save(
+            tmp_path,
+            model=model,
+            optimizer=optimizer,
+            precision=prec,
+            step=step,
+            extra=extra,
+            keep_last=2,
+        )
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        "step_00000002",
+        "step_00000003",
+    ]
+    got = checkpoint.load(tmp_path, model=model, optimizer=optimizer, precision=prec)["extra"]
+    assert got["data"] == extra["data"] and got["sched"] == extra["sched"]
+    assert torch.equal(got["tensor"], extra["tensor"]) and got["tensor"].dtype == torch.int16
+    assert got["nan"] != got["nan"]
+
+
+def test_rng_states_are_restored(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    model, optimizer, prec = loop.build("fp32")
+    checkpoint.save(tmp_path, model=model, optimizer=optimizer, precision=prec, step=0)
+    draws = (torch.rand(3), random.random(), np.random.rand())
+    loop.seed_everything(123)
+    checkpoint.load(tmp_path, model=model, optimizer=optimizer, precision=prec)
+    again = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(draws[0], again[0]) and draws[1:] == again[1:]

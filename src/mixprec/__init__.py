@@ -64,6 +64,7 @@ _EXPORTS = {
 
 #: Subpackages reachable as attributes (``mixprec.optim.AdamW`` after ``import mixprec``).
 _SUBMODULES = (
+    "checkpoint",
     "device",
     "doctor",
     "dtypes",

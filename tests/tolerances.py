@@ -52,3 +52,9 @@ INT8_EXP_AVG_REL_AT_1PCT = 0.08
 #: and of sqrt(second moment) for values at >= 1e-4 of the block max
 #: (quarter-power map: 1 / (255 * 1e-4**0.25) ~ 4%).
 INT8_SQRT_EXP_AVG_SQ_REL_AT_1E4 = 0.05
+
+#: Export (tests/checkpoint/test_export.py): max |logits| gap between a tiny Llama
+#: reloaded in fp32 from its exported masters and the trained model run under
+#: bf16_master (bf16 weights and compute), logits of magnitude ~1. Measured
+#: 3.4e-3 (untied) and 4.2e-3 (tied) after 3 steps; set at about 3x.
+EXPORT_POLICY_LOGITS_ATOL = 1.5e-2

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.metadata
 import json
 import os
 import tempfile
@@ -46,6 +45,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from mixprec import __version__
 from mixprec.dtypes import DtypeLike, dtype_name, is_16bit, parse_dtype
 from mixprec.optim.sharding import is_dtensor
 from mixprec.policy import Policy
@@ -187,7 +187,7 @@ def export(
 
     metadata = {
         "format": "pt",  # HuggingFace's loader requires it
-        "mixprec_version": _version(),
+        "mixprec_version": __version__,
         "dtype": dtype_name(target),
         "source": _summary(from_master, len(model_params)),
         "islands": json.dumps(islands),
@@ -314,13 +314,6 @@ def _summary(from_master: int, model_params: int) -> str:
     if not from_master:
         return "model"
     return "mixed"
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("mixprec")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 # ------------------------------------------------------------------ writing

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mixprec import __version__
 from mixprec.checkpoint import files
 from mixprec.checkpoint.files import MANIFEST, TreeError, join_tree, split_tree, tensor_keys
 from mixprec.formats import master_state_keys, moment_state_keys
@@ -109,15 +110,6 @@ class CheckpointInfo:
 
 def _reached(phase: str) -> None:
     """Called as a save passes each of its steps (a seam for fault-injection tests)."""
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mixprec")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _param_names(model: nn.Module | None) -> dict[torch.Tensor, str]:
@@ -332,7 +324,7 @@ def save(
         "version": FORMAT_VERSION,
         "step": step,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "mixprec_version": _version(),
+        "mixprec_version": __version__,
         "torch_version": torch.__version__,
         "policy": None if precision is None else precision.policy.to_dict(),
         "optimizer": None if optimizer is None else _class_name(optimizer),

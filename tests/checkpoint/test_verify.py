@@ -223,3 +223,17 @@ def test_rng_states_are_restored(tmp_path: Path) -> None:
     checkpoint.load(tmp_path, model=model, optimizer=optimizer, precision=prec)
     again = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(draws[0], again[0]) and draws[1:] == again[1:]
+
+
+@pytest.mark.parametrize("name", ["../outside", "/etc/hostname", "..", "sub/file"])
+def test_a_manifest_naming_files_outside_the_checkpoint_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    _two_checkpoints(tmp_path)
+    path = tmp_path / "step_00000002"
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"][name] = {"bytes": 1, "sha256": "0" * 64}
+    manifest["manifest_sha256"] = _manifest_digest(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="not a file of this checkpoint"):
+        checkpoint.verify(path)

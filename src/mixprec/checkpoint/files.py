@@ -39,6 +39,7 @@ __all__ = [
     "atomic_write_text",
     "file_digest",
     "fsync_dir",
+    "is_plain_name",
     "join_tree",
     "read_dcp",
     "read_tensor_metadata",
@@ -109,6 +110,10 @@ def write_dcp(tensors: dict[str, torch.Tensor], directory: Path) -> None:
 def read_tensor_metadata(directory: Path) -> dict[str, TensorStorageMetadata]:
     """Each saved tensor's size and dtype, by key (read with `SafeReader`)."""
     metadata = SafeReader(directory).read_metadata()
+    for info in (metadata.storage_data or {}).values():
+        name = str(getattr(info, "relative_path", ""))
+        if not is_plain_name(name) or not (directory / name).is_file():
+            raise ValueError(f"{directory / '.metadata'}: names a data file {name!r} it may not")
     out = {}
     for key, entry in metadata.state_dict_metadata.items():
         if not isinstance(entry, TensorStorageMetadata):
@@ -197,6 +202,11 @@ def tensor_keys(data: Any) -> list[str]:
 
 
 # ------------------------------------------------------------------------- disk
+
+
+def is_plain_name(name: str) -> bool:
+    """Whether `name` is a file name inside its directory (no separator, not ``..``)."""
+    return bool(name) and name not in (".", "..") and "/" not in name and os.sep not in name
 
 
 def file_digest(path: Path) -> str:

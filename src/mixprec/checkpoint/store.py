@@ -416,6 +416,11 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     listed = manifest.get("files")
     if not isinstance(listed, dict) or not listed:
         raise CheckpointError(f"{where}: lists no files")
+    for name, entry in listed.items():
+        if not files.is_plain_name(name) or (path / name).is_symlink():
+            raise CheckpointError(f"{where}: lists {name!r}, not a file of this checkpoint")
+        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)):
+            raise CheckpointError(f"{where}: the entry of {name!r} is malformed")
     return manifest
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
     from mixprec.experiment.compare import Results, compare
     from mixprec.experiment.compare import rerender as report
+    from mixprec.experiment.training import train
     from mixprec.policy import (
         ALIASES,
         PRESET_NAMES,
@@ -53,6 +54,7 @@ _EXPORTS = {
     "Results": "mixprec.experiment.compare",
     "compare": "mixprec.experiment.compare",
     "report": "mixprec.experiment.compare:rerender",
+    "train": "mixprec.experiment.training",
     "ALIASES": "mixprec.policy",
     "PRESET_NAMES": "mixprec.policy",
     "LossScaling": "mixprec.policy",
@@ -106,6 +108,7 @@ __all__ = [
     "preset_names",
     "report",
     "resolve_auto",
+    "train",
 ]
 __version__ = "0.1.0"
 

@@ -2,7 +2,8 @@
 
 Every subcommand takes ``--json`` for machine-readable output on stdout. Exit
 codes are in `mixprec.cli.exits`: 0 success, 1 a check found errors or a gate
-failed, 2 bad input (with a one-line reason on stderr), 130 interrupted.
+failed, 2 bad input (with a one-line reason on stderr), 130 interrupted, 143
+terminated (`train` on SIGTERM).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from mixprec.cli import budget, compare, doctor, formats, policies, report
+from mixprec.cli import budget, compare, doctor, formats, policies, report, train
 from mixprec.cli.common import Handler, Parser, UsageError
 from mixprec.cli.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED, error_line
 from mixprec.cli.interrupt import INTERRUPTED, cooperative_sigint
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
 
-    for command in (formats, policies, doctor, budget, compare, report):
+    for command in (formats, policies, doctor, budget, compare, train, report):
         command.add_parser(sub)
     return parser
 

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 a check found errors (doctor) or nothing could be
 recommended (compare); 2 bad input or any other error, with one line on
-stderr; 130 interrupted (Ctrl-C).
+stderr; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM, where a command stops
+cleanly on it: `mixprec train`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ __all__ = [
     "EXIT_FAILED_CHECK",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_TERMINATED",
     "error_line",
     "first_line",
 ]
@@ -22,6 +24,7 @@ EXIT_OK = 0
 EXIT_FAILED_CHECK = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a process it terminated
 
 #: Errors whose message is for the user as it stands (no type name, no hint).
 _USER_ERRORS = (UsageError, ValueError, TypeError, OSError, ImportError, LookupError)

@@ -1,4 +1,4 @@
-"""Cooperative Ctrl-C: the first one asks long commands to stop at a safe point."""
+"""Cooperative Ctrl-C (and SIGTERM): the first one asks long commands to stop at a safe point."""
 
 from __future__ import annotations
 
@@ -7,10 +7,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["INTERRUPTED", "cooperative_sigint"]
+__all__ = ["INTERRUPTED", "TERMINATED", "cooperative_sigint", "cooperative_sigterm"]
 
 #: Set by the first Ctrl-C; long commands stop at their next safe point.
 INTERRUPTED = threading.Event()
+
+#: Set by the first SIGTERM within `cooperative_sigterm` (`mixprec train`: a cluster's
+#: "stop now"); the command stops at its next safe point, as for Ctrl-C.
+TERMINATED = threading.Event()
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
@@ -37,3 +41,30 @@ def cooperative_sigint() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    import os
+    import signal
+
+    if TERMINATED.is_set():  # a second SIGTERM: terminate at once, as without the handler
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    TERMINATED.set()
+
+
+@contextlib.contextmanager
+def cooperative_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM sets `TERMINATED`; a second SIGTERM terminates at once."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    TERMINATED.clear()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

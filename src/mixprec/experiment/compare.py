@@ -29,9 +29,11 @@ from mixprec.experiment.runner import (
 from mixprec.workloads import Workload
 
 __all__ = [
+    "Recommendation",
     "Rerendered",
     "Results",
     "compare",
+    "recommendation",
     "records_of",
     "rerender",
     "run_contract",
@@ -197,6 +199,60 @@ def stored_experiment(folder: Path) -> dict[str, Any]:
         return data
     raise FileNotFoundError(
         f"{folder} has neither results.json nor contract.json (is it a mixprec compare folder?)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    """What a finished experiment folder recommends (`recommendation`)."""
+
+    policy: str | None
+    """The recommended policy, None when nothing was recommended."""
+    why_none: str
+    """Why nothing was recommended (empty when a policy was)."""
+    workload: str
+    """The workload the experiment ran."""
+    size: str | None
+    """Its size preset (None: the workload's default for a contract)."""
+
+
+def recommendation(folder: str | Path) -> Recommendation:
+    """The policy a finished `compare` folder recommends, read from its results.json
+    (`mixprec train --policy-from`).
+
+    Raises:
+        FileNotFoundError: no results.json (compare did not finish there).
+        ValueError: results.json is not valid JSON or not compare's.
+    """
+    path = Path(folder) / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} does not exist: is {folder} the --out folder of a finished mixprec compare?"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON: {str(exc).splitlines()[0]}") from None
+    decision = data.get("decision") if isinstance(data, dict) else None
+    contract = data.get("contract") if isinstance(data, dict) else None
+    if not isinstance(decision, dict) or not isinstance(contract, dict):
+        raise ValueError(f"{path} holds no decision; is it a mixprec compare folder?")
+    policy = decision.get("recommended")
+    if policy is not None and not isinstance(policy, str):
+        raise ValueError(f"{path}: recommended must be a policy name, got {policy!r}")
+    why = ""
+    if policy is None:
+        why = str(
+            decision.get("too_short")
+            or decision.get("baseline_reason")
+            or "no candidate passed the gates"
+        )
+    size = contract.get("size")
+    return Recommendation(
+        policy=policy,
+        why_none=why,
+        workload=str(contract.get("workload", "")),
+        size=size if isinstance(size, str) else None,
     )
 
 

@@ -17,7 +17,15 @@ from typing import Any
 from mixprec.policy import policy as get_policy
 from mixprec.workloads.settings import TrainSettings
 
-__all__ = ["DEFAULT_CANDIDATES", "Contract", "Gates", "candidates_from"]
+__all__ = [
+    "DEFAULT_CANDIDATES",
+    "TRAIN_KEYS",
+    "Contract",
+    "Gates",
+    "candidates_from",
+    "canonical_policy",
+    "split_train_keys",
+]
 
 #: Bumped when runs record something new that the decision reads (version 2: held-out
 #: evaluations at the start of each compared step's last fifth; 3: at step 0 too), so
@@ -181,8 +189,8 @@ class Contract:
         if isinstance(self.candidates, str) or not isinstance(self.candidates, tuple):
             object.__setattr__(self, "candidates", tuple(_split(self.candidates)))
         # Aliases name presets (bf16-mixed is amp_bf16): judge and store presets only.
-        object.__setattr__(self, "baseline", _canonical(self.baseline))
-        object.__setattr__(self, "candidates", tuple(_canonical(c) for c in self.candidates))
+        object.__setattr__(self, "baseline", canonical_policy(self.baseline))
+        object.__setattr__(self, "candidates", tuple(canonical_policy(c) for c in self.candidates))
         if not self.candidates:
             raise ValueError("candidates is empty: name at least one policy to judge")
         if len(set(self.candidates)) != len(self.candidates):
@@ -227,7 +235,7 @@ class Contract:
                 raise ValueError(
                     f"step_caps must be a mapping policy -> steps, got {self.step_caps!r}"
                 )
-            caps = {_canonical(str(name)): cap for name, cap in self.step_caps.items()}
+            caps = {canonical_policy(str(name)): cap for name, cap in self.step_caps.items()}
             object.__setattr__(self, "step_caps", caps)
             for name, cap in caps.items():
                 if name not in self.candidates:
@@ -271,23 +279,17 @@ class Contract:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Contract:
         """Build from plain data (a YAML mapping); unknown keys raise, naming the valid ones."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"a contract must be a mapping, got {type(data).__name__}")
-        train_keys = {f.name for f in dataclasses.fields(TrainSettings)}
-        valid = {f.name for f in dataclasses.fields(cls)} - {"train"} | train_keys
-        if "noise_multiplier" in data:
+        if isinstance(data, Mapping) and "noise_multiplier" in data:
             raise ValueError(
                 "key 'noise_multiplier' was replaced by gates.confidence (a paired t-interval "
                 "over seeds; see docs/compare.md): remove it"
             )
-        unknown = sorted(str(k) for k in set(data) - valid)
-        if unknown:
-            raise ValueError(f"unknown contract keys {unknown}; valid keys: {sorted(valid)}")
-        values = {k: v for k, v in data.items() if k not in train_keys}
-        values["train"] = {k: _whole(v) for k, v in data.items() if k in train_keys}
-        for key in _INT_FIELDS:
-            if key in values:
-                values[key] = _whole(values[key])
+        values = split_train_keys(
+            data,
+            fields=[f.name for f in dataclasses.fields(cls)],
+            int_fields=_INT_FIELDS,
+            what="contract",
+        )
         if "gates" in values:
             raw = values["gates"]
             if not isinstance(raw, Mapping):
@@ -331,7 +333,7 @@ class Contract:
 _MAX_SEEDS = 100
 
 
-def _canonical(name: str) -> str:
+def canonical_policy(name: str) -> str:
     """The preset name of `name` (an alias resolved); ValueError naming valid ones."""
     from mixprec.policy import ALIASES
 
@@ -351,7 +353,41 @@ def _from_text(value: object) -> object:
     return value
 
 
+#: Whole-number fields of a contract: ``1e2`` is read as 100 (see `_whole`).
 _INT_FIELDS = ("seeds", "max_seeds", "eval_every", "probe_every")
+
+#: Names of the `TrainSettings` fields. In the dict form of a contract or a training
+#: recipe they are top-level keys (``steps: 500``), collected into its `train` overrides.
+TRAIN_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainSettings))
+
+
+def split_train_keys(
+    data: Mapping[str, Any], *, fields: list[str], int_fields: tuple[str, ...], what: str
+) -> dict[str, Any]:
+    """The dict form shared by a `Contract` and a training `Recipe`, as keyword arguments.
+
+    Top-level keys are the object's own `fields` (but ``train``) and the
+    `TrainSettings` fields, which are collected into ``train``. Whole numbers that
+    YAML 1.1 reads as strings or floats (``1e2``) become ints, in the training
+    fields and in `int_fields`.
+
+    Raises:
+        ValueError: `data` is not a mapping, or holds a key that is neither, naming
+            the valid keys.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a {what} must be a mapping, got {type(data).__name__}")
+    valid = (set(fields) - {"train"}) | set(TRAIN_KEYS)
+    unknown = sorted(str(k) for k in set(data) - valid)
+    if unknown:
+        raise ValueError(f"unknown {what} keys {unknown}; valid keys: {sorted(valid)}")
+    values = {str(k): v for k, v in data.items() if k not in TRAIN_KEYS}
+    values["train"] = {k: _whole(v) for k, v in data.items() if k in TRAIN_KEYS}
+    for key in int_fields:
+        if key in values:
+            values[key] = _whole(values[key])
+    return values
+
 
 #: The training keys every contract of RECORD_VERSION 3 holds in its dict form, null
 #: when not overridden. They are written the same way so that fingerprints of stored

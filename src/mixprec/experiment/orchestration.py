@@ -26,7 +26,7 @@ from mixprec.experiment.plan import RunSettings, evaluation_steps, settings_dict
 from mixprec.experiment.records import RunRecord, load_records, record_path, write_json_atomic
 from mixprec.workloads import Workload
 
-__all__ = ["CONTRACT_FILE", "RunFn", "check_out_dir", "run_all"]
+__all__ = ["CONTRACT_FILE", "RunFn", "check_out_dir", "exclusive", "run_all"]
 
 #: Written first into the output folder: what the experiment is (so `report` can
 #: render an interrupted folder that has no results.json yet).
@@ -99,7 +99,7 @@ def run_all(
     """
     caps = step_caps_for(contract, settings.train.steps, device)
     eval_at = evaluation_steps(settings.train.steps, caps)
-    with _exclusive(out_dir):
+    with exclusive(out_dir):
         write_json_atomic(
             out_dir / CONTRACT_FILE,
             {
@@ -163,9 +163,10 @@ def run_all(
 
 
 @contextlib.contextmanager
-def _exclusive(out_dir: Path) -> Iterator[None]:
-    """Hold `out_dir/.lock` while this process writes there: a second `compare` into the
-    same folder refuses instead of doing every run twice."""
+def exclusive(out_dir: Path, command: str = "compare") -> Iterator[None]:
+    """Hold `out_dir/.lock` while this process writes there: a second `compare` (or
+    `train`, named by `command`) into the same folder refuses instead of doing the
+    work twice."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX: no lock
@@ -179,7 +180,7 @@ def _exclusive(out_dir: Path) -> Iterator[None]:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             raise ValueError(
-                f"{out_dir} is in use by another mixprec compare ({holder}); wait for it to "
+                f"{out_dir} is in use by another mixprec {command} ({holder}); wait for it to "
                 "finish or choose another --out"
             ) from None
         handle.seek(0)

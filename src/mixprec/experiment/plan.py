@@ -8,8 +8,9 @@ which candidates stop early, and when held-out evaluations happen.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -22,6 +23,7 @@ from mixprec.workloads.settings import TrainSettings
 
 __all__ = [
     "RunSettings",
+    "RunSpec",
     "evaluation_steps",
     "settings_dict",
     "settings_for",
@@ -57,7 +59,22 @@ class RunSettings:
                 raise ValueError(f"{name} must be an int >= 1 (steps), got {value!r}")
 
 
-def settings_for(contract: Contract, workload: Workload) -> RunSettings:
+class RunSpec(Protocol):
+    """What a run is made of, as a `Contract` or a training `Recipe` names it."""
+
+    @property
+    def workload(self) -> str: ...
+    @property
+    def size(self) -> str | None: ...
+    @property
+    def train(self) -> Mapping[str, object]: ...
+    @property
+    def eval_every(self) -> int: ...
+    @property
+    def probe_every(self) -> int: ...
+
+
+def settings_for(contract: RunSpec, workload: Workload) -> RunSettings:
     """The contract's settings for `workload`: its `train` overrides win over the
     workload's defaults (`TrainSettings.with_overrides`), cadences from the contract.
 
@@ -88,8 +105,8 @@ def settings_dict(settings: RunSettings) -> dict[str, Any]:
     }
 
 
-def workload_options(contract: Contract) -> dict[str, str]:
-    """The keyword arguments the contract's workload is built with."""
+def workload_options(contract: RunSpec) -> dict[str, str]:
+    """The keyword arguments the workload of a contract (or recipe) is built with."""
     if contract.size is not None:
         return {"size": contract.size}
     if contract.workload == "shakespeare":

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from mixprec.device import resolve_device
-from mixprec.engine import Precision
+from mixprec.engine import Precision, StepReport
 from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
 from mixprec.experiment.contract import Contract
 from mixprec.experiment.orchestration import CONTRACT_FILE, check_out_dir, run_all
@@ -46,19 +46,22 @@ from mixprec.memory import MemoryBreakdown, estimate, measure
 from mixprec.policy import DEFAULT_FP32_MODULES, Policy
 from mixprec.policy import policy as get_policy
 from mixprec.workloads import Workload, load_workload
-from mixprec.workloads.settings import lr_at
+from mixprec.workloads.settings import TrainSettings, lr_at
 
 __all__ = [
     "CONTRACT_FILE",
     "RunSettings",
     "check_out_dir",
+    "doctor_for",
     "evaluation_steps",
     "lr_at",
+    "predicted_bytes",
     "run_experiment",
     "run_one",
     "settings_dict",
     "settings_for",
     "step_caps_for",
+    "training_step",
     "workload_options",
 ]
 
@@ -97,10 +100,11 @@ def _frozen_fraction(model: nn.Module, initial: dict[str, torch.Tensor]) -> dict
     return {k: same / total for k, (same, total) in counts.items() if total}
 
 
-def _doctor_for(
+def doctor_for(
     prec: Precision, model: nn.Module, optimizer: torch.optim.Optimizer, every: int
 ) -> tuple[list[dict[str, Any]], Any]:
-    """Static findings and an attached runtime probe, when the doctor is available."""
+    """Static findings and an attached runtime probe, when the doctor is available
+    (also `mixprec train`'s: both runs are observed alike)."""
     try:
         from mixprec import doctor
     except ImportError:  # the doctor is optional for the runner
@@ -116,7 +120,7 @@ def _doctor_for(
     return static, probe
 
 
-def _predicted_bytes(
+def predicted_bytes(
     workload: Workload,
     model: nn.Module,
     pol: Policy,
@@ -133,6 +137,31 @@ def _predicted_bytes(
         targets=y,
         device_type=torch.device(device).type,
     ).bytes.to_dict()
+
+
+def training_step(
+    workload: Workload,
+    prec: Precision,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    train: TrainSettings,
+) -> tuple[torch.Tensor, StepReport]:
+    """One optimizer step on `(x, y)` (compare's runs and `mixprec train` take the same).
+
+    Returns:
+        The loss (detached) and the step's report.
+    """
+    with prec.autocast():
+        out = model(x)
+    loss = workload.loss(out, y)
+    prec.backward(loss)
+    if train.grad_clip_norm is not None:
+        prec.clip_grad_norm_(model.parameters(), train.grad_clip_norm)
+    report = prec.step(optimizer)
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach(), report
 
 
 def run_one(
@@ -178,7 +207,7 @@ def run_one(
             model, lr=lr_at(0, train), betas=train.betas, weight_decay=train.weight_decay
         )
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
-    static, probe = _doctor_for(prec, model, optimizer, settings.probe_every)
+    static, probe = doctor_for(prec, model, optimizer, settings.probe_every)
 
     losses: list[list[float]] = []
     evals: list[list[float]] = []
@@ -190,15 +219,7 @@ def run_one(
     timed_steps = 0
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with prec.autocast():
-            out = model(x)
-        loss = workload.loss(out, y)
-        prec.backward(loss)
-        if train.grad_clip_norm is not None:
-            prec.clip_grad_norm_(model.parameters(), train.grad_clip_norm)
-        prec.step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return training_step(workload, prec, model, optimizer, x, y, train)[0]
 
     def measured_step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, MemoryBreakdown]:
         out: list[torch.Tensor] = []
@@ -216,7 +237,7 @@ def run_one(
             first_batch = workload.train_batch(
                 step=0, seed=seed, batch_size=train.batch_size, device=device
             )
-            predicted = _predicted_bytes(workload, model, pol, first_batch, device)
+            predicted = predicted_bytes(workload, model, pol, first_batch, device)
         for step in range(total):
             if should_stop is not None and should_stop():
                 raise KeyboardInterrupt  # a safe point: between steps, no record written

@@ -1,0 +1,228 @@
+"""`mixprec train`: one long run of one policy, with checkpoints, resume and export."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from mixprec.cli.common import emit_json, load_mapping
+from mixprec.cli.compare import out_folder
+from mixprec.cli.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
+from mixprec.cli.interrupt import INTERRUPTED, TERMINATED, cooperative_sigterm
+
+__all__ = ["add_parser"]
+
+#: Flags that set a recipe field of the same name (flags win over --config).
+_FIELD_FLAGS = ("workload", "size", "policy", "steps", "seed", "save_every", "eval_every")
+
+
+def add_parser(sub: Any) -> None:
+    """Register the ``train`` subcommand."""
+    p = sub.add_parser(
+        "train",
+        help="train one policy on a workload: progress, probes, checkpoints, resume, export",
+        description="Train a workload under one precision policy, with a progress bar, the "
+        "doctor's runtime probes, checkpoints you can resume bitwise, and an export of the "
+        "final weights. Ctrl-C or SIGTERM stops after the current step with a checkpoint.",
+    )
+    p.add_argument("--config", type=Path, default=None, help="a YAML recipe; flags override it")
+    p.add_argument(
+        "--workload", default=None, help="shakespeare (default), digits, or module:function"
+    )
+    p.add_argument("--size", default=None, help="the workload's size preset (e.g. tiny)")
+    p.add_argument("--policy", default=None, help="the precision policy (a preset or alias)")
+    p.add_argument(
+        "--policy-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="take the policy a finished `mixprec compare --out DIR` recommended",
+    )
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps of the whole run")
+    p.add_argument("--seed", type=int, default=None, help="initial weights and data order")
+    p.add_argument("--out", type=out_folder, default=Path("runs/train"), help="output folder")
+    p.add_argument("--save-every", type=int, default=None, help="steps between checkpoints")
+    p.add_argument(
+        "--eval-every", type=int, default=None, help="steps between held-out evaluations"
+    )
+    p.add_argument(
+        "--stop-after",
+        type=_positive,
+        default=None,
+        metavar="K",
+        help="stop after K steps of this invocation with a checkpoint, as SIGTERM would "
+        "(time-sliced clusters: rerun with --resume)",
+    )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        choices=("latest", "latest-valid"),
+        help="go on from OUT/checkpoints: the checkpoint 'latest' names (the default) or "
+        "the newest that verifies (latest-valid)",
+    )
+    p.add_argument("--device", default="cpu", help="device to train on (default cpu)")
+    p.add_argument("--json", action="store_true", help="no progress; print train.json to stdout")
+    p.set_defaults(handler=run)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1 (steps), got {text!r}")
+    return value
+
+
+def _recipe_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The recipe's dict form: --config (or, resuming, the run's own recipe), then
+    --policy-from, then the flags."""
+    from mixprec.experiment.training import stored_recipe
+
+    data: dict[str, Any] = {}
+    if args.config is not None:
+        data = load_mapping(args.config, "a recipe (a YAML mapping)")
+        section = data.get("train")
+        if isinstance(section, dict):  # a file holding `compare:` and `train:` sections
+            others = sorted(str(k) for k in data if k not in ("train", "compare"))
+            if others:
+                raise ValueError(
+                    f"{args.config}: with a 'train:' section, put every recipe key inside it "
+                    f"(found {others} beside it)"
+                )
+            data = dict(section)
+    elif args.resume is not None:
+        data = stored_recipe(args.out) or {}
+    if args.workload is None and ":" in str(data.get("workload", "")):
+        raise ValueError(
+            f"the recipe names workload {data['workload']!r}: files may only name built-in "
+            "workloads (a module:function would run code); pass --workload on the command line"
+        )
+    if args.policy_from is not None:
+        if args.policy is not None:
+            raise ValueError("give --policy or --policy-from, not both")
+        _take_recommendation(args.policy_from, data, args)
+    for key in _FIELD_FLAGS:
+        value = getattr(args, key)
+        if value is not None:
+            data[key] = value
+    return data
+
+
+def _take_recommendation(folder: Path, data: dict[str, Any], args: argparse.Namespace) -> None:
+    from mixprec.experiment.compare import recommendation
+    from mixprec.workloads import workload_names
+
+    rec = recommendation(folder)
+    if rec.policy is None:
+        raise ValueError(
+            f"{folder}: compare recommended no policy ({rec.why_none}); pass --policy instead"
+        )
+    data["policy"] = rec.policy
+    if args.workload is None and "workload" not in data and rec.workload in workload_names():
+        data["workload"] = rec.workload  # train what was compared
+        if args.size is None and "size" not in data and rec.size is not None:
+            data["size"] = rec.size
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    words = ["mixprec", "train"]
+    if args.workload is not None and ":" in args.workload:  # files never name one
+        words += ["--workload", args.workload]
+    if args.device != "cpu":  # not part of the recipe
+        words += ["--device", args.device]
+    return shlex.join([*words, "--out", str(args.out), "--resume"])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train (or resume) the run the flags describe; 130/143 when stopped by Ctrl-C/SIGTERM."""
+    from mixprec.checkpoint import CheckpointError
+    from mixprec.experiment.recipe import Recipe
+    from mixprec.experiment.training import train
+
+    with cooperative_sigterm():
+        # Everything that can be refused is checked before any output: one line.
+        recipe = Recipe.from_dict(_recipe_from_args(args))
+        allow_import = args.workload is not None and ":" in args.workload
+        try:
+            result = train(
+                recipe,
+                args.out,
+                resume=args.resume,
+                stop_after=args.stop_after,
+                device=args.device,
+                allow_import=allow_import,
+                stream=None if args.json else sys.stderr,
+                should_stop=lambda: INTERRUPTED.is_set() or TERMINATED.is_set(),
+            )
+        except CheckpointError as exc:  # the library's spelling of the option, as a flag
+            raise CheckpointError(
+                str(exc).replace("resume='latest-valid'", "--resume latest-valid")
+            ) from None
+    summary = result.summary
+    if not result.finished:
+        if INTERRUPTED.is_set():
+            why, code = "Ctrl-C", EXIT_INTERRUPTED
+        elif TERMINATED.is_set():
+            why, code = "SIGTERM", EXIT_TERMINATED
+        else:
+            why, code = f"--stop-after {args.stop_after}", EXIT_OK
+        if result.checkpoint is None:
+            where = "no checkpoint saved (no step was taken)"
+        else:
+            where = f"checkpoint {result.checkpoint}; resume with: {_resume_hint(args)}"
+        print(
+            f"mixprec train: stopped ({why}) after step {result.step} of {result.steps}; {where}",
+            file=sys.stderr,
+        )
+    else:
+        INTERRUPTED.clear()  # a stop request that came during the last step: it finished
+        code = EXIT_OK
+    if args.json:
+        emit_json(summary)
+    elif result.finished:
+        print(_finished_text(summary, args.out))
+    return code
+
+
+def _number(value: Any, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _finished_text(summary: dict[str, Any], out: Path) -> str:
+    final = summary.get("final") or {}
+    rate = summary.get("steps_per_s")
+    lines = [
+        f"finished: {summary['steps']} steps of {summary['workload']} under "
+        f"{summary['policy']} in {summary['wall_time_s']:.1f}s"
+        + ("" if rate is None else f" ({rate:.1f} steps/s this invocation)"),
+        f"held-out loss {_number(final.get('eval_loss'), '.4f')}  "
+        f"{summary['metric_name']} {_number(final.get('eval_metric'), '.4f')}  "
+        f"skipped steps {summary['skipped_steps']}",
+    ]
+    ckpt = summary.get("checkpoint")
+    if ckpt is not None:
+        parts = ", ".join(f"{k} {_size(v)}" for k, v in sorted(ckpt["components"].items()))
+        lines.append(f"checkpoint: {out / ckpt['path']} ({_size(ckpt['bytes'])}: {parts})")
+    export = summary.get("export")
+    if export is not None:
+        lines.append(f"export: {out / export['path']} ({export['dtype']})")
+    lines.append(f"metrics: {out / 'metrics.jsonl'}  summary: {out / 'train.json'}")
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = n / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"

@@ -1,0 +1,561 @@
+"""`train`: one long run of a `Recipe`, with progress, probes, checkpoints, resume and export.
+
+Each step is the one compare's runs take (`runner.training_step`): the workload's
+model built from the seed, `Precision.prepare`, `Precision.optimizer` with the
+schedule's betas and weight decay, the learning rate of step ``k`` from `lr_at`,
+and the batch of step ``k`` from ``Workload.train_batch(step=k, seed=seed)``. The
+data position is therefore the step: each checkpoint records it (with the
+workload and the training settings) and a resume checks it.
+
+The output folder holds::
+
+    recipe.json      the recipe (its dict form); a resume starts from it
+    metrics.jsonl    one line per step (`metrics_log`); cut back on resume
+    checkpoints/     `mixprec.checkpoint.save` every `save_every` steps, after the
+                     last step and when stopped; the newest `keep_last` are kept
+    export/          `mixprec.checkpoint.export` of the final weights
+    train.json       the summary, also written when the run stops early
+
+A stop request (`should_stop`, polled between steps: the command line's Ctrl-C
+and SIGTERM) or `stop_after` ends the run after the step in progress, with a
+checkpoint. Resuming from it gives bitwise the run that was never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import torch
+
+from mixprec.device import resolve_device
+from mixprec.engine import Precision
+from mixprec.errors import PerformanceWarning, PrecisionWarning
+from mixprec.experiment.metrics_log import MetricsLog
+from mixprec.experiment.orchestration import check_out_dir, exclusive
+from mixprec.experiment.plan import RunSettings, settings_dict, settings_for, workload_options
+from mixprec.experiment.recipe import Recipe
+from mixprec.experiment.records import strict_json, write_json_atomic
+from mixprec.experiment.runner import doctor_for, predicted_bytes, training_step
+from mixprec.workloads import EvalResult, Workload, load_workload
+from mixprec.workloads.settings import lr_at
+
+# `mixprec.checkpoint` is imported when a run starts: compare (`import mixprec.experiment`)
+# needs no torch.distributed.checkpoint.
+if TYPE_CHECKING:
+    from mixprec.checkpoint import CheckpointInfo
+    from mixprec.doctor import Finding
+
+__all__ = [
+    "CHECKPOINTS",
+    "METRICS_FILE",
+    "RECIPE_FILE",
+    "SUMMARY_FILE",
+    "TrainResult",
+    "stored_recipe",
+    "train",
+]
+
+RECIPE_FILE = "recipe.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "train.json"
+CHECKPOINTS = "checkpoints"
+EXPORT = "export"
+
+#: Policy fields that only describe it (a checkpoint of another name but the same
+#: fields resumes).
+_DESCRIPTIVE = ("name", "note")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainResult:
+    """What a call of `train` did."""
+
+    out: Path
+    """The output folder."""
+    step: int
+    """Optimizer steps done (over every call that trained this run)."""
+    steps: int
+    """Steps of the whole run (its schedule)."""
+    finished: bool
+    """The last step is done and the weights are exported."""
+    checkpoint: Path | None
+    """The newest checkpoint, None when none was saved."""
+    summary: dict[str, Any]
+    """What ``train.json`` holds."""
+
+
+def stored_recipe(out: str | Path) -> dict[str, Any] | None:
+    """The dict form of the recipe a run in `out` was started with; None without one.
+
+    Raises:
+        ValueError: the file is not a JSON mapping.
+    """
+    path = Path(out) / RECIPE_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds no recipe (a JSON mapping)")
+    return data
+
+
+def train(
+    recipe: Recipe | Mapping[str, Any],
+    out: str | Path,
+    *,
+    resume: str | None = None,
+    stop_after: int | None = None,
+    device: str = "cpu",
+    workload: Workload | None = None,
+    allow_import: bool = False,
+    stream: TextIO | None = sys.stderr,
+    should_stop: Callable[[], bool] | None = None,
+) -> TrainResult:
+    """Train `recipe` into the folder `out`, or go on with the run there.
+
+    Args:
+        recipe: a `Recipe` or its dict form.
+        out: the output folder (created).
+        resume: None: a new run (refused when `out` holds checkpoints); ``"latest"``:
+            go on from the checkpoint ``latest`` names (refused when it does not
+            verify); ``"latest-valid"``: from the newest that verifies.
+        stop_after: stop after this many steps of this call, with a checkpoint (a
+            time slice; resume later). None: run to the end.
+        device: the device to train on.
+        workload: the workload object; default: loaded from ``recipe.workload``.
+        allow_import: ``recipe.workload`` may be a ``module:function`` (command line only).
+        stream: where the progress bar and the doctor's findings go (None: silent).
+        should_stop: polled before every step; True stops there as `stop_after` does.
+
+    Returns:
+        The `TrainResult`; ``train.json`` holds its summary.
+
+    Raises:
+        ValueError: bad input; `out` holds a run and `resume` is None; nothing to
+            resume; a checkpoint of another policy, workload, seed or training
+            settings (naming what differs). A damaged checkpoint raises
+            `mixprec.checkpoint.CheckpointError` (a ValueError).
+        PrecisionError: training cannot go on (a collapsing loss scale); the
+            checkpoints and metrics so far are kept.
+    """
+    if not isinstance(recipe, Recipe):
+        recipe = Recipe.from_dict(recipe)
+    if resume is not None and resume not in _RESUME:
+        raise ValueError(f"resume must be None or one of {', '.join(_RESUME)}, got {resume!r}")
+    if stop_after is not None and (
+        isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1
+    ):
+        raise ValueError(f"stop_after must be an int >= 1 (steps) or None, got {stop_after!r}")
+    device = str(resolve_device(device))
+    if workload is None:
+        workload = load_workload(
+            recipe.workload, allow_import=allow_import, **workload_options(recipe)
+        )
+    settings = settings_for(recipe, workload)
+    out = Path(out)
+    if resume is not None and not out.is_dir():
+        raise ValueError(f"nothing to resume: {out} does not exist; start without --resume")
+    check_out_dir(out)
+    with exclusive(out, "train"):
+        run = _Run(recipe, workload, settings, out, device=device, stream=stream)
+        return run.run(resume=resume, stop_after=stop_after, should_stop=should_stop)
+
+
+_RESUME = ("latest", "latest-valid")
+
+
+class _Run:
+    """One call of `train`: the objects of the run and its loop."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        workload: Workload,
+        settings: RunSettings,
+        out: Path,
+        *,
+        device: str,
+        stream: TextIO | None,
+    ) -> None:
+        self.recipe = recipe
+        self.workload = workload
+        self.settings = settings
+        self.out = out
+        self.device = device
+        self.stream = stream
+        self.root = out / CHECKPOINTS
+        t = settings.train
+        self.prec = Precision(recipe.policy, device=device)
+        self.model = workload.make_model(recipe.seed).to(device)
+        with warnings.catch_warnings():  # the doctor reports these as findings
+            warnings.simplefilter("ignore", PerformanceWarning)
+            warnings.simplefilter("ignore", PrecisionWarning)
+            self.prec.prepare(self.model)
+            # The seed of stochastic rounding (bf16_sr) comes from the recipe, not from
+            # torch's default generator: a new process repeats the run.
+            self.optimizer = self.prec.optimizer(
+                self.model,
+                lr=lr_at(0, t),
+                betas=t.betas,
+                weight_decay=t.weight_decay,
+                seed=recipe.seed,
+            )
+        self.config = json.loads(json.dumps(workload.config, default=str))  # plain data
+        self.latest: CheckpointInfo | None = None
+        self.elapsed_before = 0.0  # training time of earlier calls (from the checkpoint)
+        self.began = time.perf_counter()
+        self.start = 0  # the step this call began at
+        self.done = 0  # steps done
+        self.saved = 0  # the step of the newest checkpoint (or where this call began)
+        self.last_eval: tuple[int, EvalResult] | None = None
+        self.step_time = 0.0  # seconds in timed steps of this call
+        self.timed = 0
+
+    # ------------------------------------------------------------ resume
+
+    def _start(self, resume: str | None) -> int:
+        """The step the run goes on from (0: a new run), restored from a checkpoint."""
+        from mixprec.checkpoint import list_checkpoints, load
+        from mixprec.checkpoint.store import resolve
+
+        have = bool(list_checkpoints(self.root)) or (self.root / "latest").exists()
+        if resume is None:
+            if have:
+                raise ValueError(
+                    f"{self.out} already holds a run (checkpoints in {self.root}); resume it "
+                    "(--resume) or choose another --out"
+                )
+            return 0
+        if not have:
+            raise ValueError(
+                f"nothing to resume: {self.root} holds no checkpoint; start without --resume"
+            )
+        info = resolve(self.root, resume)
+        self._check_policy(info)
+        loaded = load(info.path, model=self.model, optimizer=self.optimizer, precision=self.prec)
+        self._check_extra(info, loaded["extra"])
+        self.latest = info
+        elapsed = loaded["extra"].get("elapsed_s", 0.0)
+        self.elapsed_before = float(elapsed) if isinstance(elapsed, int | float) else 0.0
+        return info.step
+
+    def _check_policy(self, info: CheckpointInfo) -> None:
+        saved = info.policy or {}
+        mine = self.prec.policy.to_dict()
+        keys = sorted((set(saved) | set(mine)) - set(_DESCRIPTIVE))
+        diff = [
+            f"{k} (saved {saved.get(k)!r}, now {mine.get(k)!r})"
+            for k in keys
+            if saved.get(k) != mine.get(k)
+        ]
+        if diff:
+            name = saved.get("name", "?")
+            raise ValueError(
+                f"{info.path} was trained under policy {name!r}, this run asks for "
+                f"{self.prec.policy.name!r}; differing fields: {', '.join(diff)}; resume under "
+                f"{name!r} or choose another --out"
+            )
+
+    def _extra(self, step: int, elapsed: float) -> dict[str, Any]:
+        return {
+            "data": {"seed": self.recipe.seed, "step": step},
+            "workload": self.workload.name,
+            "workload_config": self.config,
+            "train": self.settings.train.to_dict(),
+            "elapsed_s": elapsed,
+            "recipe": self.recipe.to_dict(),
+        }
+
+    def _check_extra(self, info: CheckpointInfo, extra: Mapping[str, Any]) -> None:
+        """The checkpoint's data position, workload and training settings are this run's."""
+        expected = self._extra(info.step, 0.0)
+        saved_data = extra.get("data")
+        diff: list[str] = []
+        if not isinstance(saved_data, Mapping) or saved_data.get("step") != info.step:
+            diff.append(f"data position (saved {saved_data!r}, checkpoint step {info.step})")
+        elif saved_data.get("seed") != self.recipe.seed:
+            diff.append(f"seed (saved {saved_data.get('seed')!r}, now {self.recipe.seed!r})")
+        for key in ("workload", "workload_config"):
+            if _plain(extra.get(key)) != expected[key]:
+                diff.append(f"{key} (saved {extra.get(key)!r}, now {expected[key]!r})")
+        saved_train = _plain(extra.get("train"))
+        saved_train = saved_train if isinstance(saved_train, dict) else {}
+        for k, now in expected["train"].items():
+            if saved_train.get(k) != now:
+                diff.append(f"{k} (saved {saved_train.get(k)!r}, now {now!r})")
+        if diff:
+            raise ValueError(
+                f"{info.path} belongs to another run: {'; '.join(diff)}; resume with the "
+                f"settings of {self.out / RECIPE_FILE} or choose another --out"
+            )
+
+    # -------------------------------------------------------------- loop
+
+    def run(
+        self,
+        *,
+        resume: str | None,
+        stop_after: int | None,
+        should_stop: Callable[[], bool] | None,
+    ) -> TrainResult:
+        from mixprec.checkpoint import export
+
+        total = self.settings.train.steps
+        first_batch = self._batch(0)
+        # Before the probe hooks anything and before a checkpoint restores the RNGs
+        # (the estimate runs a fake-tensor forward).
+        predicted = predicted_bytes(
+            self.workload, self.model, self.prec.policy, first_batch, self.device
+        )
+        start = self._start(resume)
+        write_json_atomic(self.out / RECIPE_FILE, self.recipe.to_dict())
+        static, probe = doctor_for(self.prec, self.model, self.optimizer, self.settings.probe_every)
+        if self.stream is not None:
+            print(self._header(start), file=self.stream)
+            for finding in static:
+                print(_finding_line(finding), file=self.stream)
+        self.start = self.done = self.saved = start
+        self.began = time.perf_counter()
+        progress = _Progress(self.stream, start=start, total=total)
+        try:
+            with MetricsLog(self.out / METRICS_FILE, keep_through=start) as metrics:
+                for step in range(start, total):
+                    if (should_stop is not None and should_stop()) or (
+                        stop_after is not None and step - start >= stop_after
+                    ):
+                        break
+                    line = self._step(step, first_batch if step == 0 else self._batch(step))
+                    metrics.write(line)
+                    progress.step(line, self.prec, self.workload.metric_name)
+                    if probe is not None:
+                        progress.findings(probe.findings())
+                    if self.done % self.recipe.save_every == 0 and self.done < total:
+                        self._save(metrics)
+                if self.done > self.saved:
+                    self._save(metrics)
+        finally:
+            progress.close()
+            if probe is not None:
+                probe.detach()
+        finished = self.done == total
+        exported = None
+        if finished:
+            if self.last_eval is None:  # resumed after the last step: evaluate for the summary
+                self.last_eval = (self.done, self._evaluate())
+            export(
+                self.model,
+                self.optimizer,
+                self.out / EXPORT,
+                dtype=self.recipe.export_dtype,
+                policy=self.prec.policy,
+                step=self.done,
+            )
+            exported = {"path": EXPORT, "dtype": self.recipe.export_dtype}
+        findings = static + ([f.to_dict() for f in probe.findings()] if probe is not None else [])
+        summary = strict_json(  # a non-finite number is null, as in the file
+            self._summary(
+                finished=finished,
+                predicted=predicted,
+                exported=exported,
+                findings=findings,
+            )
+        )
+        write_json_atomic(self.out / SUMMARY_FILE, summary)
+        return TrainResult(
+            out=self.out,
+            step=self.done,
+            steps=total,
+            finished=finished,
+            checkpoint=None if self.latest is None else self.latest.path,
+            summary=summary,
+        )
+
+    def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        t = self.settings.train
+        return self.workload.train_batch(
+            step=step, seed=self.recipe.seed, batch_size=t.batch_size, device=self.device
+        )
+
+    def _step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
+        """Train step `step` (0-based) and return its metrics line."""
+        t = self.settings.train
+        lr = lr_at(step, t)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = batch
+        t0 = time.perf_counter()
+        loss, report = training_step(self.workload, self.prec, self.model, self.optimizer, x, y, t)
+        line: dict[str, Any] = {
+            "step": step + 1,
+            "loss": float(loss),
+            "lr": lr,
+            "loss_scale": report.scale,
+            "skipped": report.skipped,
+            "grad_norm": report.grad_norm,
+        }
+        if step > self.start:  # not the first step of a call: it warms caches and kernels up
+            self.step_time += time.perf_counter() - t0
+            self.timed += 1
+        self.done = step + 1
+        if self.done % self.settings.eval_every == 0 or self.done == t.steps:
+            result = self._evaluate()
+            self.last_eval = (self.done, result)
+            line["eval_loss"] = result.loss
+            line["eval_metric"] = result.metric
+        line["elapsed_s"] = round(self.elapsed(), 3)
+        return line
+
+    def _save(self, metrics: MetricsLog) -> None:
+        """A checkpoint after the last step done (the metrics file is synced first)."""
+        from mixprec.checkpoint import save
+
+        metrics.sync()
+        self.latest = save(
+            self.root,
+            model=self.model,
+            optimizer=self.optimizer,
+            precision=self.prec,
+            step=self.done,
+            extra=self._extra(self.done, self.elapsed()),
+            keep_last=self.recipe.keep_last,
+        )
+        self.saved = self.done
+
+    def elapsed(self) -> float:
+        """Seconds of training so far, over every call of this run."""
+        return self.elapsed_before + time.perf_counter() - self.began
+
+    def _evaluate(self) -> EvalResult:
+        return self.workload.evaluate(self.model, autocast=self.prec.autocast)
+
+    def _header(self, start: int) -> str:
+        size = self.workload.config.get("size")
+        where = f"{self.workload.name}" + (f" ({size})" if size else "")
+        text = (
+            f"mixprec train: {where}, policy {self.prec.policy.name}, "
+            f"{self.settings.train.steps} steps, seed {self.recipe.seed} -> {self.out}"
+        )
+        if start and self.latest is not None:
+            text += f"; resuming from step {start} ({self.latest.path})"
+        return text
+
+    def _summary(
+        self,
+        *,
+        finished: bool,
+        predicted: dict[str, int],
+        exported: dict[str, str] | None,
+        findings: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        info = self.latest
+        return {
+            "status": "finished" if finished else "stopped",
+            "workload": self.workload.name,
+            "workload_description": self.workload.description,
+            "workload_config": self.config,
+            "metric_name": self.workload.metric_name,
+            "higher_is_better": self.workload.higher_is_better,
+            "policy": self.prec.policy.name,
+            "policy_fields": self.prec.policy.to_dict(),
+            "seed": self.recipe.seed,
+            "recipe": self.recipe.to_dict(),
+            "settings": settings_dict(self.settings),
+            "steps": self.settings.train.steps,
+            "step": self.done,
+            "steps_this_call": self.done - self.start,
+            "final": None if self.last_eval is None else _final(*self.last_eval),
+            "skipped_steps": self.prec.stats.skipped_steps,
+            "loss_scale": self.prec.stats.loss_scale,
+            "wall_time_s": self.elapsed(),
+            "steps_per_s": self.timed / self.step_time if self.step_time else None,
+            "checkpoint": None
+            if info is None
+            else {
+                "path": str(info.path.relative_to(self.out)),
+                "step": info.step,
+                "bytes": info.bytes,
+                "components": dict(info.components),
+            },
+            "export": exported,
+            "predicted_bytes": predicted,
+            "doctor": findings,
+            "effective": self.prec.describe(),
+        }
+
+
+def _final(step: int, result: EvalResult) -> dict[str, Any]:
+    return {"step": step, "eval_loss": result.loss, "eval_metric": result.metric}
+
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON would hold it (tuples as lists)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _finding_line(finding: Mapping[str, Any]) -> str:
+    message = str(finding.get("message", "")).strip().splitlines()
+    return (
+        f"doctor: {finding.get('severity')} {finding.get('rule')} ({finding.get('where')}): "
+        f"{message[0] if message else ''}"
+    )
+
+
+class _Progress:
+    """A tqdm bar on `stream` (loss, last held-out metric, loss scale, skipped steps,
+    steps/s), with notes printed above it; nothing without a stream."""
+
+    def __init__(self, stream: TextIO | None, *, start: int, total: int) -> None:
+        self.stream = stream
+        self.bar: Any = None
+        self.metric = ""
+        self.seen: set[str] = set()
+        if stream is not None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total,
+                initial=start,
+                unit="step",
+                file=stream,
+                mininterval=0.5,
+                dynamic_ncols=True,
+                leave=True,
+            )
+
+    def note(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+
+    def step(self, line: Mapping[str, Any], prec: Precision, metric_name: str) -> None:
+        if self.bar is None:
+            return
+        if "eval_metric" in line:
+            self.metric = f" | {metric_name} {line['eval_metric']:.4f}"
+        scale = prec.stats.loss_scale
+        text = f"loss {line['loss']:.4f}{self.metric}"
+        if scale is not None:
+            text += f" | scale {scale:g}"
+        text += f" | skipped {prec.stats.skipped_steps}"
+        self.bar.set_postfix_str(text, refresh=False)
+        self.bar.update(1)
+
+    def findings(self, findings: list[Finding]) -> None:
+        """Print each finding of a rule not printed before (one line each)."""
+        for finding in findings:
+            if finding.rule not in self.seen:
+                self.seen.add(finding.rule)
+                self.note(_finding_line(finding.to_dict()))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

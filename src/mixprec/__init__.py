@@ -110,7 +110,7 @@ __all__ = [
     "resolve_auto",
     "train",
 ]
-__version__ = "0.1.0"
+from mixprec.version import __version__ as __version__  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

@@ -66,18 +66,37 @@ def test_a_killed_save_leaves_a_checkpoint_that_resumes_exactly(tmp_path: Path) 
         )
 
 
-def test_the_newest_complete_checkpoint_is_found_when_latest_lags(tmp_path: Path) -> None:
-    """Killed between the rename and the pointer: `latest` is the older one, and
-    `latest-valid` takes the newer complete one."""
+def test_a_checkpoint_latest_never_named_is_not_taken(tmp_path: Path) -> None:
+    """Killed between the rename and the pointer: `latest` and `latest-valid` both
+    take the older checkpoint, which the pointer names and which verifies."""
     model, optimizer, prec = loop.build("bf16_master")
     loop.train(model, optimizer, prec, 0, 1)
     checkpoint.save(tmp_path, model=model, optimizer=optimizer, precision=prec, step=1)
-    (tmp_path / "latest").write_text("step_00000001\n")
     loop.train(model, optimizer, prec, 1, 2)
     checkpoint.save(tmp_path, model=model, optimizer=optimizer, precision=prec, step=2)
     (tmp_path / "latest").write_text("step_00000001\n")  # as if killed before it moved
-    assert checkpoint.load(tmp_path, model=model, optimizer=None, precision=None)["step"] == 1
-    got = checkpoint.load(
-        tmp_path, model=model, optimizer=None, precision=None, resume="latest-valid"
-    )
-    assert got["step"] == 2
+    for resume in ("latest", "latest-valid"):
+        got = checkpoint.load(tmp_path, model=model, optimizer=None, precision=None, resume=resume)
+        assert got["step"] == 1, resume
+
+
+def test_after_a_rollback_the_abandoned_checkpoints_are_neither_taken_nor_kept(
+    tmp_path: Path,
+) -> None:
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for step in range(1, 7):
+        checkpoint.save(tmp_path, model=model, optimizer=optimizer, precision=None, step=step)
+    checkpoint.load(tmp_path, model=model, optimizer=optimizer, precision=None, resume=2)
+    checkpoint.save(tmp_path, model=model, optimizer=optimizer, precision=None, step=3)
+    assert checkpoint.resolve(tmp_path, "latest").step == 3
+    assert checkpoint.resolve(tmp_path, "latest-valid").step == 3
+    (tmp_path / "step_00000003" / "manifest.json").unlink()  # latest broken: its line's
+    with pytest.warns(checkpoint.CheckpointWarning):
+        assert checkpoint.resolve(tmp_path, "latest-valid").step == 2
+    checkpoint.save(tmp_path, model=model, optimizer=optimizer, precision=None, step=3)
+    checkpoint.save(tmp_path, model=model, optimizer=optimizer, precision=None, step=4, keep_last=2)
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        "step_00000003",
+        "step_00000004",
+    ]

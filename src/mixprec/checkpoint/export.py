@@ -45,10 +45,10 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from mixprec import __version__
 from mixprec.dtypes import DtypeLike, dtype_name, is_16bit, parse_dtype
 from mixprec.optim.sharding import is_dtensor
 from mixprec.policy import Policy
+from mixprec.version import __version__
 
 __all__ = ["EXPORT_DTYPES", "ExportInfo", "HasMasterWeights", "export"]
 

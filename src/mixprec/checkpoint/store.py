@@ -31,6 +31,7 @@ import os
 import random
 import re
 import shutil
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,10 +42,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from mixprec import __version__
 from mixprec.checkpoint import files
 from mixprec.checkpoint.files import MANIFEST, TreeError, join_tree, split_tree, tensor_keys
 from mixprec.formats import master_state_keys, moment_state_keys
+from mixprec.version import __version__
 
 if TYPE_CHECKING:
     from mixprec.engine import Precision
@@ -324,6 +325,7 @@ def save(
         "version": FORMAT_VERSION,
         "step": step,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "saved_ns": time.time_ns(),
         "mixprec_version": __version__,
         "torch_version": torch.__version__,
         "policy": None if precision is None else precision.policy.to_dict(),
@@ -351,8 +353,16 @@ def save(
     files.atomic_write_text(root / LATEST, name + "\n")
     _reached("latest-moved")
     if keep_last is not None:
-        for _, old in _step_dirs(root)[:-keep_last]:
-            if old != final:
+        # The run's own line: steps up to this one. Higher steps were abandoned by a
+        # rollback (a resume from an older checkpoint): `latest` can never name them.
+        line = sorted(
+            (p for s, p in _step_dirs(root) if s <= step and p != final),
+            key=_written_at,
+            reverse=True,
+        )
+        keep = {final, *line[: keep_last - 1]}
+        for _, old in _step_dirs(root):
+            if old not in keep:
                 trash = root / f".trash-{old.name}-{os.getpid()}"
                 os.rename(old, trash)
                 shutil.rmtree(trash, ignore_errors=True)
@@ -451,6 +461,26 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
     return [p for _, p in _step_dirs(Path(directory))]
 
 
+def _pointed(root: Path) -> Path | None:
+    """The checkpoint `latest` names, if it names one."""
+    try:
+        name = (root / LATEST).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return root / name if _STEP_DIR.match(name) and (root / name).is_dir() else None
+
+
+def _written_at(path: Path) -> int:
+    """When a checkpoint was saved (ns; its manifest's, else the directory's mtime)."""
+    try:
+        return int(json.loads((path / MANIFEST).read_text(encoding="utf-8"))["saved_ns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        try:
+            return path.stat().st_mtime_ns
+        except OSError:
+            return 0
+
+
 def _latest(root: Path) -> Path:
     pointer = root / LATEST
     if not pointer.is_file():
@@ -484,9 +514,18 @@ def resolve(directory: str | os.PathLike[str], resume: str | int = "latest") -> 
     if resume == "latest-valid":
         if (root / MANIFEST).is_file():
             return verify(root)
-        candidates = [p for _, p in reversed(_step_dirs(root))]
+        # `latest` first; then older steps of its line, most recently written first.
+        # Higher steps than `latest`'s were abandoned by a rollback (or never finished
+        # their save): they are not taken.
+        pointed = _pointed(root)
+        below = int(pointed.name.split("_")[1]) if pointed is not None else None
+        others = sorted(
+            (p for s, p in _step_dirs(root) if p != pointed and (below is None or s < below)),
+            key=_written_at,
+            reverse=True,
+        )
         problems = []
-        for candidate in candidates:
+        for candidate in [p for p in (pointed,) if p is not None] + others:
             try:
                 info = verify(candidate)
             except CheckpointError as exc:

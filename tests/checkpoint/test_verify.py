@@ -10,6 +10,7 @@ import pytest
 import torch
 from tests.checkpoint import loop
 
+import mixprec
 from mixprec import checkpoint
 from mixprec.checkpoint import CheckpointError, CheckpointWarning
 from mixprec.checkpoint.files import file_digest
@@ -237,3 +238,58 @@ def test_a_manifest_naming_files_outside_the_checkpoint_is_refused(
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="not a file of this checkpoint"):
         checkpoint.verify(path)
+
+
+def test_extra_keys_whose_paths_collide_come_back_as_saved(tmp_path: Path) -> None:
+    """Found by review: tensors at "loss/train" and at ["loss"]["train"] came back swapped."""
+    model, optimizer, prec = loop.build("fp32")
+    t0, t1, t2, t3 = (torch.full((2,), float(i)) for i in range(4))
+    extra = {"loss/train": t0, "loss": {"train": t1}, 0: t2, "0": t3}
+    checkpoint.save(tmp_path, model=model, optimizer=optimizer, precision=prec, step=0, extra=extra)
+    got = checkpoint.load(tmp_path, model=model, optimizer=optimizer, precision=prec)["extra"]
+    assert torch.equal(got["loss/train"], t0) and torch.equal(got["loss"]["train"], t1)
+    assert torch.equal(got[0], t2) and torch.equal(got["0"], t3)
+
+
+def test_a_save_leaves_the_users_own_dot_directories_alone(tmp_path: Path) -> None:
+    (tmp_path / ".tmp-cache").mkdir(parents=True)
+    (tmp_path / ".trash-bin").mkdir()
+    model, optimizer, prec = loop.build("fp32")
+    checkpoint.save(tmp_path, model=model, optimizer=optimizer, precision=prec, step=0)
+    assert (tmp_path / ".tmp-cache").is_dir() and (tmp_path / ".trash-bin").is_dir()
+
+
+def test_a_state_that_fails_late_changes_nothing(tmp_path: Path) -> None:
+    """Found by review: the model and the Precision were loaded before the optimizer
+    state was refused."""
+    _two_checkpoints(tmp_path)
+    other_model, _, other_prec = loop.build("bf16_lean")
+    other_opt = mixprec.optim.AdamW(other_model.parameters(), master="remainder8", moments="bf16")
+    before = loop.snapshot(other_model, other_opt)
+    steps_before = other_prec.stats.to_dict()
+    with pytest.raises(CheckpointError, match="optimizer state"):
+        checkpoint.load(tmp_path, model=other_model, optimizer=other_opt, precision=other_prec)
+    after = loop.snapshot(other_model, other_opt)
+    assert all(torch.equal(loop.bits(v), loop.bits(after[k])) for k, v in before.items())
+    assert other_prec.stats.to_dict() == steps_before
+
+
+def test_a_model_in_other_dtypes_is_refused(tmp_path: Path) -> None:
+    model, optimizer, prec = _two_checkpoints(tmp_path)
+    model.float()
+    with pytest.raises(CheckpointError, match=r"saved torch.bfloat16, here torch.float32"):
+        checkpoint.load(tmp_path, model=model, optimizer=optimizer, precision=prec)
+
+
+def test_hand_edited_pointers_and_steps_are_refused_in_one_line(tmp_path: Path) -> None:
+    model, optimizer, prec = _two_checkpoints(tmp_path)
+    (tmp_path / "latest").write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        checkpoint.load(tmp_path, model=model, optimizer=optimizer, precision=prec)
+    with pytest.raises(CheckpointError, match="resume step must be >= 0, got -1"):
+        checkpoint.load(tmp_path, model=model, optimizer=optimizer, precision=prec, resume=-1)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="cannot create"):
+        checkpoint.save(
+            tmp_path / "file" / "ck", model=model, optimizer=optimizer, precision=prec, step=1
+        )

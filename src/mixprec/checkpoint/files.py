@@ -107,12 +107,15 @@ def write_dcp(tensors: dict[str, torch.Tensor], directory: Path) -> None:
         )
 
 
-def read_tensor_metadata(directory: Path) -> dict[str, TensorStorageMetadata]:
-    """Each saved tensor's size and dtype, by key (read with `SafeReader`)."""
+def read_tensor_metadata(
+    directory: Path, verified: frozenset[str]
+) -> dict[str, TensorStorageMetadata]:
+    """Each saved tensor's size and dtype, by key (read with `SafeReader`); the data
+    files it names must be among the `verified` ones."""
     metadata = SafeReader(directory).read_metadata()
     for info in (metadata.storage_data or {}).values():
         name = str(getattr(info, "relative_path", ""))
-        if not is_plain_name(name) or not (directory / name).is_file():
+        if not is_plain_name(name) or name not in verified:
             raise ValueError(f"{directory / '.metadata'}: names a data file {name!r} it may not")
     out = {}
     for key, entry in metadata.state_dict_metadata.items():
@@ -122,9 +125,9 @@ def read_tensor_metadata(directory: Path) -> dict[str, TensorStorageMetadata]:
     return out
 
 
-def read_dcp(directory: Path, keys: list[str]) -> dict[str, torch.Tensor]:
-    """Read the tensors named `keys` into new CPU tensors."""
-    metadata = read_tensor_metadata(directory)
+def read_dcp(directory: Path, keys: list[str], verified: frozenset[str]) -> dict[str, torch.Tensor]:
+    """Read the tensors named `keys` into new CPU tensors, from `verified` files only."""
+    metadata = read_tensor_metadata(directory, verified)
     missing = [k for k in keys if k not in metadata]
     if missing:
         raise ValueError(f"{directory}: the tensor data lacks {missing[:3]}")
@@ -151,8 +154,15 @@ def split_tree(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
             tuple or dict (it could only be stored by pickling).
     """
     if isinstance(value, torch.Tensor):
-        tensors[path] = value.detach()
-        return {"__tensor__": path}
+        if value.layout != torch.strided or value.device.type == "meta":
+            raise TreeError(
+                f"{path}: a {value.layout} tensor on {value.device} holds no dense data"
+            )
+        key, n = path, 1
+        while key in tensors:  # "a/b" as one key and as a nested one: keep both
+            key, n = f"{path}#{n}", n + 1
+        tensors[key] = value.detach()
+        return {"__tensor__": key}
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, tuple):

@@ -65,7 +65,7 @@ FORMAT = "mixprec-checkpoint"
 FORMAT_VERSION = 1
 LATEST = "latest"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
-_LEFTOVER = re.compile(r"^\.(tmp|trash)-")
+_LEFTOVER = re.compile(r"^\.(tmp|trash)-step_\d{8,}-\d+$")
 
 #: Policy fields that do not change what a checkpoint holds.
 _DESCRIPTIVE_FIELDS = ("name", "note")
@@ -313,12 +313,22 @@ def save(
         kind = _component(key, param_keys)
         components[kind] = components.get(kind, 0) + t.numel() * t.element_size()
 
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create {root}: {exc.strerror or exc}") from None
     _remove_leftovers(root)
     name = f"step_{step:08d}"
     tmp = root / f".tmp-{name}-{os.getpid()}"
     tmp.mkdir()
-    files.write_dcp(tensors, tmp)
+    try:
+        files.write_dcp(tensors, tmp)
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"writing {tmp} failed, nothing was kept: {first}") from None
     _reached("data-written")
     manifest: dict[str, Any] = {
         "format": FORMAT,
@@ -487,9 +497,12 @@ def _latest(root: Path) -> Path:
         if (root / MANIFEST).is_file():
             return root  # a checkpoint directory itself
         raise CheckpointError(f"{root}: no checkpoint here (no '{LATEST}' file)")
-    name = pointer.read_text(encoding="utf-8").strip()
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        name = "<unreadable>"
     if not _STEP_DIR.match(name):
-        raise CheckpointError(f"{pointer}: names {name!r}, not a checkpoint (corrupt?)")
+        raise CheckpointError(f"{pointer}: names {name[:60]!r}, not a checkpoint (corrupt?)")
     return root / name
 
 
@@ -503,7 +516,12 @@ def resolve(directory: str | os.PathLike[str], resume: str | int = "latest") -> 
     if isinstance(resume, bool):
         raise CheckpointError(f"resume must be 'latest', 'latest-valid' or a step, got {resume!r}")
     if isinstance(resume, int):
-        return verify(root / f"step_{resume:08d}")
+        if resume < 0:
+            raise CheckpointError(f"resume step must be >= 0, got {resume}")
+        info = verify(root / f"step_{resume:08d}")
+        if info.step != resume:
+            raise CheckpointError(f"{info.path}: its manifest says step {info.step}")
+        return info
     if resume == "latest":
         try:
             return verify(_latest(root))
@@ -552,7 +570,7 @@ def _policy_diff(saved: Mapping[str, Any] | None, precision: Precision | None) -
     return {k: (saved.get(k), mine.get(k)) for k in keys if saved.get(k) != mine.get(k)}
 
 
-def _check_model_state(saved: Mapping[str, Any], model: nn.Module) -> None:
+def _check_model_state(saved: Mapping[str, Any], model: nn.Module, *, same_dtypes: bool) -> None:
     mine = model.state_dict()
     missing = sorted(set(mine) - set(saved))[:3]
     unexpected = sorted(set(saved) - set(mine))[:3]
@@ -566,6 +584,11 @@ def _check_model_state(saved: Mapping[str, Any], model: nn.Module) -> None:
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(t.shape):
             got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise CheckpointError(f"model entry {key!r}: saved {got}, here {tuple(t.shape)}")
+        if same_dtypes and value.dtype != t.dtype:
+            raise CheckpointError(
+                f"model entry {key!r}: saved {value.dtype}, here {t.dtype}: prepare the model "
+                "as the run did (Precision.prepare), or pass convert=True"
+            )
 
 
 def load(
@@ -623,18 +646,25 @@ def load(
         )
     tree = manifest["tree"]
     try:
-        tensors = files.read_dcp(info.path, tensor_keys(tree))
+        tensors = files.read_dcp(info.path, tensor_keys(tree), frozenset(manifest["files"]))
         state = join_tree(tree, tensors)
     except (ValueError, KeyError, RuntimeError, OSError) as exc:
         raise CheckpointError(f"{info.path}: cannot read its tensors ({exc})") from None
 
     names = _param_names(model)
-    _check_model_state(state["model"], model)
+    converting = bool(diff or kind_differs)
+    _check_model_state(state["model"], model, same_dtypes=not converting)
     optimizer_state = None
     if optimizer is not None:
         if state["optimizer"] is None:
             raise CheckpointError(f"{info.path} holds no optimizer state; pass optimizer=None")
         optimizer_state = _indexed_optimizer_state(state["optimizer"], optimizer, names)
+        check = getattr(optimizer, "check_state_dict", None)
+        if check is not None and not converting:  # mixprec's AdamW: all of it, changing nothing
+            try:
+                check(optimizer_state)
+            except ValueError as exc:
+                raise CheckpointError(f"{info.path}: optimizer state: {exc}") from None
     converted: list[str] = []
     if precision is not None and state["precision"] is not None:
         try:  # validated before anything changes (Precision.load_state_dict checks first)
@@ -657,7 +687,7 @@ def load(
                 saved_kind=saved_kind,
                 saved_model=state["model"],
                 names=names,
-                convert=bool(diff or kind_differs),
+                convert=converting,
             )
         except ValueError as exc:
             raise CheckpointError(f"{info.path}: optimizer state: {exc}") from None

@@ -599,6 +599,19 @@ class AdamW(torch.optim.Optimizer):
     # -- checkpoints ------------------------------------------------------------------
 
     @torch.no_grad()
+    def check_state_dict(self, state_dict: dict[str, Any]) -> StateConversion:
+        """Validate `state_dict` as `load_state_dict` would, changing nothing.
+
+        Returns:
+            What loading it would convert.
+
+        Raises:
+            ValueError: as `load_state_dict`.
+        """
+        return read_state_dict(
+            state_dict, self.param_groups, self._fresh_state, self._formats_of
+        ).conversion
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict of this optimizer, of an older mixprec version, or of
         `torch.optim.AdamW`, converted to this optimizer's formats.

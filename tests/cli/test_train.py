@@ -9,18 +9,16 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from tests.experiment.test_training import final_state
 
 import mixprec
 from mixprec.cli import main
-from mixprec.engine import Precision
 from mixprec.experiment import Contract
-from mixprec.workloads import load_workload
 
 SRC = str(Path(mixprec.__file__).resolve().parents[1])
 HERE = Path(__file__).resolve().parent
@@ -55,21 +53,8 @@ def _metrics(out: Path) -> list[dict[str, Any]]:
 
 
 def _final_state(out: Path, policy: str) -> dict[str, torch.Tensor]:
-    """Model and optimizer tensors of the newest checkpoint under `out`."""
-    workload = load_workload("digits", size="tiny")
-    prec = Precision(policy)
-    model = workload.make_model(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prec.prepare(model)
-        optimizer = prec.optimizer(model, seed=0)
-    from mixprec.checkpoint import load
-
-    load(out / "checkpoints", model=model, optimizer=optimizer, precision=prec, restore_rng=False)
-    flat = {f"model.{k}": v for k, v in model.state_dict().items()}
-    for index, state in optimizer.state_dict()["state"].items():
-        flat.update({f"optimizer.{index}.{k}": v for k, v in state.items() if torch.is_tensor(v)})
-    return flat
+    """Model, optimizer and loss-scaler tensors of the newest checkpoint under `out`."""
+    return final_state(out / "checkpoints", policy)
 
 
 def _assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

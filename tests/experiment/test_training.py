@@ -42,8 +42,9 @@ def _metrics(out: Path) -> list[dict[str, Any]]:
     ]
 
 
-def _final_state(result: TrainResult, policy: str) -> dict[str, torch.Tensor]:
-    """Model, optimizer and loss-scaler tensors of the run's newest checkpoint."""
+def final_state(checkpoint: Path, policy: str) -> dict[str, torch.Tensor]:
+    """Model, optimizer and loss-scaler tensors of a checkpoint (a root: its latest)
+    of a `digits` tiny run; shared with the command line's tests."""
     workload = load_workload("digits", size="tiny")
     prec = Precision(policy)
     model = workload.make_model(0)
@@ -51,13 +52,17 @@ def _final_state(result: TrainResult, policy: str) -> dict[str, torch.Tensor]:
         warnings.simplefilter("ignore")
         prec.prepare(model)
         optimizer = prec.optimizer(model, seed=0)
-    assert result.checkpoint is not None
-    load(result.checkpoint, model=model, optimizer=optimizer, precision=prec, restore_rng=False)
+    load(checkpoint, model=model, optimizer=optimizer, precision=prec, restore_rng=False)
     flat = {f"model.{k}": v for k, v in model.state_dict().items()}
     for index, state in optimizer.state_dict()["state"].items():
         flat.update({f"optimizer.{index}.{k}": v for k, v in state.items() if torch.is_tensor(v)})
     flat["scale"] = torch.tensor(prec.stats.loss_scale or 0.0, dtype=torch.float64)
     return flat
+
+
+def _final_state(result: TrainResult, policy: str) -> dict[str, torch.Tensor]:
+    assert result.checkpoint is not None
+    return final_state(result.checkpoint, policy)
 
 
 def _assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

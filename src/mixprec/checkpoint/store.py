@@ -26,6 +26,7 @@ a scheduler's state dict).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import random
@@ -307,7 +308,7 @@ def save(
         }
     except TreeError as exc:
         raise CheckpointError(f"cannot save {exc}") from None
-    param_keys = frozenset(f"{name}" for name in dict(model.named_parameters()))
+    param_keys = frozenset(dict(model.named_parameters()))
     components: dict[str, int] = {}
     for key, t in tensors.items():
         kind = _component(key, param_keys)
@@ -391,8 +392,6 @@ def _class_name(obj: object) -> str:
 
 
 def _manifest_digest(manifest: Mapping[str, Any]) -> str:
-    import hashlib
-
     body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
     return hashlib.sha256(files.canonical_json(body).encode()).hexdigest()
 

@@ -28,19 +28,27 @@ def _on_sigint(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def cooperative_sigint() -> Iterator[None]:
-    """Within the block, Ctrl-C sets `INTERRUPTED`; a second Ctrl-C interrupts at once."""
+def _handled(signum: int, flag: threading.Event, handler: Any) -> Iterator[None]:
+    """Within the block, `handler` answers `signum` (clearing `flag` first); in the
+    main thread only, where Python delivers signals."""
     import signal
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    INTERRUPTED.clear()
-    previous = signal.signal(signal.SIGINT, _on_sigint)
+    flag.clear()
+    previous = signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signum, previous)
+
+
+def cooperative_sigint() -> contextlib.AbstractContextManager[None]:
+    """Within the block, Ctrl-C sets `INTERRUPTED`; a second Ctrl-C interrupts at once."""
+    import signal
+
+    return _handled(signal.SIGINT, INTERRUPTED, _on_sigint)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -54,17 +62,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     TERMINATED.set()
 
 
-@contextlib.contextmanager
-def cooperative_sigterm() -> Iterator[None]:
+def cooperative_sigterm() -> contextlib.AbstractContextManager[None]:
     """Within the block, SIGTERM sets `TERMINATED`; a second SIGTERM terminates at once."""
     import signal
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    TERMINATED.clear()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return _handled(signal.SIGTERM, TERMINATED, _on_sigterm)

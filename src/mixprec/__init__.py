@@ -68,6 +68,7 @@ _EXPORTS = {
 _SUBMODULES = (
     "checkpoint",
     "device",
+    "distributed",
     "doctor",
     "dtypes",
     "engine",

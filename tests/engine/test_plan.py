@@ -119,9 +119,12 @@ def test_a_run_changes_nothing_global() -> None:
     assert not torch.is_autocast_enabled("cpu")
 
 
-def test_fields_nothing_applies_are_refused_by_the_plan() -> None:
+def test_reduce_and_output_dtypes_are_planned_and_an_unapplied_output_cast_refused() -> None:
     pol = mixprec.policy("amp_bf16").replace(reduce_dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"reduce_dtype=bf16.*ignored"):
-        resolve_plan(pol)
-    with pytest.raises(ValueError, match=r"output_dtype=bf16.*ignored"):
-        resolve_plan(mixprec.policy("amp_bf16").replace(output_dtype=torch.bfloat16))
+    assert resolve_plan(pol).reduce_dtype == torch.bfloat16  # applied by the wrappers
+    # One process reduces nothing: a reduce dtype is moot there, an output cast is not.
+    mixprec.Precision(pol).prepare(torch.nn.Linear(2, 2))
+    out = mixprec.policy("amp_bf16").replace(output_dtype=torch.bfloat16)
+    assert resolve_plan(out).output_dtype == torch.bfloat16
+    with pytest.raises(mixprec.PrecisionError, match=r"output.*only an FSDP2 root.*shard"):
+        mixprec.Precision(out).prepare(torch.nn.Linear(2, 2))

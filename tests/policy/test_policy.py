@@ -258,20 +258,13 @@ def test_policy_module_is_plain_data_and_does_not_load_the_optimizer() -> None:
     assert out.returncode == 0, out.stderr + out.stdout
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "words"),
-    [
-        ("reduce_dtype", torch.bfloat16, r"reduce_dtype=bf16.*ignored; fix: reduce_dtype=torch"),
-        ("output_dtype", torch.bfloat16, r"output_dtype=bf16.*ignored; fix: output_dtype=None"),
-    ],
-)
-def test_fields_nothing_applies_are_refused_where_the_policy_is_used(
-    field: str, value: torch.dtype, words: str
-) -> None:
-    pol = policy("amp_bf16").replace(**{field: value})  # valid plain data
-    assert getattr(Policy.from_dict(pol.to_dict()), field) == value
-    with pytest.raises(ValueError, match=words):
-        mixprec.Precision(pol)
+@pytest.mark.parametrize("field", ["reduce_dtype", "output_dtype"])
+def test_distributed_fields_are_plain_data_a_precision_accepts(field: str) -> None:
+    """They are applied by mixprec.distributed's wrappers and checked by prepare
+    (tests/engine/test_plan.py, tests/distributed)."""
+    pol = policy("amp_bf16").replace(**{field: torch.bfloat16})
+    assert getattr(Policy.from_dict(pol.to_dict()), field) == torch.bfloat16
+    assert getattr(mixprec.Precision(pol).plan, field) == torch.bfloat16
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ moment formats (their specs from the format registry), the loss-scaler settings
 and the gradient-reduction dtype. Every later call (`prepare`, `autocast`,
 `optimizer`, `backward`, `step`) reads the plan; none goes back to the policy.
 
-A policy field this setup cannot honour is refused here, once, instead of being
-ignored: gradient reduction in a chosen dtype and FSDP2 output casting need the
-distributed wrappers, which this release does not have.
+The gradient-reduction and output dtypes are applied by the data-parallel
+wrappers (`mixprec.distributed.shard`/`ddp`); `Precision.prepare` refuses a
+wrapped model whose wrappers do otherwise (`mixprec.engine.wrappers`).
 
 The plan does not hold the device: `Precision` learns it from the model in
 `prepare` (or is told), and checks there and in `autocast` that the device can
@@ -48,8 +48,9 @@ class PrecisionPlan:
             need none), from the format registry.
         moments: the optimizer's moment format, from the format registry.
         loss_scaling: the `torch.amp.GradScaler` settings, or None: no loss scaling.
-        reduce_dtype: the dtype of gradient reduction across ranks (fp32; other
-            values are refused until the distributed wrappers apply them).
+        reduce_dtype: the dtype gradients are reduced in across ranks (applied by
+            `mixprec.distributed.shard`/`ddp`; checked by `Precision.prepare`).
+        output_dtype: the dtype an FSDP2 root casts the model's outputs to, or None.
         risks: what the policy risks, one sentence each; `Precision.prepare` warns
             with them (`PrecisionWarning`).
     """
@@ -62,6 +63,7 @@ class PrecisionPlan:
     moments: MomentSpec
     loss_scaling: LossScaling | None
     reduce_dtype: torch.dtype
+    output_dtype: torch.dtype | None = None
     risks: tuple[str, ...] = ()
 
     @property
@@ -90,6 +92,7 @@ class PrecisionPlan:
             "moments": self.moments.name,
             "loss_scaling": None if self.loss_scaling is None else self.loss_scaling.to_dict(),
             "reduce_dtype": dtype_name(self.reduce_dtype),
+            "output_dtype": dtype_name(self.output_dtype),
         }
 
     def describe(self) -> str:
@@ -106,8 +109,13 @@ class PrecisionPlan:
                 f"master: {self.master.name} ({self.master.summary})",
                 f"moments: {self.moments.name} ({self.moments.summary})",
                 f"loss scaling: {_scaling_text(self.loss_scaling)}",
-                f"gradient reduction: {dtype_name(self.reduce_dtype)}",
+                f"gradient reduction across ranks: {dtype_name(self.reduce_dtype)}",
             ]
+            + (
+                []
+                if self.output_dtype is None
+                else [f"FSDP2 output cast: {dtype_name(self.output_dtype)}"]
+            )
         )
 
 
@@ -123,13 +131,7 @@ def _scaling_text(ls: LossScaling | None) -> str:
 
 
 def resolve_plan(policy: Policy) -> PrecisionPlan:
-    """Read `policy` into a `PrecisionPlan`, refusing what this setup cannot honour.
-
-    Raises:
-        ValueError: a non-default ``reduce_dtype`` or ``output_dtype`` (nothing in
-            a single-process `Precision` applies them, so they would be ignored).
-    """
-    _refuse_unapplied_fields(policy)
+    """Read `policy` into a `PrecisionPlan`."""
     return PrecisionPlan(
         policy_name=policy.name,
         autocast_dtype=policy.compute_dtype,
@@ -139,24 +141,6 @@ def resolve_plan(policy: Policy) -> PrecisionPlan:
         moments=moment_spec(policy.moments),
         loss_scaling=policy.loss_scaling,
         reduce_dtype=policy.reduce_dtype,
+        output_dtype=policy.output_dtype,
         risks=policy.risks(),
     )
-
-
-def _refuse_unapplied_fields(pol: Policy) -> None:
-    # Every policy field is honoured or refused: gradient reduction and FSDP2 output
-    # casting belong to the distributed wrappers, which this release does not have, so
-    # a non-default value would be silently ignored.
-    if pol.reduce_dtype != torch.float32:
-        raise ValueError(
-            f"policy {pol.name!r} asks for reduce_dtype={dtype_name(pol.reduce_dtype)}, but "
-            "nothing in this setup reduces gradients in a chosen dtype (Precision runs one "
-            "process; DDP/FSDP2 wrappers that apply it are not available yet), so it would be "
-            "ignored; fix: reduce_dtype=torch.float32 (the default)"
-        )
-    if pol.output_dtype is not None:
-        raise ValueError(
-            f"policy {pol.name!r} asks for output_dtype={dtype_name(pol.output_dtype)}, which "
-            "only an FSDP2 MixedPrecisionPolicy applies and this setup has none, so it would be "
-            "ignored; fix: output_dtype=None (the default)"
-        )

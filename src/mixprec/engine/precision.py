@@ -66,6 +66,7 @@ from mixprec.engine.stepping import (
     run_step,
 )
 from mixprec.engine.storage import apply_storage
+from mixprec.engine.wrappers import check_wrapped
 from mixprec.errors import PrecisionWarning, user_stacklevel
 from mixprec.islands import island_names
 from mixprec.optim.sharding import is_dtensor
@@ -98,8 +99,7 @@ class Precision:
         observers: the `StepObserver`s called around every step.
 
     Raises:
-        ValueError: a policy field this setup cannot honour (see `resolve_plan`),
-            or a bad limit.
+        ValueError: a bad limit.
     """
 
     def __init__(
@@ -177,6 +177,11 @@ class Precision:
         Islands apply only when parameters are stored in 16 bits; with fp32
         storage, autocast's own op lists decide. Buffers are left as they are.
         Returns the same model, changed in place; `fp32_islands` names the islands.
+
+        A model wrapped by FSDP2 or DDP must already hold the plan's storage dtypes
+        (`mixprec.distributed.shard`/`ddp` set them before wrapping), and its wrappers
+        must reduce gradients in the plan's ``reduce_dtype`` and cast outputs to its
+        ``output_dtype``; otherwise `PrecisionError` names the fix.
         """
         first = next(iter(model.parameters()), None)
         if first is not None and self._device is None:
@@ -188,6 +193,7 @@ class Precision:
         self._sharded = any(is_dtensor(p) for p in model.parameters())
         self._scaler = None  # rebuilt for this model's device and sharding
         apply_storage(model, self.plan, self.device.type)
+        check_wrapped(model, self.plan)
         self._model = model
         return model
 

@@ -20,10 +20,12 @@ from typing import Any, NamedTuple, cast
 import torch
 
 from mixprec.engine.gradients import (
+    agree_across_ranks,
     any_across_ranks,
     count_nonfinite,
     has_grads,
     optimizer_params,
+    plain,
     total_norm,
 )
 from mixprec.engine.plan import PrecisionPlan
@@ -86,7 +88,7 @@ def check_grads(
         clip is not None and pending is not None and {id(p) for p in params} <= clip.param_ids
     )
     if clip_saw_all and pending is not None:
-        values = torch.stack([total, pending.float().to(total.device)]).tolist()
+        values = torch.stack([total, plain(pending).float().to(total.device)]).tolist()
         now, norm = values[0], values[1]
     else:
         now = norm = float(total)
@@ -132,10 +134,11 @@ def step_plain(
             "prec.backward(loss) instead"
         )
     grads.unscale(scaler, optimizers)
-    norm, nonfinite = check_grads(optimizers, clip)
+    # One decision for every optimizer of the step, taken on every rank together, and
+    # reported the same on every rank.
+    norm, nonfinite = agree_across_ranks(*check_grads(optimizers, clip), device)
     notify()
-    # One decision for every optimizer of the step, taken on every rank together.
-    bad = any_across_ranks(nonfinite > 0, device)
+    bad = nonfinite > 0
     ls = plan.loss_scaling
     if ls is not None and ls.dynamic:
         if bad:
@@ -175,9 +178,9 @@ def step_with_closure(
     with torch.enable_grad():
         first_loss = closure()
     grads.unscale(scaler, [opt])
-    norm, nonfinite = check_grads([opt], clip)
+    norm, nonfinite = agree_across_ranks(*check_grads([opt], clip), device)
     notify()
-    if any_across_ranks(nonfinite > 0, device):
+    if nonfinite > 0:
         update_scale(scaler, plan.loss_scaling, found_inf=True)
         return StepOutcome(False, norm, nonfinite)
     params = optimizer_params(opt)
@@ -197,7 +200,7 @@ def step_with_closure(
         evaluated = [p.grad for p in params if p.grad is not None]
         if inv_scale != 1.0:
             torch._foreach_mul_(evaluated, inv_scale)
-        if not math.isfinite(float(total_norm(evaluated))):
+        if any_across_ranks(not math.isfinite(float(total_norm(evaluated))), device):
             raise _NonFiniteInClosureError
         return loss
 

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from mixprec.engine.plan import PrecisionPlan
+from mixprec.engine.wrappers import storage_change_refused
 from mixprec.islands import add_fp32_islands, is_fp32_island, island_names
 
 __all__ = ["CastInputs", "apply_storage"]
@@ -65,18 +66,25 @@ def apply_storage(model: nn.Module, plan: PrecisionPlan, device_type: str) -> tu
     """Apply the plan's islands and storage dtype to `model`.
 
     Modules that were islands already (a second `prepare`) keep fp32 parameters.
+    Nothing changes when a parameter of a model already wrapped by FSDP2 or DDP
+    would change dtype (`PrecisionError` naming the right order).
 
     Returns:
         The qualified names of the modules that run as fp32 islands.
     """
     storage = plan.storage_dtype
+    islands = [m for _, m in plan.islands.named_modules(model)]
+    islands += [m for m in model.modules() if is_fp32_island(m)]
+    island_params = {id(p) for m in islands for p in m.parameters()}
+    targets = [
+        (p, torch.float32 if id(p) in island_params else storage)
+        for p in model.parameters()
+        if p.is_floating_point()
+    ]
+    storage_change_refused(model, sum(p.dtype != t for p, t in targets), plan)
     add_fp32_islands(model, plan.islands, device_type)
-    island_params = {id(p) for m in model.modules() if is_fp32_island(m) for p in m.parameters()}
     with torch.no_grad():
-        for p in model.parameters():
-            if not p.is_floating_point():
-                continue
-            target = torch.float32 if id(p) in island_params else storage
+        for p, target in targets:
             if p.dtype != target:
                 p.data = p.data.to(target)
     _set_input_cast(model, storage, device_type)

@@ -1,0 +1,36 @@
+"""Data parallelism built from a precision policy: FSDP2 and DDP, PyTorch's engines.
+
+* `shard(model, policy)` applies `fully_shard` per block and at the root with a
+  `MixedPrecisionPolicy` built from the policy (`mixed_precision_policy`):
+  parameters all-gathered in the compute dtype, gradients reduced in the
+  policy's ``reduce_dtype``, outputs cast to its ``output_dtype``; fp32 islands
+  get FSDP2 groups of their own, so they stay fp32.
+* `ddp(model, policy)` wraps `DistributedDataParallel` with a communication hook
+  that reduces in the policy's ``reduce_dtype`` (`reduce_in_dtype`) on gloo and
+  NCCL alike.
+
+Both set the policy's storage first (what `Precision.prepare` does), so
+``prec.prepare`` may be called before or after them. The step decision, the loss
+scaler and the telemetry of `Precision` already agree across ranks (every
+skip is decided on every rank together).
+
+Example (under ``torchrun --nproc-per-node 2``)::
+
+    torch.distributed.init_process_group()
+    prec = mixprec.Precision("bf16_master")
+    model = mixprec.distributed.shard(model, prec.policy)
+    model = prec.prepare(model)
+    optimizer = prec.optimizer(model, lr=3e-4)
+"""
+
+from mixprec.distributed.data_parallel import ReduceHookState, ddp, reduce_in_dtype
+from mixprec.distributed.fsdp import block_modules, mixed_precision_policy, shard
+
+__all__ = [
+    "ReduceHookState",
+    "block_modules",
+    "ddp",
+    "mixed_precision_policy",
+    "reduce_in_dtype",
+    "shard",
+]

@@ -21,7 +21,7 @@ import json
 import os
 import pickle
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -97,8 +97,17 @@ def _single_process() -> Iterator[None]:
         yield
 
 
-def write_dcp(tensors: dict[str, torch.Tensor], directory: Path) -> None:
-    """Write `tensors` with DCP into `directory` (files flushed to disk)."""
+def write_dcp(
+    tensors: dict[str, torch.Tensor], directory: Path, *, collective: bool = False
+) -> None:
+    """Write `tensors` with DCP into `directory` (files flushed to disk).
+
+    With `collective`, every rank of the default process group calls this with its
+    own part (DTensor shards, rank-local keys) and DCP writes one checkpoint.
+    """
+    if collective:
+        dcp_save(tensors, storage_writer=FileSystemWriter(directory, sync_files=True))
+        return
     with _single_process():
         dcp_save(
             tensors,
@@ -125,16 +134,32 @@ def read_tensor_metadata(
     return out
 
 
-def read_dcp(directory: Path, keys: list[str], verified: frozenset[str]) -> dict[str, torch.Tensor]:
-    """Read the tensors named `keys` into new CPU tensors, from `verified` files only."""
+def read_dcp(
+    directory: Path,
+    keys: list[str],
+    verified: frozenset[str],
+    *,
+    make: Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
+    collective: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Read the tensors named `keys` into new CPU tensors, from `verified` files only.
+
+    Args:
+        make: ``make(key, size, dtype)`` gives the empty tensor to read a key into
+            (a DTensor reads only its shard); default: a plain tensor of the whole size.
+        collective: every rank of the default process group calls this (its own keys).
+    """
     metadata = read_tensor_metadata(directory, verified)
     missing = [k for k in keys if k not in metadata]
     if missing:
         raise ValueError(f"{directory}: the tensor data lacks {missing[:3]}")
-    out = {
-        k: torch.empty(tuple(metadata[k].size), dtype=metadata[k].properties.dtype) for k in keys
-    }
-    if out:
+    out = {}
+    for k in keys:
+        size, dtype = tuple(metadata[k].size), metadata[k].properties.dtype
+        out[k] = torch.empty(size, dtype=dtype) if make is None else make(k, size, dtype)
+    if collective:
+        dcp_load(out, storage_reader=SafeReader(directory))
+    elif out:
         with _single_process():
             dcp_load(out, storage_reader=SafeReader(directory), no_dist=True)
     return out

@@ -34,18 +34,19 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
-from mixprec.checkpoint import files
+from mixprec.checkpoint import files, ranks
 from mixprec.checkpoint.files import MANIFEST, TreeError, join_tree, split_tree, tensor_keys
 from mixprec.formats import master_state_keys, moment_state_keys
+from mixprec.optim.sharding import is_dtensor
 from mixprec.version import __version__
 
 if TYPE_CHECKING:
@@ -266,8 +267,13 @@ def save(
 ) -> CheckpointInfo:
     """Save the whole training state as ``directory/step_<step>`` and point ``latest`` at it.
 
+    With a process group, every rank calls `save` with its part of the model (an
+    FSDP2 model's shards, or a `DistributedDataParallel` model: saved once, from
+    rank 0) and the same arguments otherwise; it returns on each rank once the
+    checkpoint is complete, or raises the same `CheckpointError` on every rank.
+
     Args:
-        directory: the checkpoint root (created).
+        directory: the checkpoint root (created; shared by all ranks).
         model: the model (its state dict, in its storage dtypes).
         optimizer: its optimizer (any `torch.optim.Optimizer`; mixprec's AdamW keeps
             masters and moments in their own representation), or None.
@@ -275,6 +281,7 @@ def save(
         step: the number of optimizer steps taken.
         extra: the caller's state: tensors, numbers, strings, lists and dicts (the
             data position, a scheduler's ``state_dict()``); returned by `load`.
+            With several ranks, rank 0's is saved.
         keep_last: keep only this many newest checkpoints (None: keep all).
 
     Returns:
@@ -284,15 +291,88 @@ def save(
         CheckpointError: a bad argument, or state that cannot be stored without
             pickling (nothing is written then).
     """
+    model = ranks.unwrap(model)
+    root = Path(directory)
+    state = _together(lambda: _collect(root, model, optimizer, precision, step, extra, keep_last))
+    step, tree, tensors, own = state
+    _check_same_structure(step, tree)
+    me, world = ranks.rank(), ranks.world_size()
+    rng_trees = ranks.gather(tree.pop("rng_mine"))
+    tree["rng"] = rng_trees[0]
+    if world > 1:
+        tree["rng_ranks"] = {str(r): t for r, t in enumerate(rng_trees) if r > 0}
+    strategy = (
+        ("sharded" if any(is_dtensor(t) for t in tensors.values()) else "replicated")
+        if world > 1
+        else "single"
+    )
+
+    name = f"step_{step:08d}"
+    tmp = Path(_together(lambda: _make_tmp(root, name) if me == 0 else ""))
+    tmp = Path(ranks.broadcast(str(tmp)))
+    error = None
+    try:
+        files.write_dcp(ranks.owned(tensors, own), tmp, collective=ranks.is_collective())
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        error = f"writing {tmp} failed, nothing was kept: {first}"
+    error = ranks.agree(error)
+    if error is not None:
+        if me == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(error)
+    if me == 0:
+        try:
+            _reached("data-written")
+            manifest = _commit(
+                root,
+                tmp,
+                name,
+                step,
+                tree,
+                tensors,
+                model,
+                optimizer,
+                precision,
+                keep_last,
+                world,
+                strategy,
+            )
+            outcome: tuple[str | None, Any] = (None, manifest)
+        except Exception as exc:
+            if not ranks.is_collective():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            outcome = (f"committing {root / name} failed: {exc}", None)
+    else:
+        outcome = (None, None)
+    error, manifest = ranks.broadcast(outcome)
+    if error is not None:
+        raise CheckpointError(error)
+    return _info(root / name, manifest)
+
+
+def _collect(
+    root: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    precision: Precision | None,
+    step: int,
+    extra: Mapping[str, Any] | None,
+    keep_last: int | None,
+) -> tuple[int, dict[str, Any], dict[str, torch.Tensor], frozenset[str]]:
+    """Checked arguments, the JSON tree, its tensors and this rank's own (RNG) keys."""
     step = _check_step(step)
     if keep_last is not None and (
         isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
     ):
         raise CheckpointError(f"keep_last must be a whole number >= 1 or None, got {keep_last!r}")
-    root = Path(directory)
     if root.exists() and not root.is_dir():
         raise CheckpointError(f"{root} is a file; checkpoints need a directory")
     names = _param_names(model)
+    me = ranks.rank()
     tensors: dict[str, torch.Tensor] = {}
     try:
         tree = {
@@ -303,34 +383,66 @@ def save(
             "precision": None
             if precision is None
             else split_tree(precision.state_dict(), "precision", tensors),
-            "rng": split_tree(_rng_state(), "rng", tensors),
             "extra": split_tree(dict(extra or {}), "extra", tensors),
         }
+        before = set(tensors)
+        # Each rank's RNG states under a key of its own; rank 0's where one process
+        # keeps them (a single-process load restores those).
+        tree["rng_mine"] = split_tree(
+            _rng_state(), "rng" if me == 0 else f"rng_ranks/{me}", tensors
+        )
     except TreeError as exc:
         raise CheckpointError(f"cannot save {exc}") from None
-    param_keys = frozenset(dict(model.named_parameters()))
-    components: dict[str, int] = {}
-    for key, t in tensors.items():
-        kind = _component(key, param_keys)
-        components[kind] = components.get(kind, 0) + t.numel() * t.element_size()
+    return step, tree, tensors, frozenset(set(tensors) - before)
 
+
+def _check_same_structure(step: int, tree: Mapping[str, Any]) -> None:
+    """Refuse, on every rank, a save whose ranks disagree on the step or the keys of
+    the model and optimizer (they would write one inconsistent checkpoint)."""
+    if not ranks.is_collective():
+        return
+    shape = files.canonical_json([step, tree["model"], tree["optimizer"]])
+    digests = ranks.gather(hashlib.sha256(shape.encode()).hexdigest())
+    for r, digest in enumerate(digests):
+        if digest != digests[0]:
+            raise CheckpointError(
+                f"rank {r} saves another step or other model/optimizer keys than rank 0: "
+                "every rank must call save with the same step and the same model"
+            )
+
+
+def _make_tmp(root: Path, name: str) -> str:
+    """Rank 0: the root created, leftovers removed, a fresh temporary directory made."""
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"cannot create {root}: {exc.strerror or exc}") from None
     _remove_leftovers(root)
-    name = f"step_{step:08d}"
     tmp = root / f".tmp-{name}-{os.getpid()}"
     tmp.mkdir()
-    try:
-        files.write_dcp(tensors, tmp)
-    except BaseException as exc:  # DCP's CheckpointException is a BaseException
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
-        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"writing {tmp} failed, nothing was kept: {first}") from None
-    _reached("data-written")
+    return str(tmp)
+
+
+def _commit(
+    root: Path,
+    tmp: Path,
+    name: str,
+    step: int,
+    tree: dict[str, Any],
+    tensors: Mapping[str, torch.Tensor],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    precision: Precision | None,
+    keep_last: int | None,
+    world: int,
+    strategy: str,
+) -> dict[str, Any]:
+    """Rank 0, after every rank's data is written: manifest, rename, ``latest``, prune."""
+    param_keys = frozenset(dict(model.named_parameters()))
+    components: dict[str, int] = {}
+    for key, t in tensors.items():
+        kind = _component(key, param_keys)
+        components[kind] = components.get(kind, 0) + t.numel() * t.element_size()
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -339,6 +451,8 @@ def save(
         "saved_ns": time.time_ns(),
         "mixprec_version": __version__,
         "torch_version": torch.__version__,
+        "world_size": world,
+        "strategy": strategy,
         "policy": None if precision is None else precision.policy.to_dict(),
         "optimizer": None if optimizer is None else _class_name(optimizer),
         "components": components,
@@ -378,7 +492,29 @@ def save(
                 os.rename(old, trash)
                 shutil.rmtree(trash, ignore_errors=True)
                 _reached("pruned")
-    return _info(final, manifest)
+    return manifest
+
+
+_T = TypeVar("_T")
+
+
+def _together(part: Callable[[], _T]) -> _T:
+    """Run this rank's `part`; with a process group, every rank then raises the
+    lowest failing rank's error, or all go on (no rank is left waiting in the next
+    collective). Without one, errors propagate unchanged."""
+    if not ranks.is_collective():
+        return part()
+    error, result = None, None
+    try:
+        result = part()
+    except CheckpointError as exc:
+        error = str(exc)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    message = ranks.agree(error)
+    if message is not None:
+        raise CheckpointError(message)
+    return result  # type: ignore[return-value]
 
 
 def _class_name(obj: object) -> str:
@@ -625,8 +761,60 @@ def load(
     Raises:
         CheckpointError: no checkpoint, a damaged one, or one that does not fit.
     """
-    info = resolve(directory, resume)
-    manifest = _read_manifest(info.path)
+    model = ranks.unwrap(model)
+    if ranks.is_collective():  # rank 0 verifies every file; the verdict goes to all
+        found = _together(lambda: str(resolve(directory, resume).path) if ranks.rank() == 0 else "")
+        path = Path(ranks.broadcast(found))
+    else:
+        path = resolve(directory, resume).path
+    manifest, info, diff, kind_differs = _together(
+        lambda: _check_setup(path, optimizer, precision, convert)
+    )
+    names = _param_names(model)
+    state = _together(lambda: _read_state(info.path, manifest, model, names))
+    converting = bool(diff or kind_differs)
+    optimizer_state = _together(
+        lambda: _check_state(info.path, state, model, optimizer, names, converting)
+    )
+    converted = _together(
+        lambda: _apply(
+            info.path,
+            state,
+            model,
+            optimizer,
+            precision,
+            names,
+            optimizer_state=optimizer_state,
+            saved_kind=manifest.get("optimizer"),
+            diff=bool(diff),
+            convert=convert,
+            converting=converting,
+        )
+    )
+    if restore_rng:
+        _restore_rng(info.path, state, int(manifest.get("world_size", 1)))
+    for line in converted:
+        warnings.warn(f"converted {info.path.name}: {line}", CheckpointWarning, stacklevel=2)
+    return {
+        "step": info.step,
+        "extra": state["extra"],
+        "path": info.path,
+        "policy": manifest.get("policy"),
+        "converted": converted,
+    }
+
+
+def _check_setup(
+    path: Path,
+    optimizer: torch.optim.Optimizer | None,
+    precision: Precision | None,
+    convert: bool,
+) -> tuple[dict[str, Any], CheckpointInfo, dict[str, Any], bool]:
+    """The manifest, refused under another policy or optimizer unless converting.
+
+    Returns (manifest, info, the policy fields that differ, whether the optimizer does)."""
+    manifest = _read_manifest(path)
+    info = _info(path, manifest)
     diff = _policy_diff(manifest.get("policy"), precision)
     saved_kind = manifest.get("optimizer")
     kind_differs = optimizer is not None and saved_kind not in (None, _class_name(optimizer))
@@ -643,39 +831,102 @@ def load(
             f"{info.path} was saved under a different setup: {'; '.join(what)}; load under the "
             "same policy, or pass convert=True to convert it"
         )
-    tree = manifest["tree"]
-    try:
-        tensors = files.read_dcp(info.path, tensor_keys(tree), frozenset(manifest["files"]))
-        state = join_tree(tree, tensors)
-    except (ValueError, KeyError, RuntimeError, OSError) as exc:
-        raise CheckpointError(f"{info.path}: cannot read its tensors ({exc})") from None
+    return manifest, info, diff, kind_differs
 
-    names = _param_names(model)
-    converting = bool(diff or kind_differs)
+
+def _read_state(
+    path: Path, manifest: Mapping[str, Any], model: nn.Module, names: Mapping[torch.Tensor, str]
+) -> dict[str, Any]:
+    """The saved state, its tensors read by DCP; with a process group, every tensor
+    that is a DTensor here (model entries, and the optimizer state of a DTensor
+    parameter) is read as one, sharded like it: DCP reads only this rank's shard."""
+    tree = manifest["tree"]
+    collective = ranks.is_collective()
+    make = None
+    if collective:
+        live = model.state_dict()
+        params = {name: p for p, name in names.items()}
+
+        def like(key: str) -> torch.Tensor | None:
+            parts = key.split("/")
+            if parts[0] == "model":
+                return live.get("/".join(parts[1:]))
+            if parts[0] == "optimizer" and len(parts) >= 4 and parts[1] == "state":
+                return params.get(parts[2])
+            return None
+
+        def make(key: str, size: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return ranks.shard_like(size, dtype, like(key))
+
+    try:
+        tensors = files.read_dcp(
+            path,
+            tensor_keys(tree),
+            frozenset(manifest["files"]),
+            make=make,
+            collective=collective,
+        )
+        return join_tree(tree, tensors)  # type: ignore[no-any-return]
+    except (ValueError, KeyError, RuntimeError, OSError) as exc:
+        raise CheckpointError(f"{path}: cannot read its tensors ({exc})") from None
+    except BaseException as exc:  # DCP's CheckpointException
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: cannot read its tensors ({first})") from None
+
+
+def _check_state(
+    path: Path,
+    state: Mapping[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    names: Mapping[torch.Tensor, str],
+    converting: bool,
+) -> dict[str, Any] | None:
+    """The model's and the optimizer's saved state checked; the optimizer's by index."""
     _check_model_state(state["model"], model, same_dtypes=not converting)
-    optimizer_state = None
-    if optimizer is not None:
-        if state["optimizer"] is None:
-            raise CheckpointError(f"{info.path} holds no optimizer state; pass optimizer=None")
-        optimizer_state = _indexed_optimizer_state(state["optimizer"], optimizer, names)
-        check = getattr(optimizer, "check_state_dict", None)
-        if check is not None and not converting:  # mixprec's AdamW: all of it, changing nothing
-            try:
-                check(optimizer_state)
-            except ValueError as exc:
-                raise CheckpointError(f"{info.path}: optimizer state: {exc}") from None
+    if optimizer is None:
+        return None
+    if state["optimizer"] is None:
+        raise CheckpointError(f"{path} holds no optimizer state; pass optimizer=None")
+    optimizer_state = _indexed_optimizer_state(state["optimizer"], optimizer, names)
+    check = getattr(optimizer, "check_state_dict", None)
+    if check is not None and not converting:  # mixprec's AdamW: all of it, changing nothing
+        try:
+            check(optimizer_state)
+        except ValueError as exc:
+            raise CheckpointError(f"{path}: optimizer state: {exc}") from None
+    return optimizer_state
+
+
+def _apply(
+    path: Path,
+    state: Mapping[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    precision: Precision | None,
+    names: Mapping[torch.Tensor, str],
+    *,
+    optimizer_state: dict[str, Any] | None,
+    saved_kind: str | None,
+    diff: bool,
+    convert: bool,
+    converting: bool,
+) -> list[str]:
+    """Load the checked state: `Precision`, model, optimizer, in that order."""
     converted: list[str] = []
     if precision is not None and state["precision"] is not None:
         try:  # validated before anything changes (Precision.load_state_dict checks first)
             precision.load_state_dict(state["precision"], strict=not convert)
         except ValueError as exc:
-            raise CheckpointError(f"{info.path}: precision state: {exc}") from None
+            raise CheckpointError(f"{path}: precision state: {exc}") from None
         if diff:
             converted.append("precision: loss scaler and telemetry carried to the new policy")
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
-        raise CheckpointError(f"{info.path}: model state: {str(exc).splitlines()[0]}") from None
+        raise CheckpointError(f"{path}: model state: {str(exc).splitlines()[0]}") from None
     if optimizer is not None and optimizer_state is not None:
         from mixprec.checkpoint.convert import load_optimizer
 
@@ -689,15 +940,22 @@ def load(
                 convert=converting,
             )
         except ValueError as exc:
-            raise CheckpointError(f"{info.path}: optimizer state: {exc}") from None
-    if restore_rng:
-        _set_rng_state(state["rng"])
-    for line in converted:
-        warnings.warn(f"converted {info.path.name}: {line}", CheckpointWarning, stacklevel=2)
-    return {
-        "step": info.step,
-        "extra": state["extra"],
-        "path": info.path,
-        "policy": manifest.get("policy"),
-        "converted": converted,
-    }
+            raise CheckpointError(f"{path}: optimizer state: {exc}") from None
+    return converted
+
+
+def _restore_rng(path: Path, state: Mapping[str, Any], saved_world: int) -> None:
+    """Each rank's own RNG states when the world size is the one saved; otherwise
+    every rank takes rank 0's (and is told so)."""
+    me, world = ranks.rank(), ranks.world_size()
+    by_rank = state.get("rng_ranks") or {}
+    if saved_world == world and (me == 0 or str(me) in by_rank):
+        _set_rng_state(state["rng"] if me == 0 else by_rank[str(me)])
+        return
+    _set_rng_state(state["rng"])
+    warnings.warn(
+        f"{path.name} was saved by {saved_world} rank(s) and is loaded by {world}: the RNG "
+        "streams (torch, Python, NumPy) of every rank restart from rank 0's",
+        CheckpointWarning,
+        stacklevel=3,
+    )

@@ -1,0 +1,136 @@
+"""The collective side of a checkpoint: which rank does what, and agreeing on failure.
+
+With a process group (``torch.distributed`` initialised), `save` and `load` are
+collective: every rank calls them. DCP writes and reads each rank's shards; rank 0
+alone verifies, writes the manifest, renames and moves ``latest``. Before each step
+that only succeeds if every rank's part did, the ranks exchange their errors
+(`agree`), so all of them raise the same error together instead of some waiting
+forever in the next collective. Without a process group every function here is a
+no-op for one rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "agree",
+    "broadcast",
+    "gather",
+    "is_collective",
+    "owned",
+    "rank",
+    "shard_like",
+    "unwrap",
+    "world_size",
+]
+
+
+def is_collective() -> bool:
+    """Whether a process group is initialised (`save` and `load` are then collective)."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    """This process's rank (0 without a process group)."""
+    return torch.distributed.get_rank() if is_collective() else 0
+
+
+def world_size() -> int:
+    """The number of ranks (1 without a process group)."""
+    return torch.distributed.get_world_size() if is_collective() else 1
+
+
+def agree(error: str | None) -> str | None:
+    """Every rank's error (None: this rank's part succeeded), exchanged.
+
+    Returns:
+        The error of the lowest failing rank, the same text on every rank, or None
+        when every rank succeeded.
+    """
+    if not is_collective():
+        return error
+    errors: list[str | None] = [None] * world_size()
+    torch.distributed.all_gather_object(errors, error)
+    for r, found in enumerate(errors):
+        if found is not None:
+            return found if r == 0 else f"rank {r}: {found}"
+    return None
+
+
+def broadcast(value: Any) -> Any:
+    """Rank 0's `value` on every rank (picklable values only)."""
+    if not is_collective():
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's `value`, in rank order, on every rank."""
+    if not is_collective():
+        return [value]
+    out: list[Any] = [None] * world_size()
+    torch.distributed.all_gather_object(out, value)
+    return out
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module a `DistributedDataParallel` wraps (its keys without ``module.``), or
+    `model` itself: DDP and single-process checkpoints share their keys. FSDP2's
+    ``fully_shard`` keeps the model's own names, so it needs no unwrapping."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        inner = model.module
+        assert isinstance(inner, nn.Module)
+        return inner
+    return model
+
+
+def shard_like(
+    size: tuple[int, ...], dtype: torch.dtype, like: torch.Tensor | None
+) -> torch.Tensor:
+    """An empty tensor to read a saved tensor of global `size` into.
+
+    A DTensor sharded like `like` (DCP then reads only this rank's shard, from
+    however many files the saving ranks wrote), when `like` is a DTensor whose
+    placements fit `size`; a plain tensor of the whole `size` otherwise.
+    """
+    from mixprec.optim.sharding import is_dtensor
+
+    if like is None or not is_dtensor(like) or not size:
+        return torch.empty(size, dtype=dtype)
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import empty as dtensor_empty
+
+    placements = like.placements  # type: ignore[attr-defined]
+    fits = all(
+        isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim < len(size)) for p in placements
+    )
+    if not fits:
+        return torch.empty(size, dtype=dtype)
+    return dtensor_empty(
+        size,
+        dtype=dtype,
+        device_mesh=like.device_mesh,  # type: ignore[attr-defined]
+        placements=placements,
+    )
+
+
+def owned(
+    tensors: Mapping[str, torch.Tensor], own: frozenset[str] = frozenset()
+) -> dict[str, torch.Tensor]:
+    """The tensors this rank gives DCP to write: every DTensor (each rank writes its
+    shards), rank 0's plain tensors (replicated state is saved once, from rank 0),
+    and the keys in `own` (this rank's RNG states)."""
+    from mixprec.optim.sharding import is_dtensor
+
+    first = rank() == 0
+    return {k: t for k, t in tensors.items() if first or k in own or is_dtensor(t)}

@@ -93,15 +93,16 @@ def corrupt(root: Path, bad: Path, rank: int) -> dict[str, Any]:
     return {"error": None}
 
 
-def ddp_run(root: Path, rank: int, world: int) -> dict[str, Any]:
+def ddp_run(root: Path, out: Path, rank: int, world: int) -> dict[str, Any]:
     """DDP (replicated): saved once after 3 steps, from rank 0's data."""
     cases.seed_everything(rank)
     model, opt, prec = cases.build("amp_bf16", "ddp")
     losses = cases.train(model, opt, prec, 0, cases.SAVE_AT, rank=rank, world=world)
     info = checkpoint.save(root, model=model, optimizer=opt, precision=prec, step=cases.SAVE_AT)
     state = {k: v.clone() for k, v in model.module.state_dict().items()}
+    exported = checkpoint.export(model, opt, out / "ddp.safetensors", "fp32")
     losses += cases.train(model, opt, prec, cases.SAVE_AT, cases.STEPS, rank=rank, world=world)
-    return {"losses": losses, "state": state, "keys": sorted(info.files)}
+    return {"losses": losses, "state": state, "files": sorted(info.files), "export": exported}
 
 
 def main() -> None:
@@ -115,7 +116,7 @@ def main() -> None:
             "resumed": resumed(root / "fsdp", rank, world, cases.SAVE_AT),
             "corrupt": corrupt(root / "fsdp", root / "bad", rank),
             "from_single": resumed(root / "single", rank, world, "latest"),
-            "ddp": ddp_run(root / "ddp", rank, world),
+            "ddp": ddp_run(root / "ddp", out, rank, world),
         }
         torch.save(results, out / f"rank{rank}.pt")
     finally:

@@ -181,3 +181,14 @@ def test_a_2_rank_ddp_checkpoint_loads_into_one_process(ranks: dict[str, Any]) -
         assert torch.equal(_bits(value), _bits(state[key])), key
     losses = cases.train(model, opt, prec, cases.SAVE_AT, cases.STEPS)
     torch.testing.assert_close(losses, ddp[0]["losses"][cases.SAVE_AT :], rtol=LOSS_RTOL, atol=0)
+
+
+def test_a_ddp_export_has_the_module_keys(ranks: dict[str, Any]) -> None:
+    from safetensors.torch import load_file
+
+    ddp = [rank["ddp"] for rank in ranks["ranks"]]
+    assert [d["export"].written for d in ddp] == [True, False]
+    exported = load_file(str(ranks["out"] / "ddp.safetensors"))
+    assert set(exported) == set(ddp[0]["state"])  # no "module." prefix
+    for key, value in ddp[0]["state"].items():  # amp_bf16: fp32 params are the masters
+        assert torch.equal(_bits(value), _bits(exported[key])), key

@@ -25,6 +25,8 @@ Rules, in one place:
 * The file is written to a temporary file in the same directory, flushed,
   fsynced and renamed into place: ``path`` holds either the old file or the
   complete new one. Every check runs before anything is written.
+* A `DistributedDataParallel` model is exported under its module's keys (no
+  ``module.`` prefix), as the unwrapped model would be.
 * Sharded (DTensor) values are gathered with ``full_tensor()`` on every rank;
   with a process group, only rank 0 writes and the other ranks return right
   after the gather, without waiting for the write.
@@ -45,6 +47,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from mixprec.checkpoint.ranks import unwrap
 from mixprec.dtypes import DtypeLike, dtype_name, is_16bit, parse_dtype
 from mixprec.optim.sharding import is_dtensor
 from mixprec.policy import Policy
@@ -151,6 +154,7 @@ def export(
     file, directory = _resolve_path(Path(path))
     extra = _check_extra_metadata(extra_metadata)
     writer = _is_writer()
+    model = unwrap(model)  # DDP's "module." is not part of the model's names
 
     masters = _masters_by_param(optimizer)
     named = model.state_dict(keep_vars=True)

@@ -21,6 +21,14 @@ and rounding seeds), `Precision`'s scaler and telemetry, the RNG states of torch
 (CPU and CUDA), Python and NumPy, the step, the policy, and the caller's
 ``extra`` (tensors, numbers, strings, lists and dicts: e.g. the data position or
 a scheduler's state dict).
+
+With a process group (FSDP2, DDP), `save` and `load` are collective: every rank
+calls them (see `mixprec.checkpoint.ranks`). DCP writes each rank's DTensor shards
+and rank 0's plain tensors (replicated state, saved once) into one temporary
+directory; rank 0 alone writes the manifest, renames and moves ``latest`` after
+every rank's data is written. Each rank's RNG states are saved under their own
+keys. A load reads every DTensor as a DTensor sharded like the live one, so DCP
+reshards across world sizes (a process group of 2 to one process and back).
 """
 
 from __future__ import annotations
@@ -101,6 +109,11 @@ class CheckpointInfo:
     mixprec_version: str = ""
     torch_version: str = ""
     created: str = ""
+    world_size: int = 1
+    """How many ranks saved it (1 for a single process)."""
+    strategy: str = "single"
+    """``"single"`` (one process), ``"sharded"`` (DTensor shards, e.g. FSDP2, written by
+    every rank) or ``"replicated"`` (DDP: the model and optimizer saved once, from rank 0)."""
 
     @property
     def bytes(self) -> int:
@@ -543,6 +556,8 @@ def _info(path: Path, manifest: Mapping[str, Any]) -> CheckpointInfo:
         mixprec_version=str(manifest.get("mixprec_version", "")),
         torch_version=str(manifest.get("torch_version", "")),
         created=str(manifest.get("created", "")),
+        world_size=int(manifest.get("world_size", 1)),
+        strategy=str(manifest.get("strategy", "single")),
     )
 
 
@@ -792,7 +807,7 @@ def load(
         )
     )
     if restore_rng:
-        _restore_rng(info.path, state, int(manifest.get("world_size", 1)))
+        _together(lambda: _restore_rng(info.path, state, info.world_size))
     for line in converted:
         warnings.warn(f"converted {info.path.name}: {line}", CheckpointWarning, stacklevel=2)
     return {

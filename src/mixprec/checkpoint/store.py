@@ -321,8 +321,7 @@ def save(
     )
 
     name = f"step_{step:08d}"
-    tmp = Path(_together(lambda: _make_tmp(root, name) if me == 0 else ""))
-    tmp = Path(ranks.broadcast(str(tmp)))
+    tmp = Path(ranks.broadcast(_together(lambda: _make_tmp(root, name) if me == 0 else "")))
     error = None
     try:
         files.write_dcp(ranks.owned(tensors, own), tmp, collective=ranks.is_collective())
@@ -343,15 +342,15 @@ def save(
                 root,
                 tmp,
                 name,
-                step,
-                tree,
-                tensors,
-                model,
-                optimizer,
-                precision,
-                keep_last,
-                world,
-                strategy,
+                step=step,
+                tree=tree,
+                tensors=tensors,
+                model=model,
+                optimizer=optimizer,
+                precision=precision,
+                keep_last=keep_last,
+                world=world,
+                strategy=strategy,
             )
             outcome: tuple[str | None, Any] = (None, manifest)
         except Exception as exc:
@@ -440,6 +439,7 @@ def _commit(
     root: Path,
     tmp: Path,
     name: str,
+    *,
     step: int,
     tree: dict[str, Any],
     tensors: Mapping[str, torch.Tensor],

@@ -58,3 +58,48 @@ def test_budget_cli_huge_inputs_and_errors(capsys: pytest.CaptureFixture[str]) -
     assert main(["budget", "--params", "lots"]) == 2
     assert main(["budget"]) == 2
     assert main(["budget", "--config", "/nonexistent.json"]) == 2
+
+
+def _rows(out: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in out.splitlines():
+        cells = line.split()
+        if len(cells) >= 2 and cells[0].isidentifier():
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("sharding", "rank_params", "all_params"),
+    [("ddp", 14_000_000_000, 8 * 14_000_000_000), ("fsdp", 875_000_000 * 2, 14_000_000_000)],
+)
+def test_budget_rows_are_per_rank_with_the_all_rank_total_beside(
+    capsys: pytest.CaptureFixture[str], sharding: str, rank_params: int, all_params: int
+) -> None:
+    # Reported: under ddp the rows were summed over ranks (params 104.31 GiB for 7B in
+    # bf16), under fsdp they were one rank's, and neither said which.
+    argv = ["budget", "--params", "7B", "--policy", "bf16_master", "--world-size", "8"]
+    assert main([*argv, "--sharding", sharding]) == 0
+    out = capsys.readouterr().out
+    assert "per rank (of 8" in out
+    assert _rows(out)["params"] == [f"{rank_params / GiB:.2f}", f"{all_params / GiB:.2f}"]
+    assert main([*argv, "--sharding", sharding, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["per_rank"]["params"] == rank_params
+    assert d["all_ranks"]["params"] == all_params == d["bytes"]["params"]
+    assert d["rank"] == 0
+    comm = "all_reduce" if sharding == "ddp" else "reduce_scatter"
+    assert d["comm_bytes_per_step"][comm] == 7_000_000_000 * 4  # fp32 reduce, one rank's buffer
+    assert d["comm_bytes_per_step_all_ranks"][comm] == 8 * 7_000_000_000 * 4
+
+
+def test_budget_zero_activations_say_how_to_get_a_figure(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["budget", "--params", "7B", "--policy", "bf16_master"]) == 0
+    out = capsys.readouterr().out
+    assert _rows(out)["activations"][0] == "n/a"
+    assert "--activations" in out and "--config" in out
+    argv = ["budget", "--params", "7B", "--policy", "bf16_master", "--activations", "1e9"]
+    assert main(argv) == 0
+    assert _rows(capsys.readouterr().out)["activations"][0] == f"{2e9 / GiB:.2f}"

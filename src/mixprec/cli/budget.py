@@ -125,27 +125,86 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f}"
 
 
+_NO_ACTIVATIONS = (
+    "activations n/a: not estimated (totals leave them out); give --activations N (values "
+    "saved for backward by one rank's micro-batch) with --params, or --config FILE "
+    "[--seq-len S --micro-batch B] to size them from the model"
+)
+
+
 def _budget_table(results: Sequence[Any], world_size: int) -> str:
     from mixprec.memory import COMPONENTS
 
     first = results[0]
-    head = f"{first.params:,} parameters"
     if world_size > 1:
-        head += f", {world_size} ranks ({first.sharding})"
+        share = (
+            "rank 0, the largest shard: FSDP2 splits dim 0 of each tensor as torch.chunk does"
+            if first.sharding == "fsdp"
+            else "every rank holds the same: DDP replicates params, grads and optimizer state"
+        )
+        head = (
+            f"{first.params:,} parameters, {first.sharding}; per rank (of {world_size}: "
+            f"{share}), all {world_size} ranks summed beside"
+        )
+    else:
+        head = f"{first.params:,} parameters, one rank"
     lines = [f"Memory by component (GiB), {head}", ""]
-    headers = ["component", *[r.policy for r in results]]
+
+    def cols(per_rank: str, all_ranks: str) -> list[str]:
+        return [per_rank, all_ranks] if world_size > 1 else [per_rank]
+
+    headers = ["component"]
+    for r in results:
+        headers += [r.policy, f"(all {world_size})"] if world_size > 1 else [r.policy]
     rows = []
     for comp in COMPONENTS:
-        rows.append([comp, *[_gib(getattr(r.bytes, comp)) for r in results]])
-    rows.append(["total", *[_gib(r.bytes.total) for r in results]])
-    rows.append(["bytes/param", *[f"{r.state_bytes_per_param:.2f}" for r in results]])
+        row = [comp]
+        for r in results:
+            if comp == "activations" and not r.activations_estimated:
+                row += cols("n/a", "n/a")
+            else:
+                row += cols(_gib(getattr(r.per_rank, comp)), _gib(getattr(r.bytes, comp)))
+        rows.append(row)
+    rows.append(
+        [
+            "total",
+            *[c for r in results for c in cols(_gib(r.per_rank.total), _gib(r.bytes.total))],
+        ]
+    )
+    rows.append(
+        [
+            "bytes/param",
+            *[c for r in results for c in cols(f"{r.state_bytes_per_param:.2f}", "")],
+        ]
+    )
     if world_size > 1:
-        rows.append(["per rank", *[_gib(r.per_rank.total) for r in results]])
         for key in ("all_gather", "reduce_scatter", "all_reduce"):
             if any(r.comm_bytes_per_step.get(key) for r in results):
-                rows.append([f"{key}/step", *[_gib(r.comm_bytes_per_step[key]) for r in results]])
+                rows.append(
+                    [
+                        f"{key}/step",
+                        *[
+                            c
+                            for r in results
+                            for c in cols(
+                                _gib(r.comm_bytes_per_step[key]),
+                                _gib(r.comm_bytes_per_step_all_ranks[key]),
+                            )
+                        ],
+                    ]
+                )
     lines.append(table(headers, rows))
-    notes = sorted({n for r in results for n in r.notes})
+    notes = sorted({n for r in results for n in r.notes if not n.startswith("activations not")})
+    if not all(r.activations_estimated for r in results):
+        notes.append(_NO_ACTIVATIONS)
     lines += ["", *[f"note: {n}" for n in notes]] if notes else []
-    lines.append("bytes/param: training state (params, grads, master, moments) per parameter")
+    lines.append(
+        "bytes/param: training state (params, grads, master, moments) of one model copy per "
+        "parameter"
+    )
+    if world_size > 1:
+        lines.append(
+            "<comm>/step: each rank's collective buffer per step; a ring sends about "
+            f"{world_size - 1}/{world_size} of an all-gather or reduce-scatter buffer per rank"
+        )
     return "\n".join(lines)

@@ -82,14 +82,23 @@ class MemoryBreakdown:
         world_size: ranks the model is spread over.
         sharding: ``none``, ``fsdp`` (FSDP2: params, grads, master and moments
             sharded) or ``ddp`` (replicated).
-        bytes: bytes by component over all ranks together (`per_rank` times
-            `world_size`; with FSDP2 that is the whole model once, padding included).
-        per_rank: bytes one rank holds.
-        comm_bytes_per_step: logical payload per step: ``all_gather`` (FSDP2
-            parameter all-gathers in the compute dtype, forward and backward),
-            ``reduce_scatter`` (FSDP2 gradients in the reduce dtype),
-            ``all_reduce`` (DDP gradients in the reduce dtype).
+        bytes: bytes by component summed over all ranks (also `all_ranks`):
+            with DDP `world_size` copies, with FSDP2 the whole model once plus
+            the padding of parameter and gradient shards; activations of every
+            rank's micro-batch.
+        per_rank: bytes rank 0 holds. With DDP every rank holds the same; with
+            FSDP2 rank 0 holds the largest share (``torch.chunk`` gives the
+            first ranks ``ceil(rows / W)`` rows of each tensor, the last fewer).
+        comm_bytes_per_step: each rank's collective buffers per step:
+            ``all_gather`` (FSDP2 parameter all-gathers in the compute dtype,
+            forward and backward), ``reduce_scatter`` (FSDP2 gradients in the
+            reduce dtype), ``all_reduce`` (DDP gradients in the reduce dtype);
+            FSDP2's are padded as its shards are. A ring sends about
+            ``(W-1)/W`` of an all-gather or reduce-scatter buffer per rank.
         measured: True for `measure` output, False for `estimate`.
+        activations_estimated: False when nothing said how large activations
+            are (a bare count without activation values, a module without
+            inputs): ``activations`` is then 0, not a figure.
         notes: assumptions worth reading next to the numbers.
     """
 
@@ -101,26 +110,42 @@ class MemoryBreakdown:
     per_rank: Components
     comm_bytes_per_step: Mapping[str, int] = field(default_factory=dict)
     measured: bool = False
+    activations_estimated: bool = True
     notes: tuple[str, ...] = ()
 
     @property
+    def all_ranks(self) -> Components:
+        """Bytes by component summed over all ranks (the `bytes` field)."""
+        return self.bytes
+
+    @property
+    def comm_bytes_per_step_all_ranks(self) -> dict[str, int]:
+        """`comm_bytes_per_step` summed over all ranks."""
+        return {k: v * self.world_size for k, v in self.comm_bytes_per_step.items()}
+
+    @property
     def state_bytes_per_param(self) -> float:
-        """Training-state bytes (everything but activations) per parameter, on one rank
-        times the world size for sharded state (i.e. of the whole model once)."""
-        per_rank_state = self.per_rank.total - self.per_rank.activations
-        copies = self.world_size if self.sharding == "fsdp" else 1
-        return per_rank_state * copies / self.params if self.params else 0.0
+        """Training-state bytes (everything but activations) of one model replica per
+        parameter: all ranks together under FSDP2 (padding included), one rank otherwise."""
+        held = self.bytes if self.sharding == "fsdp" else self.per_rank
+        return (held.total - held.activations) / self.params if self.params else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON contract of `mixprec budget --json` (one object per policy)."""
+        """The JSON contract of `mixprec budget --json` (one object per policy):
+        ``per_rank`` is rank 0's bytes (``rank``), ``all_ranks`` their sum over ranks
+        (``bytes`` is the same, under its earlier name)."""
         return {
             "policy": self.policy,
             "params": self.params,
             "world_size": self.world_size,
             "sharding": self.sharding,
-            "bytes": self.bytes.to_dict(),
+            "rank": 0,
             "per_rank": self.per_rank.to_dict(),
+            "all_ranks": self.bytes.to_dict(),
+            "bytes": self.bytes.to_dict(),
             "comm_bytes_per_step": dict(self.comm_bytes_per_step),
+            "comm_bytes_per_step_all_ranks": self.comm_bytes_per_step_all_ranks,
+            "activations_estimated": self.activations_estimated,
             "measured": self.measured,
             "notes": list(self.notes),
         }

@@ -9,6 +9,7 @@ measures the same components on a real step.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -19,8 +20,9 @@ from torch import nn
 from mixprec.islands import island_param_names
 from mixprec.memory.activations import saved_activation_bytes
 from mixprec.memory.breakdown import Components, MemoryBreakdown, Sharding
-from mixprec.memory.state_layout import state_nbytes
+from mixprec.memory.state_layout import int8_eligible, state_nbytes
 from mixprec.memory.transformer import TransformerShape
+from mixprec.optim.sharding import dim0_rows
 from mixprec.policy import Policy
 from mixprec.policy import policy as get_policy
 
@@ -31,41 +33,63 @@ def _nbytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @dataclass(frozen=True)
 class _Tensor:
     """What the estimate knows about one parameter (or an aggregate of many)."""
 
     numel: int
-    rows: int  # size of dim 0: FSDP2 shards along it
+    shape: tuple[int, ...]  # FSDP2 shards dim 0; an aggregate is one long row of rows
     island: bool
     aggregate: bool = False  # a count standing for many large tensors
     trainable: bool = True  # frozen: stored, but no gradient and no optimizer state
 
 
-def _state_for(t: _Tensor, pol: Policy, numel: int) -> Components:
-    dtype = torch.float32 if t.island else pol.param_dtype
-    size = numel * _nbytes(dtype)
+def _storage(t: _Tensor, pol: Policy, numel: int) -> Components:
+    size = numel * _nbytes(torch.float32 if t.island else pol.param_dtype)
+    grads = size if t.trainable else 0
+    if t.island:
+        return Components(fp32_islands=size, grads=grads)
+    return Components(params=size, grads=grads)
+
+
+def _state(t: _Tensor, pol: Policy, numel: int, *, int8: bool) -> Components:
     if not t.trainable:  # optimizers make state at a parameter's first step: never here
-        return Components(params=0 if t.island else size, fp32_islands=size if t.island else 0)
+        return Components()
+    dtype = torch.float32 if t.island else pol.param_dtype
     master = "none" if dtype == torch.float32 else pol.master
     st = state_nbytes(
-        numel,
-        param_dtype=dtype,
-        master=master,
-        moments=pol.moments,
-        quantizable=True if t.aggregate else None,
+        numel, param_dtype=dtype, master=master, moments=pol.moments, quantizable=int8
     )
-    return Components(
-        params=0 if t.island else size,
-        fp32_islands=size if t.island else 0,
-        grads=size,
-        master=st["master"],
-        moments=st["moments"],
-    )
+    return Components(master=st["master"], moments=st["moments"])
+
+
+def _tensor_bytes(
+    t: _Tensor, pol: Policy, world_size: int, sharded: bool
+) -> tuple[Components, Components]:
+    """(rank 0's bytes, the sum over ranks) of one tensor's params, grads and state.
+
+    Under FSDP2 each rank holds ``torch.chunk``'s share of dim 0: rank 0 the most,
+    ``ceil(rows / W)`` rows. Parameter storage and the reduce-scatter output that
+    holds the sharded gradients are padded to rank 0's rows on every rank
+    (`fully_shard` pads dim 0); the optimizer allocates state from each rank's
+    unpadded local shard, and int8 moments are kept only when every shard holds
+    whole blocks (the optimizer's rule, `int8_eligible`).
+    """
+    if not sharded:
+        one = _storage(t, pol, t.numel) + _state(
+            t, pol, t.numel, int8=t.aggregate or int8_eligible(t.shape)
+        )
+        return one, _times(one, world_size)
+    rows = t.shape[0] if t.shape else 1
+    row = t.numel // rows if rows else 0
+    int8 = t.aggregate or int8_eligible(t.shape, parts=world_size)
+    shares = dim0_rows(rows, world_size)
+    storage = _storage(t, pol, shares[0] * row)
+    rank0 = storage + _state(t, pol, shares[0] * row, int8=int8)
+    total = _times(storage, world_size)
+    for share, ranks in Counter(shares).items():
+        total = total + _times(_state(t, pol, share * row, int8=int8), ranks)
+    return rank0, total
 
 
 def estimate(
@@ -86,9 +110,12 @@ def estimate(
         model: an `nn.Module` (exact per-tensor figures), a parameter count, or a
             `TransformerShape` (parameters and activations from the config).
         policy: a `Policy` or preset name.
-        world_size: ranks; with ``sharding="fsdp"`` params, grads, master and
-            moments are divided among them (FSDP2 shards each tensor along dim 0).
-        sharding: ``fsdp`` (FSDP2), ``ddp`` (replicated), or ``none``.
+        world_size: ranks. ``per_rank`` is what rank 0 holds, ``bytes`` the sum
+            over all ranks; each rank runs its own micro-batch of activations.
+        sharding: ``fsdp`` (FSDP2 / ZeRO-3: params, grads, master and moments
+            sharded along dim 0 of each tensor as ``torch.chunk`` splits it, so
+            rank 0 holds the largest share), ``ddp`` (every rank holds them
+            whole), or ``none`` (one rank).
         inputs, loss_fn, targets: an example micro-batch for a module: activations
             are then predicted by a fake-tensor forward (no memory used).
         activation_values: for a parameter count, the number of activation values
@@ -106,14 +133,13 @@ def estimate(
     compute_bytes = _nbytes(pol.effective_compute_dtype)
     tensors: list[_Tensor]
     act_rank = 0
+    act_known = isinstance(model, nn.Module | TransformerShape)  # a module: with inputs
     if isinstance(model, nn.Module):
         islands = island_param_names(model, pol)
         # Every parameter is stored (tied ones once: named_parameters skips repeats);
         # frozen ones get no gradient and no optimizer state.
         tensors = [
-            _Tensor(
-                p.numel(), p.shape[0] if p.dim() else 1, name in islands, False, p.requires_grad
-            )
+            _Tensor(p.numel(), tuple(p.shape), name in islands, False, p.requires_grad)
             for name, p in model.named_parameters()
         ]
         if any(not t.trainable for t in tensors):
@@ -123,13 +149,14 @@ def estimate(
             act_rank = saved_activation_bytes(
                 model, inputs, policy=pol, loss_fn=loss_fn, targets=targets, device_type=device_type
             )
-        else:
+        elif activation_values is None:
+            act_known = False
             notes.append("activations not estimated: pass inputs= (and loss_fn=) to include them")
     elif isinstance(model, TransformerShape):
         matrices, norms = model.param_counts()
         tensors = [
-            _Tensor(matrices, matrices, False, aggregate=True),
-            _Tensor(norms, norms, pol.param_dtype != torch.float32),
+            _Tensor(matrices, (matrices,), False, aggregate=True),
+            _Tensor(norms, (norms,), pol.param_dtype != torch.float32),
         ]
         compute_values, fp32_values = model.activation_values()
         act_rank = compute_values * compute_bytes + fp32_values * 4
@@ -141,36 +168,48 @@ def estimate(
         n = int(model)
         if n < 0 or n != model:
             raise ValueError(f"a parameter count must be a non-negative integer, got {model!r}")
-        tensors = [_Tensor(n, n, False, aggregate=True)]
+        tensors = [_Tensor(n, (n,), False, aggregate=True)]
         notes.append("a bare parameter count: no fp32 islands, every tensor large")
     if activation_values is not None:
         act_rank = round(activation_values) * compute_bytes
+        act_known = True
+    if not act_known and not isinstance(model, nn.Module):
+        notes.append("activations not estimated: pass activation_values= to include them")
     n_params = sum(t.numel for t in tensors)
-    n_trainable = sum(t.numel for t in tensors if t.trainable)  # only these are reduced
+    sharded = sharding == "fsdp" and world_size > 1
 
-    # One rank's state: FSDP2 gives every rank ceil(rows / W) rows of each tensor
-    # (padded), DDP and single-device runs hold every tensor whole.
+    # Rank 0's bytes (the largest share under FSDP2; every rank's under DDP) and
+    # the sum over all ranks; each rank runs its own micro-batch.
     rank0 = Components(activations=act_rank)
+    whole = Components(activations=act_rank * world_size)
     for t in tensors:
-        numel = t.numel
-        if sharding == "fsdp" and world_size > 1:
-            numel = _ceil_div(t.rows, world_size) * (t.numel // t.rows if t.rows else 0)
-        rank0 = rank0 + _state_for(t, pol, numel)
-    whole = _times(rank0, world_size)
+        one, every = _tensor_bytes(t, pol, world_size, sharded)
+        rank0, whole = rank0 + one, whole + every
 
+    # Each rank's collective buffers per step (the sum over ranks is W times this).
     comm: dict[str, int] = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
     if world_size > 1:
         reduce_bytes = _nbytes(pol.reduce_dtype)
-        if sharding == "fsdp":
-            gather_bytes = sum(
-                t.numel * (4 if t.island else _nbytes(pol.compute_dtype or pol.param_dtype))
-                for t in tensors
-            )
-            comm["all_gather"] = 2 * gather_bytes  # forward, and again for backward
-            comm["reduce_scatter"] = n_trainable * reduce_bytes
+        gather_dtype = pol.compute_dtype or pol.param_dtype
+        for t in tensors:
+            numel = t.numel
+            if sharded:  # padded: W times rank 0's share
+                rows = t.shape[0] if t.shape else 1
+                numel = dim0_rows(rows, world_size)[0] * (t.numel // rows if rows else 0)
+                numel *= world_size
+            if sharded:
+                gather = numel * (4 if t.island else _nbytes(gather_dtype))
+                comm["all_gather"] += 2 * gather  # forward, and again for backward
+                comm["reduce_scatter"] += numel * reduce_bytes if t.trainable else 0
+            elif t.trainable:
+                comm["all_reduce"] += numel * reduce_bytes
+        if sharded:
             notes.append("FSDP2 re-gathers parameters for backward (reshard_after_forward=True)")
         else:
-            comm["all_reduce"] = n_trainable * reduce_bytes
+            notes.append(
+                "DDP also keeps gradient buckets as large as the grads (not counted; "
+                "gradient_as_bucket_view=True shares them)"
+            )
     return MemoryBreakdown(
         policy=pol.name,
         params=n_params,
@@ -180,6 +219,7 @@ def estimate(
         per_rank=rank0,
         comm_bytes_per_step=comm,
         measured=False,
+        activations_estimated=act_known,
         notes=tuple(notes),
     )
 

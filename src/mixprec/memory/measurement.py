@@ -113,6 +113,8 @@ optimizer_state_nbytes = optimizer_state_bytes
 def training_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Persistent bytes of params, grads and optimizer state, each storage counted once.
 
+    This rank's bytes: DTensors (FSDP2 shards) count their local storage.
+
     Returns:
         ``{"params", "grads", "master", "moments", "other", "total"}`` in bytes.
     """
@@ -134,7 +136,10 @@ def measure(
     *,
     policy: Policy | str | None = None,
 ) -> MemoryBreakdown:
-    """Measure the components on one real training step.
+    """Measure the components on one real training step, as this process holds them.
+
+    Under FSDP2 that is this rank's share: a DTensor parameter, gradient or state
+    tensor counts its local shard's storage (padding included where FSDP2 pads).
 
     `step_fn` runs one full step (forward, loss, backward, optimizer step). During
     it, tensors saved for backward are recorded (unique storages, parameters
@@ -153,16 +158,17 @@ def measure(
     """
     pol = get_policy(policy) if policy is not None else None
     params = [(n, p) for n, p in model.named_parameters()]
-    param_keys = {storage_key(p) for _, p in params}
-    param_keys |= {storage_key(b) for b in model.buffers()}
+    param_keys = {storage_key(_local(p)) for _, p in params}
+    param_keys |= {storage_key(_local(b)) for b in model.buffers()}
     grad_sizes: dict[int, int] = {}
     handles = []
     for _, p in params:
         if p.requires_grad:
 
             def hook(t: torch.Tensor) -> None:
-                if t.grad is not None:
-                    grad_sizes[storage_key(t.grad)] = t.grad.untyped_storage().nbytes()
+                if t.grad is not None:  # a DTensor gradient: its local shard's storage
+                    g = _local(t.grad)
+                    grad_sizes[storage_key(g)] = g.untyped_storage().nbytes()
 
             handles.append(p.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
     cuda = any(p.is_cuda for _, p in params)

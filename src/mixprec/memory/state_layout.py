@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from mixprec.formats import master_spec, moment_spec
+from mixprec.formats import master_spec, moment_format, moment_spec
+from mixprec.optim.sharding import int8_shards_fit
 
-__all__ = ["INT8_BLOCK_SIZE", "INT8_MIN_NUMEL", "state_nbytes"]
+__all__ = ["INT8_BLOCK_SIZE", "INT8_MIN_NUMEL", "int8_eligible", "state_nbytes"]
 
 #: `mixprec.optim.AdamW` defaults for int8 moments: elements per quantization block,
 #: and the smallest tensor quantized (smaller ones, and tensors whose size is not a
@@ -49,3 +50,24 @@ def state_nbytes(
     moment_bytes = spec.nbytes(numel, block_size=block_size)
     del param_dtype  # the layout does not depend on it beyond the master choice
     return {"master": master_bytes, "moments": moment_bytes}
+
+
+def int8_eligible(
+    shape: tuple[int, ...],
+    *,
+    parts: int = 1,
+    block_size: int = INT8_BLOCK_SIZE,
+    min_int8_numel: int = INT8_MIN_NUMEL,
+) -> bool:
+    """Whether `mixprec.optim.AdamW` keeps int8 moments for a parameter of `shape`
+    sharded on dim 0 over `parts` ranks (FSDP2), as its planner decides: the whole
+    parameter has at least `min_int8_numel` elements and whole blocks, and every
+    shard holds whole blocks (`mixprec.optim.sharding.int8_shards_fit`); otherwise
+    it keeps fp32 moments on every rank."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    if numel < min_int8_numel or numel % block_size:
+        return False
+    scale_shape = moment_format("int8", block_size=block_size).scale_shape(shape)  # type: ignore[attr-defined]
+    return int8_shards_fit(shape, block_size, scale_shape, parts)

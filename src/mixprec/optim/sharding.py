@@ -21,8 +21,10 @@ from __future__ import annotations
 import torch
 
 __all__ = [
+    "dim0_rows",
     "global_flat_offset",
     "int8_blocks_fit",
+    "int8_shards_fit",
     "is_dtensor",
     "local",
     "shard_like",
@@ -91,6 +93,32 @@ def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
     return [(min(i * step, n), max(0, min(step, n - i * step))) for i in range(parts)]
 
 
+def dim0_rows(rows: int, parts: int) -> list[int]:
+    """Rows each of `parts` ranks holds when dim 0 of `rows` rows is sharded as DTensor's
+    ``Shard(0)`` and FSDP2 do (``torch.chunk``: ``ceil(rows / parts)`` rows on the first
+    ranks, fewer or none on the last). Rank 0 always holds the most."""
+    return [size for _, size in _chunks(rows, parts)]
+
+
+def int8_shards_fit(
+    shape: tuple[int, ...], block_size: int, scale_shape: tuple[int, ...], parts: int
+) -> bool:
+    """Whether every one of `parts` dim-0 shards of a tensor of `shape` holds whole
+    int8 blocks (`int8_blocks_fit` for a DTensor sharded on dim 0 over one mesh dim)."""
+    if len(scale_shape) == 2 or parts == 1 or not shape:
+        return True
+    numel = 1
+    for size in shape:
+        numel *= size
+    row = numel // shape[0] if shape[0] else 0
+    rows = _chunks(shape[0], parts)
+    blocks = _chunks(scale_shape[0], parts)
+    return all(
+        r0 * row == b0 * block_size and rn * row == bn * block_size
+        for (r0, rn), (b0, bn) in zip(rows, blocks, strict=True)
+    )
+
+
 def int8_blocks_fit(param: torch.Tensor, block_size: int, scale_shape: tuple[int, ...]) -> bool:
     """Whether every shard of DTensor `param` holds whole int8 blocks (true for plain params).
 
@@ -112,14 +140,7 @@ def int8_blocks_fit(param: torch.Tensor, block_size: int, scale_shape: tuple[int
         return True
     if len(sharded) > 1:
         return False
-    parts = mesh.size(sharded[0])
-    row = param.numel() // param.shape[0] if param.shape[0] else 0
-    rows = _chunks(param.shape[0], parts)
-    blocks = _chunks(scale_shape[0], parts)
-    return all(
-        r0 * row == b0 * block_size and rn * row == bn * block_size
-        for (r0, rn), (b0, bn) in zip(rows, blocks, strict=True)
-    )
+    return int8_shards_fit(tuple(param.shape), block_size, scale_shape, mesh.size(sharded[0]))
 
 
 def shard_like(state: torch.Tensor, param: torch.Tensor, shape: torch.Size) -> torch.Tensor:

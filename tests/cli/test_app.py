@@ -19,6 +19,7 @@ PINNED: dict[str, set[str]] = {
     "budget": {
         "--params",
         "--config",
+        "--model",
         "--policy",
         "--world-size",
         "--sharding",

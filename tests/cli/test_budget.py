@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from mixprec.cli import main
 from mixprec.policy import PRESET_NAMES
@@ -103,3 +104,18 @@ def test_budget_zero_activations_say_how_to_get_a_figure(
     argv = ["budget", "--params", "7B", "--policy", "bf16_master", "--activations", "1e9"]
     assert main(argv) == 0
     assert _rows(capsys.readouterr().out)["activations"][0] == f"{2e9 / GiB:.2f}"
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor")
+def test_budget_model_is_built_on_meta_and_bad_specs_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # torch.nn.Transformer() has 44M parameters: built on the meta device, no memory used.
+    argv = ["budget", "--model", "torch.nn:Transformer", "--policy", "bf16_master", "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    with torch.device("meta"):
+        assert d["params"] == sum(p.numel() for p in torch.nn.Transformer().parameters())
+    for spec in ("nocolon", "no_such_module_xyz:f", "json:no_such_function", "json:dumps"):
+        assert main(["budget", "--model", spec]) == 2, spec
+    assert main(["budget", "--model", "torch.nn:Linear", "--params", "7B"]) == 2

@@ -16,6 +16,12 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("budget", help="memory and communication by component for a policy")
     p.add_argument("--params", default=None, help="parameter count (7e9, 7B, 350M)")
     p.add_argument("--config", default=None, help="a transformers-style config (JSON or YAML)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="MODULE:FUNCTION returning an nn.Module, built on the meta device (exact per "
+        "tensor, no memory used)",
+    )
     p.add_argument("--policy", default="all", help="a preset, comma-separated presets, or all")
     p.add_argument("--world-size", type=int, default=1, help="number of ranks")
     p.add_argument(
@@ -61,8 +67,11 @@ def run(args: argparse.Namespace) -> int:
     from mixprec.memory import TransformerShape, estimate
     from mixprec.policy import PRESET_NAMES
 
-    if (args.params is None) == (args.config is None):
-        raise UsageError("mixprec budget: give exactly one of --params N or --config FILE")
+    if sum(x is not None for x in (args.params, args.config, args.model)) != 1:
+        raise UsageError(
+            "mixprec budget: give exactly one of --params N, --config FILE or "
+            "--model MODULE:FUNCTION"
+        )
     if args.world_size < 1:
         raise UsageError(f"mixprec budget: --world-size must be >= 1, got {args.world_size}")
     if args.config is None and (args.seq_len is not None or args.micro_batch is not None):
@@ -97,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
                 f"mixprec budget: {args.config} describes {total:.3g} parameters, more than "
                 f"{_MAX_COUNT:.0e}: check its sizes"
             )
+    elif args.model is not None:
+        source = _load_model(args.model)
     else:
         source = parse_count(args.params)
     activations = parse_count(args.activations) if args.activations else None
@@ -119,6 +130,38 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(_budget_table(results, args.world_size))
     return 0
+
+
+def _load_model(spec: str) -> Any:
+    """``MODULE:FUNCTION`` -> the module it returns, built on the meta device."""
+    import importlib
+
+    import torch
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"mixprec budget: --model needs MODULE:FUNCTION, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is None or not (
+            module_name == error.name or module_name.startswith(error.name + ".")
+        ):
+            raise  # a missing import inside the user's module is their bug
+        raise UsageError(
+            f"mixprec budget: --model {spec!r}: cannot import {module_name!r}; is it on "
+            "sys.path (PYTHONPATH)?"
+        ) from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UsageError(f"mixprec budget: --model {spec!r}: {module_name} has no function {attr}")
+    with torch.device("meta"):  # shapes only: a 70B model costs no memory here
+        model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(
+            f"mixprec budget: --model {spec!r} returned {type(model).__name__}, not an nn.Module"
+        )
+    return model
 
 
 def _gib(n: float) -> str:

@@ -27,17 +27,21 @@ HERE = Path(__file__).resolve().parent
 TINY = ["--workload", "digits", "--size", "tiny"]
 
 
-def _cli(*args: str, **env: str) -> subprocess.Popen[str]:
-    """`python -m mixprec ARGS` in a new process (this checkout's source first, and this
-    folder for `signal_workload`), with `env` added to the environment."""
+def _env(**extra: str) -> dict[str, str]:
+    """This environment with this checkout's source first on the path (and this folder,
+    for `signal_workload`), and `extra` added."""
     path = os.pathsep.join([SRC, str(HERE), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, **env}
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def _cli(*args: str, **env: str) -> subprocess.Popen[str]:
+    """`python -m mixprec ARGS` in a new process (see `_env`)."""
     return subprocess.Popen(
         [sys.executable, "-m", "mixprec", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=_env(**env),
     )
 
 

@@ -66,6 +66,20 @@ def add_parser(sub: Any) -> None:
         "the newest that verifies (latest-valid)",
     )
     p.add_argument("--device", default="cpu", help="device to train on (default cpu)")
+    p.add_argument(
+        "--nproc",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="train data-parallel on N local processes (gloo on CPUs, NCCL on GPUs); under "
+        "torchrun, leave it out: the ranks torchrun started are used",
+    )
+    p.add_argument(
+        "--strategy",
+        choices=("fsdp2", "ddp"),
+        default="fsdp2",
+        help="how several ranks share the model: fsdp2 (sharded, the default) or ddp",
+    )
     p.add_argument("--json", action="store_true", help="no progress; print train.json to stdout")
     p.set_defaults(handler=run)
 
@@ -137,12 +151,55 @@ def _resume_hint(args: argparse.Namespace) -> str:
         words += ["--workload", args.workload]
     if args.device != "cpu":  # not part of the recipe
         words += ["--device", args.device]
+    from mixprec.distributed import world_size
+
+    if world_size() > 1:  # nor is how the ranks share the work
+        words += ["--nproc", str(world_size()), "--strategy", args.strategy]
     return shlex.join([*words, "--out", str(args.out), "--resume"])
 
 
+def _child_argv(args: argparse.Namespace) -> list[str]:
+    """The ``mixprec train`` arguments each rank of ``--nproc`` runs (all but --nproc)."""
+    words = ["train"]
+    for flag in ("config", "workload", "size", "policy", "policy_from", "steps", "seed"):
+        words += _flag(flag, getattr(args, flag))
+    for flag in ("out", "save_every", "eval_every", "stop_after", "device", "strategy"):
+        words += _flag(flag, getattr(args, flag))
+    if args.resume is not None:
+        words += ["--resume", args.resume]
+    if args.json:
+        words.append("--json")
+    return words
+
+
+def _flag(name: str, value: Any) -> list[str]:
+    return [] if value is None else ["--" + name.replace("_", "-"), str(value)]
+
+
 def run(args: argparse.Namespace) -> int:
-    """Train (or resume) the run the flags describe; 130/143 when stopped by Ctrl-C/SIGTERM."""
+    """Train (or resume) the run the flags describe; 130/143 when stopped by Ctrl-C/SIGTERM.
+
+    With ``--nproc N`` (not under torchrun) the command runs on N local ranks
+    (`mixprec.distributed.spawn`); each rank joins the process group its environment
+    describes (`mixprec.distributed.process_group`).
+    """
+    from mixprec.distributed.launch import launched_world_size, process_group, spawn
+
+    launched = launched_world_size()
+    if args.nproc is not None and launched == 1 and args.nproc > 1:
+        return spawn(_child_argv(args), args.nproc)
+    if args.nproc is not None and launched > 1 and args.nproc != launched:
+        raise ValueError(
+            f"--nproc {args.nproc} differs from the {launched} ranks torchrun started; leave "
+            "--nproc out under torchrun"
+        )
+    with process_group(args.device) as device:
+        return _train(args, device)
+
+
+def _train(args: argparse.Namespace, device: str) -> int:
     from mixprec.checkpoint import CheckpointError
+    from mixprec.distributed import rank
     from mixprec.experiment.recipe import Recipe
     from mixprec.experiment.training import train
 
@@ -156,10 +213,11 @@ def run(args: argparse.Namespace) -> int:
                 args.out,
                 resume=args.resume,
                 stop_after=args.stop_after,
-                device=args.device,
+                device=device,
                 allow_import=allow_import,
                 stream=None if args.json else sys.stderr,
                 should_stop=lambda: INTERRUPTED.is_set() or TERMINATED.is_set(),
+                strategy=args.strategy,
             )
         except CheckpointError as exc:  # the library's spelling of the option, as a flag
             raise CheckpointError(
@@ -171,19 +229,25 @@ def run(args: argparse.Namespace) -> int:
             why, code = "Ctrl-C", EXIT_INTERRUPTED
         elif TERMINATED.is_set():
             why, code = "SIGTERM", EXIT_TERMINATED
+        elif args.stop_after is None:  # every rank stops when any rank is asked to
+            why, code = "a stop request on another rank", EXIT_TERMINATED
         else:
             why, code = f"--stop-after {args.stop_after}", EXIT_OK
         if result.checkpoint is None:
             where = "no checkpoint saved (no step was taken)"
         else:
             where = f"checkpoint {result.checkpoint}; resume with: {_resume_hint(args)}"
-        print(
-            f"mixprec train: stopped ({why}) after step {result.step} of {result.steps}; {where}",
-            file=sys.stderr,
-        )
+        if rank() == 0:
+            print(
+                f"mixprec train: stopped ({why}) after step {result.step} of {result.steps}; "
+                f"{where}",
+                file=sys.stderr,
+            )
     else:
         INTERRUPTED.clear()  # a stop request that came during the last step: it finished
         code = EXIT_OK
+    if rank() != 0:  # rank 0 reports
+        return code
     if args.json:
         emit_json(summary)
     elif result.finished:

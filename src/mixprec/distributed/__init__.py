@@ -9,7 +9,10 @@
   that reduces in the policy's ``reduce_dtype`` (`reduce_in_dtype`) on gloo and
   NCCL alike.
 
-Both set the policy's storage first (what `Precision.prepare` does), so
+`spawn` and `process_group` run a command on several local ranks (what
+``mixprec train --nproc N`` does) or join the group ``torchrun`` describes.
+
+Both wrappers set the policy's storage first (what `Precision.prepare` does), so
 ``prec.prepare`` may be called before or after them. The step decision, the loss
 scaler and the telemetry of `Precision` already agree across ranks (every
 skip is decided on every rank together).
@@ -25,12 +28,17 @@ Example (under ``torchrun --nproc-per-node 2``)::
 
 from mixprec.distributed.data_parallel import ReduceHookState, ddp, reduce_in_dtype
 from mixprec.distributed.fsdp import block_modules, mixed_precision_policy, shard
+from mixprec.distributed.launch import process_group, rank, spawn, world_size
 
 __all__ = [
     "ReduceHookState",
     "block_modules",
     "ddp",
     "mixed_precision_policy",
+    "process_group",
+    "rank",
     "reduce_in_dtype",
     "shard",
+    "spawn",
+    "world_size",
 ]

@@ -101,10 +101,15 @@ def _frozen_fraction(model: nn.Module, initial: dict[str, torch.Tensor]) -> dict
 
 
 def doctor_for(
-    prec: Precision, model: nn.Module, optimizer: torch.optim.Optimizer, every: int
+    prec: Precision,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    every: int,
+    *,
+    probe: bool = True,
 ) -> tuple[list[dict[str, Any]], Any]:
-    """Static findings and an attached runtime probe, when the doctor is available
-    (also `mixprec train`'s: both runs are observed alike)."""
+    """Static findings and an attached runtime probe (None without `probe`), when the
+    doctor is available (also `mixprec train`'s: both runs are observed alike)."""
     try:
         from mixprec import doctor
     except ImportError:  # the doctor is optional for the runner
@@ -115,9 +120,11 @@ def doctor_for(
             policy=prec.policy, model=model, optimizer=optimizer, device=prec.device
         )
     ]
-    probe = doctor.Probe(every=every)
-    probe.attach(prec, model)
-    return static, probe
+    if not probe:
+        return static, None
+    attached = doctor.Probe(every=every)
+    attached.attach(prec, model)
+    return static, attached
 
 
 def predicted_bytes(

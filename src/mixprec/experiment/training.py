@@ -19,10 +19,20 @@ The output folder holds::
 A stop request (`should_stop`, polled between steps: the command line's Ctrl-C
 and SIGTERM) or `stop_after` ends the run after the step in progress, with a
 checkpoint. Resuming from it gives bitwise the run that was never stopped.
+
+Under a process group of several ranks (``torchrun``, or ``mixprec train --nproc``)
+the run is data-parallel: the model is wrapped by `mixprec.distributed.shard`
+(FSDP2, the default) or `mixprec.distributed.ddp`, each rank trains on its
+contiguous share of step ``k``'s global batch (the batch size must divide by the
+number of ranks), the logged loss is the mean over ranks, a stop request on any
+rank stops every rank after the same step, checkpoints are collective, and rank 0
+alone writes the folder's files and shows progress. The runtime probe watches
+one-process runs only; the doctor's static checks run on every rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -34,6 +44,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
+from mixprec import distributed
 from mixprec.device import resolve_device
 from mixprec.engine import Precision
 from mixprec.errors import PerformanceWarning, PrecisionWarning
@@ -56,6 +67,7 @@ __all__ = [
     "CHECKPOINTS",
     "METRICS_FILE",
     "RECIPE_FILE",
+    "STRATEGIES",
     "SUMMARY_FILE",
     "TrainResult",
     "stored_recipe",
@@ -67,6 +79,8 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "train.json"
 CHECKPOINTS = "checkpoints"
 EXPORT = "export"
+#: How a run of several ranks is wrapped (the first is the default).
+STRATEGIES = ("fsdp2", "ddp")
 
 #: Policy fields that only describe it (a checkpoint of another name but the same
 #: fields resumes).
@@ -120,6 +134,7 @@ def train(
     allow_import: bool = False,
     stream: TextIO | None = sys.stderr,
     should_stop: Callable[[], bool] | None = None,
+    strategy: str = "fsdp2",
 ) -> TrainResult:
     """Train `recipe` into the folder `out`, or go on with the run there.
 
@@ -135,7 +150,10 @@ def train(
         workload: the workload object; default: loaded from ``recipe.workload``.
         allow_import: ``recipe.workload`` may be a ``module:function`` (command line only).
         stream: where the progress bar and the doctor's findings go (None: silent).
-        should_stop: polled before every step; True stops there as `stop_after` does.
+        should_stop: polled before every step; True stops there as `stop_after` does
+            (on any rank: every rank stops after the same step).
+        strategy: under a process group of several ranks, ``"fsdp2"`` or ``"ddp"``
+            (see the module docs).
 
     Returns:
         The `TrainResult`; ``train.json`` holds its summary.
@@ -156,18 +174,29 @@ def train(
         isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1
     ):
         raise ValueError(f"stop_after must be an int >= 1 (steps) or None, got {stop_after!r}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     device = str(resolve_device(device))
     if workload is None:
         workload = load_workload(
             recipe.workload, allow_import=allow_import, **workload_options(recipe)
         )
     settings = settings_for(recipe, workload)
+    world = distributed.world_size()
+    if settings.train.batch_size % world:
+        raise ValueError(
+            f"batch_size {settings.train.batch_size} does not divide among {world} ranks; "
+            f"choose a batch size that is a multiple of {world} (each rank takes an equal share)"
+        )
+    if distributed.rank() != 0:
+        stream = None  # rank 0 shows progress
     out = Path(out)
     if resume is not None and not out.is_dir():
         raise ValueError(f"nothing to resume: {out} does not exist; start without --resume")
     check_out_dir(out)
-    with exclusive(out, "train"):
-        run = _Run(recipe, workload, settings, out, device=device, stream=stream)
+    lock = exclusive(out, "train") if distributed.rank() == 0 else contextlib.nullcontext()
+    with lock:
+        run = _Run(recipe, workload, settings, out, device=device, stream=stream, strategy=strategy)
         return run.run(resume=resume, stop_after=stop_after, should_stop=should_stop)
 
 
@@ -186,6 +215,7 @@ class _Run:
         *,
         device: str,
         stream: TextIO | None,
+        strategy: str,
     ) -> None:
         self.recipe = recipe
         self.workload = workload
@@ -195,11 +225,17 @@ class _Run:
         self.stream = stream
         self.root = out / CHECKPOINTS
         t = settings.train
+        self.world, self.rank = distributed.world_size(), distributed.rank()
+        self.strategy = strategy if self.world > 1 else None
         self.prec = Precision(recipe.policy, device=device)
         self.model = workload.make_model(recipe.seed).to(device)
         with warnings.catch_warnings():  # the doctor reports these as findings
             warnings.simplefilter("ignore", PerformanceWarning)
             warnings.simplefilter("ignore", PrecisionWarning)
+            if self.strategy == "fsdp2":
+                self.model = distributed.shard(self.model, self.prec.policy)
+            elif self.strategy == "ddp":
+                self.model = distributed.ddp(self.model, self.prec.policy)
             self.prec.prepare(self.model)
             # The seed of stochastic rounding (bf16_sr) comes from the recipe, not from
             # torch's default generator: a new process repeats the run.
@@ -314,12 +350,21 @@ class _Run:
         first_batch = self._batch(0)
         # Before the probe hooks anything and before a checkpoint restores the RNGs
         # (the estimate runs a fake-tensor forward).
-        predicted = predicted_bytes(
-            self.workload, self.model, self.prec.policy, first_batch, self.device
+        predicted = (  # one rank's share under a wrapper: `mixprec budget --world-size`
+            predicted_bytes(self.workload, self.model, self.prec.policy, first_batch, self.device)
+            if self.world == 1
+            else {}
         )
         start = self._start(resume)
-        write_json_atomic(self.out / RECIPE_FILE, self.recipe.to_dict())
-        static, probe = doctor_for(self.prec, self.model, self.optimizer, self.settings.probe_every)
+        if self.rank == 0:
+            write_json_atomic(self.out / RECIPE_FILE, self.recipe.to_dict())
+        static, probe = doctor_for(
+            self.prec,
+            self.model,
+            self.optimizer,
+            self.settings.probe_every,
+            probe=self.world == 1,
+        )
         if self.stream is not None:
             print(self._header(start), file=self.stream)
             for finding in static:
@@ -328,11 +373,17 @@ class _Run:
         self.began = time.perf_counter()
         progress = _Progress(self.stream, start=start, total=total)
         try:
-            with MetricsLog(self.out / METRICS_FILE, keep_through=start) as metrics:
+            log = (
+                MetricsLog(self.out / METRICS_FILE, keep_through=start)
+                if self.rank == 0
+                else contextlib.nullcontext(_NoMetrics())
+            )
+            with log as metrics:
                 for step in range(start, total):
-                    if (should_stop is not None and should_stop()) or (
+                    stop = (should_stop is not None and should_stop()) or (
                         stop_after is not None and step - start >= stop_after
-                    ):
+                    )
+                    if self._on_any_rank(stop):
                         break
                     line = self._step(step, first_batch if step == 0 else self._batch(step))
                     metrics.write(line)
@@ -370,7 +421,8 @@ class _Run:
                 findings=findings,
             )
         )
-        write_json_atomic(self.out / SUMMARY_FILE, summary)
+        if self.rank == 0:
+            write_json_atomic(self.out / SUMMARY_FILE, summary)
         return TrainResult(
             out=self.out,
             step=self.done,
@@ -380,11 +432,30 @@ class _Run:
             summary=summary,
         )
 
+    def _on_any_rank(self, flag: bool) -> bool:
+        """Whether `flag` is set on any rank (every rank then acts alike)."""
+        if self.world == 1:
+            return flag
+        t = torch.tensor([float(flag)], device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return bool(t.item())
+
     def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step `step`'s batch: the global one, or this rank's contiguous share of it."""
         t = self.settings.train
-        return self.workload.train_batch(
+        x, y = self.workload.train_batch(
             step=step, seed=self.recipe.seed, batch_size=t.batch_size, device=self.device
         )
+        if self.world == 1:
+            return x, y
+        return x.chunk(self.world)[self.rank], y.chunk(self.world)[self.rank]
+
+    def _mean_over_ranks(self, loss: torch.Tensor) -> float:
+        if self.world == 1:
+            return float(loss)
+        t = loss.detach().float().reshape(1) / self.world
+        torch.distributed.all_reduce(t)
+        return float(t)
 
     def _step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
         """Train step `step` (0-based) and return its metrics line."""
@@ -397,7 +468,7 @@ class _Run:
         loss, report = training_step(self.workload, self.prec, self.model, self.optimizer, x, y, t)
         line: dict[str, Any] = {
             "step": step + 1,
-            "loss": float(loss),
+            "loss": self._mean_over_ranks(loss),
             "lr": lr,
             "loss_scale": report.scale,
             "skipped": report.skipped,
@@ -415,7 +486,7 @@ class _Run:
         line["elapsed_s"] = round(self.elapsed(), 3)
         return line
 
-    def _save(self, metrics: MetricsLog) -> None:
+    def _save(self, metrics: MetricsLog | _NoMetrics) -> None:
         """A checkpoint after the last step done (the metrics file is synced first)."""
         from mixprec.checkpoint import save
 
@@ -478,6 +549,8 @@ class _Run:
             "loss_scale": self.prec.stats.loss_scale,
             "wall_time_s": self.elapsed(),
             "steps_per_s": self.timed / self.step_time if self.step_time else None,
+            "world_size": self.world,
+            "strategy": self.strategy,
             "checkpoint": None
             if info is None
             else {
@@ -491,6 +564,16 @@ class _Run:
             "doctor": findings,
             "effective": self.prec.describe(),
         }
+
+
+class _NoMetrics:
+    """The metrics file of ranks other than 0: rank 0 writes it."""
+
+    def write(self, line: Mapping[str, Any]) -> None:
+        return None
+
+    def sync(self) -> None:
+        return None
 
 
 def _final(step: int, result: EvalResult) -> dict[str, Any]:

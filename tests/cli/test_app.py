@@ -60,6 +60,8 @@ PINNED: dict[str, set[str]] = {
         "--stop-after",
         "--resume",
         "--device",
+        "--nproc",
+        "--strategy",
         "--json",
     },
     "report": {"--json"},

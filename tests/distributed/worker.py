@@ -246,6 +246,36 @@ def skips() -> dict[str, Any]:
     return out
 
 
+# ------------------------------------------------------------------ doctor
+
+
+def _findings(policy: mixprec.Policy | str, model: nn.Module) -> list[dict[str, Any]]:
+    import mixprec.doctor
+
+    return [f.to_dict() for f in mixprec.doctor.check(policy=policy, model=model)]
+
+
+@scenario
+def doctor() -> dict[str, Any]:
+    """What `mixprec.doctor.check` reads from live FSDP2 and DDP wrappers."""
+    bf16_reduce = mixprec.policy("bf16_master").replace(reduce_dtype=torch.bfloat16)
+
+    def prepared(name: str) -> nn.Module:
+        return mixprec.Precision(name).prepare(cases.make_model())
+
+    return {
+        "shard bf16_master": _findings("bf16_master", shard(cases.make_model(), "bf16_master")),
+        "shard bf16 reduce": _findings(bf16_reduce, shard(cases.make_model(), bf16_reduce)),
+        "raw fully_shard amp_bf16": _findings(
+            mixprec.Precision("amp_bf16"), _raw_fully_shard(prepared("amp_bf16"))
+        ),
+        "raw ddp bf16_master": _findings(
+            "bf16_master", nn.parallel.DistributedDataParallel(prepared("bf16_master"))
+        ),
+        "numel": sum(p.numel() for p in cases.make_model().parameters()),
+    }
+
+
 def main() -> None:
     out, names = Path(sys.argv[1]), sys.argv[2:]
     torch.set_num_threads(1)

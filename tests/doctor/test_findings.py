@@ -12,6 +12,7 @@ PINNED_STATIC = (
     "fp16-without-loss-scaling",
     "loss-scaling-unneeded",
     "reduce-dtype-16bit",
+    "fsdp-without-mixed-precision",
     "master-without-16bit-params",
     "format-not-accelerated",
     "norm-in-16bit",

@@ -31,6 +31,9 @@ NEMO_CASES = [
     ("norm-in-16bit.yaml", {"norm-in-16bit"}, "warning"),
     ("fp8-without-scaling.yaml", {"fp8-without-scaling"}, "error"),
 ]
+#: Rules only live objects can trigger (they read what a wrapped model does): tested with
+#: real wrappers in tests/distributed/test_doctor_live.py and fakes in tests/doctor/rules.
+LIVE_ONLY = {"fsdp-without-mixed-precision"}
 # NeMo AutoModel recipes have no loss-scaler key, so loss-scaling-unneeded has no NeMo
 # fixture; format-not-accelerated needs a target device (test below).
 CLEAN = [

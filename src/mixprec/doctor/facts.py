@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 
 from mixprec.device import DeviceCaps
+from mixprec.engine.wrappers import Reduction
 from mixprec.formats import auto_master, master_specs
 
 __all__ = [
@@ -96,8 +97,14 @@ class TrainingFacts:
         loss_scaling: whether the loss is scaled; None if unknown.
         unscaled_acknowledged: fp16 without scaling was explicitly allowed.
         optimizer: the optimizer, None if unknown.
-        reduce_dtype: dtype of cross-rank gradient reduction, None if unknown.
+        reduce_dtype: dtype of cross-rank gradient reduction, None if unknown (a
+            wrapped live model: the 16-bit dtype if any group reduces in one).
         reduce_note: how `reduce_dtype` was decided when it was not stated.
+        policy_reduce_dtype: the reduce dtype the policy asks for, when a wrapped
+            live model's `reductions` decide `reduce_dtype`; else None.
+        reductions: what a live model's data-parallel wrappers do, per FSDP2 group
+            or DDP gradient dtype (`mixprec.engine.wrappers.reductions`); empty for
+            configs and unwrapped models.
         norms_fp32: whether norm layers keep fp32 storage/compute; None if unknown
             or not applicable.
         norm_detail: names of norm modules/parameters found in 16 bits.
@@ -121,6 +128,8 @@ class TrainingFacts:
     optimizer: OptimizerFacts | None = None
     reduce_dtype: torch.dtype | None = None
     reduce_note: str = ""
+    policy_reduce_dtype: torch.dtype | None = None
+    reductions: tuple[Reduction, ...] = ()
     norms_fp32: bool | None = None
     norm_detail: tuple[str, ...] = ()
     loss_fp32: bool | None = None

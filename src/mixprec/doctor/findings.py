@@ -71,6 +71,11 @@ _RULE_LIST: tuple[RuleInfo, ...] = (
         summary="gradients reduced across ranks in bf16/fp16",
     ),
     RuleInfo(
+        id="fsdp-without-mixed-precision",
+        kind="static",
+        summary="FSDP2 groups all-gathering fp32 parameters under a 16-bit compute policy",
+    ),
+    RuleInfo(
         id="master-without-16bit-params",
         kind="static",
         summary="a master representation requested for fp32 parameters",

@@ -1,8 +1,10 @@
 """The doctor on live objects: a policy, a model, an optimizer, a scaler, a device.
 
 `check` reads what the objects really hold (parameter dtypes, each optimizer
-group's master and moment format, whether the scaler is enabled) into
-`TrainingFacts` and runs the static rules on them. Any subset of the objects
+group's master and moment format, whether the scaler is enabled, and for a model
+wrapped by FSDP2 or DDP what its wrappers communicate, from
+`mixprec.engine.wrappers.reductions`) into `TrainingFacts` and runs the static
+rules on them. Any subset of the objects
 may be given; rules whose facts are missing stay silent.
 """
 
@@ -25,6 +27,8 @@ from mixprec.doctor.findings import Finding, sort_findings
 from mixprec.doctor.frontends.frontend import DeviceArg, resolve_device
 from mixprec.doctor.rules import run_static_rules
 from mixprec.dtypes import dtype_name, is_16bit, is_fp8
+from mixprec.engine import Precision
+from mixprec.engine.wrappers import Reduction, reductions
 from mixprec.islands import is_norm_layer
 from mixprec.policy import Policy, policy
 
@@ -176,9 +180,35 @@ def optimizer_facts(optimizer: torch.optim.Optimizer) -> OptimizerFacts:
     return OptimizerFacts(name=name, adam_like=adam_like, groups=tuple(groups), note=note)
 
 
+def _wrapper_facts(found: list[Reduction]) -> tuple[torch.dtype | None, str, str]:
+    """The reduce dtype a wrapped model really uses (a 16-bit one if any group with
+    gradients reduces in one), how it was read, and where."""
+    live = [r for r in found if r.numel and r.reduce_dtype is not None]
+    half = [r for r in live if r.reduce_dtype is not None and is_16bit(r.reduce_dtype)]
+    chosen = half or live
+    dtype = chosen[0].reduce_dtype if chosen else None
+    if found[0].wrapper == "ddp":
+        hooked = all(r.mixed_precision_policy for r in found)
+        where = "model: DistributedDataParallel" + (
+            " (mixprec's reduction hook)" if hooked else " (no mixprec reduction hook)"
+        )
+        note = "read from the DDP module: " + (
+            "mixprec's hook reduces in the dtype it records"
+            if hooked
+            else "without a hook DDP reduces gradients in their own dtype"
+        )
+        return dtype, note, where
+    first = chosen[0] if chosen else found[0]
+    name = "root" if first.module == "" else repr(first.module)
+    note = f"read from the model's {len(found)} fully_shard groups' MixedPrecisionPolicy" + (
+        f" ({len(half)} reduce in {dtype_name(dtype)})" if half else ""
+    )
+    return dtype, note, f"model: fully_shard group {name}"
+
+
 def facts_from_objects(
     *,
-    policy: Policy | str | None = None,
+    policy: Policy | str | Precision | None = None,
     model: nn.Module | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     scaler: torch.amp.GradScaler | None = None,
@@ -283,7 +313,17 @@ def facts_from_objects(
         if fp8_params:
             where["fp8"] = fp8_params[0]
 
-    if pol is not None:
+    reduce_dtype = pol.reduce_dtype if pol else None
+    reduce_note = ""
+    found = reductions(model) if model is not None else []
+    if found:
+        reduce_dtype, reduce_note, where["reduce_dtype"] = _wrapper_facts(found)
+        where["wrappers"] = where["reduce_dtype"]
+        plain = [r for r in found if r.wrapper == "fsdp2" and not r.mixed_precision_policy]
+        if plain:
+            name = "root" if plain[0].module == "" else repr(plain[0].module)
+            where["wrappers"] = f"model: fully_shard group {name} (default MixedPrecisionPolicy)"
+    elif pol is not None:
         where["reduce_dtype"] = f"policy {pol.name!r}"
     if caps is not None:
         where["device"] = f"device {caps.name}"
@@ -295,7 +335,10 @@ def facts_from_objects(
         loss_scaling=loss_scaling,
         unscaled_acknowledged=bool(pol and pol.allow_unscaled),
         optimizer=opt_facts,
-        reduce_dtype=pol.reduce_dtype if pol else None,
+        reduce_dtype=reduce_dtype,
+        reduce_note=reduce_note,
+        policy_reduce_dtype=pol.reduce_dtype if pol is not None and found else None,
+        reductions=tuple(found),
         norms_fp32=norms_fp32,
         norm_detail=tuple(norm_detail),
         fp8_enabled=bool(fp8_params),
@@ -310,7 +353,9 @@ def facts_from_objects(
     )
 
 
-def _resolve_policy(value: Policy | str, device: DeviceArg) -> Policy:
+def _resolve_policy(value: Policy | str | Precision, device: DeviceArg) -> Policy:
+    if isinstance(value, Precision):
+        return value.policy
     if isinstance(value, Policy):
         return value
     if isinstance(device, torch.device | str):
@@ -320,7 +365,7 @@ def _resolve_policy(value: Policy | str, device: DeviceArg) -> Policy:
 
 def check(
     *,
-    policy: Policy | str | None = None,
+    policy: Policy | str | Precision | None = None,
     model: nn.Module | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     scaler: torch.amp.GradScaler | None = None,
@@ -331,11 +376,13 @@ def check(
     """Check live training objects before a run; any subset may be given.
 
     Args:
-        policy: the `Policy` (or preset name) the run uses: compute dtype, loss
-            scaling, reduce dtype; without an `optimizer`, also the master and
-            moments of the `mixprec.optim.AdamW` it implies.
+        policy: the `Policy` (a preset name, or a `Precision`'s) the run uses:
+            compute dtype, loss scaling, reduce dtype; without an `optimizer`, also
+            the master and moments of the `mixprec.optim.AdamW` it implies.
         model: the model as it will train (after `Precision.prepare`): parameter
-            storage dtypes, norm layers, trainable share.
+            storage dtypes, norm layers, trainable share; wrapped by FSDP2
+            (`fully_shard`) or DDP, what its wrappers really communicate (the
+            reduce dtype then comes from them, not from the policy).
         optimizer: the optimizer: its master and moment format per group.
         scaler: a `torch.amp.GradScaler`; enabled means the loss is scaled.
         device: the device the run targets (judges ``format-not-accelerated``).

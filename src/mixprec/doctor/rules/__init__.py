@@ -18,6 +18,7 @@ from mixprec.doctor.rules.storage import (
     norm_in_16bit,
     optimizer_state_16bit,
 )
+from mixprec.doctor.rules.wrappers import fsdp_without_mixed_precision
 
 __all__ = [
     "MASTER_EXTRA_BYTES",
@@ -26,6 +27,7 @@ __all__ = [
     "format_not_accelerated",
     "fp8_without_scaling",
     "fp16_without_loss_scaling",
+    "fsdp_without_mixed_precision",
     "loss_scaling_unneeded",
     "master_without_16bit_params",
     "norm_in_16bit",

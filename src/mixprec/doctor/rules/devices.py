@@ -12,13 +12,18 @@ from mixprec.doctor.findings import Finding
 from mixprec.doctor.rules.common import (
     dtype_label,
 )
+from mixprec.doctor.rules.wrappers import wrapper_reduce_16bit
 from mixprec.dtypes import format_info, is_16bit
 
 __all__ = ["format_not_accelerated", "reduce_dtype_16bit"]
 
 
 def reduce_dtype_16bit(facts: TrainingFacts) -> list[Finding]:
-    """Gradient reduction across ranks in bf16/fp16."""
+    """Gradient reduction across ranks in bf16/fp16: what a wrapped live model's
+    wrappers do (`facts.reductions`), else what the config or policy says."""
+    if facts.reductions:
+        found = wrapper_reduce_16bit(facts)
+        return [found] if found is not None else []
     if facts.reduce_dtype is None or not is_16bit(facts.reduce_dtype):
         return []
     info = format_info(facts.reduce_dtype)

@@ -17,6 +17,7 @@ from mixprec.doctor.rules.storage import (
     norm_in_16bit,
     optimizer_state_16bit,
 )
+from mixprec.doctor.rules.wrappers import fsdp_without_mixed_precision
 
 __all__ = ["STATIC_RULE_FUNCTIONS", "run_static_rules"]
 
@@ -27,6 +28,7 @@ STATIC_RULE_FUNCTIONS: tuple[Callable[[TrainingFacts], list[Finding]], ...] = (
     fp16_without_loss_scaling,
     loss_scaling_unneeded,
     reduce_dtype_16bit,
+    fsdp_without_mixed_precision,
     master_without_16bit_params,
     format_not_accelerated,
     norm_in_16bit,

@@ -7,10 +7,6 @@ process builds the single-process side of each comparison.
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,6 +15,7 @@ import pytest
 import torch
 
 from mixprec import checkpoint
+from ranks import launch
 
 from . import sharded_cases as cases
 
@@ -31,12 +28,6 @@ WORKER = Path(__file__).with_name("sharded_worker.py")
 #: losses drift apart: by up to 2e-5 (relative) over 3 steps here, against
 #: 0.03-0.3 of change per step.
 LOSS_RTOL = 2e-4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -54,35 +45,10 @@ def _single_checkpoint(root: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    if not torch.distributed.is_available():
-        pytest.skip("torch.distributed is not available")
     out = tmp_path_factory.mktemp("sharded")
     root = out / "checkpoints"
     single_losses = _single_checkpoint(root / "single")
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    env.update(WORLD_SIZE="2", OMP_NUM_THREADS="1")
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(out), str(root)],
-            env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    logs = []
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=180)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("sharded checkpoint worker timed out (a hang)")
-    for proc, log in zip(procs, logs, strict=True):
-        assert proc.returncode == 0, log[-3000:]
+    launch([str(WORKER), str(out), str(root)], timeout=180)
     return {
         "out": out,
         "root": root,

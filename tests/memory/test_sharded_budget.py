@@ -17,19 +17,15 @@ all-gathered parameters, which the estimate does not count as activations.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 import mixprec
 from mixprec.cli import main
 from mixprec.memory import estimate
+from ranks import launch
 
 from . import sharded_model
 
@@ -38,39 +34,10 @@ POLICIES = ("fp32", "bf16_master", "bf16_lean")
 STATE = ("params", "fp32_islands", "grads", "master", "moments")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    if not torch.distributed.is_available():
-        pytest.skip("torch.distributed is not available")
     out = tmp_path_factory.mktemp("sharded_budget") / "ranks.json"
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    env.update(WORLD_SIZE="2", OMP_NUM_THREADS="1")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(out)],
-            env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    logs = []
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("sharded budget worker timed out")
-    for proc, log in zip(procs, logs, strict=True):
-        assert proc.returncode == 0, log[-3000:]
+    launch([str(WORKER), str(out)])
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 

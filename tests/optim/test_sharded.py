@@ -6,54 +6,23 @@ cases on plain tensors and compares the gathered results bit for bit.
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from ranks import launch
 
 from . import sharded_cases as cases
 
 WORKER = Path(__file__).with_name("sharded_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def sharded_results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple, dict]:
-    if not torch.distributed.is_available():
-        pytest.skip("torch.distributed is not available")
     tmp = tmp_path_factory.mktemp("sharded")
     out, ckpt = tmp / "results.pt", tmp / "ckpt"
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    env.update(WORLD_SIZE="2", OMP_NUM_THREADS="1")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(out), str(ckpt)],
-            env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    logs = []
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("sharded worker timed out")
-    for proc, log in zip(procs, logs, strict=True):
-        assert proc.returncode == 0, log[-3000:]
+    launch([str(WORKER), str(out), str(ckpt)])
     return torch.load(out, weights_only=True)  # type: ignore[no-any-return]
 
 

@@ -20,10 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mixprec.distributed.fsdp import policy_of
-from mixprec.engine.plan import resolve_plan
-from mixprec.engine.storage import apply_storage
-from mixprec.engine.wrappers import fsdp_modules, is_ddp, mark_ddp_reduce_dtype
+from mixprec.distributed.fsdp import policy_of, set_storage
+from mixprec.engine.wrappers import mark_ddp_reduce_dtype
 from mixprec.policy import Policy
 
 if TYPE_CHECKING:
@@ -86,21 +84,13 @@ def ddp(
         ValueError: `model` is already wrapped, or the policy sets ``output_dtype``
             (only FSDP2 casts outputs: use `shard`).
     """
-    if is_ddp(model) or fsdp_modules(model):
-        raise ValueError(
-            "ddp() takes an unwrapped model, but this one is already wrapped by "
-            f"{'DistributedDataParallel' if is_ddp(model) else 'fully_shard'}; pass the "
-            "model before wrapping it"
-        )
     pol = policy_of(policy_arg)
     if pol.output_dtype is not None:
         raise ValueError(
             f"policy {pol.name!r} sets output_dtype, which only FSDP2 applies; use "
             "mixprec.distributed.shard(model, policy), or output_dtype=None"
         )
-    plan = resolve_plan(pol)
-    first = next(iter(model.parameters()), None)
-    apply_storage(model, plan, first.device.type if first is not None else "cpu")
+    set_storage(model, pol, wrapper="ddp")
     wrapped = torch.nn.parallel.DistributedDataParallel(
         model, process_group=process_group, **ddp_kwargs
     )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from mixprec.engine.plan import resolve_plan
+from mixprec.engine.plan import PrecisionPlan, resolve_plan
 from mixprec.engine.storage import apply_storage
 from mixprec.engine.wrappers import fsdp_modules, is_ddp
 from mixprec.islands import IslandRule, is_fp32_island
@@ -33,7 +33,14 @@ if TYPE_CHECKING:
 
     from mixprec.engine import Precision
 
-__all__ = ["WrapArg", "block_modules", "mixed_precision_policy", "policy_of", "shard"]
+__all__ = [
+    "WrapArg",
+    "block_modules",
+    "mixed_precision_policy",
+    "policy_of",
+    "set_storage",
+    "shard",
+]
 
 #: Which modules get an FSDP2 group of their own: a predicate on (qualified name,
 #: module), or module classes; None: `block_modules`.
@@ -71,6 +78,25 @@ def mixed_precision_policy(
         output_dtype=pol.output_dtype if root and not island else None,
         cast_forward_inputs=compute is not None,
     )
+
+
+def set_storage(model: nn.Module, pol: Policy, *, wrapper: str) -> PrecisionPlan:
+    """Set `pol`'s storage on an unwrapped `model` before `wrapper` wraps it (as
+    `Precision.prepare` does); returns the plan.
+
+    Raises:
+        ValueError: `model` is already wrapped by FSDP2 or DDP.
+    """
+    if is_ddp(model) or fsdp_modules(model):
+        raise ValueError(
+            f"{wrapper}() takes an unwrapped model, but this one is already wrapped by "
+            f"{'DistributedDataParallel' if is_ddp(model) else 'fully_shard'}; pass the "
+            "model before wrapping it"
+        )
+    plan = resolve_plan(pol)
+    first = next(iter(model.parameters()), None)
+    apply_storage(model, plan, first.device.type if first is not None else "cpu")
+    return plan
 
 
 def block_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -132,16 +158,8 @@ def shard(
     """
     from torch.distributed.fsdp import fully_shard
 
-    if is_ddp(model) or fsdp_modules(model):
-        raise ValueError(
-            "shard() takes an unwrapped model, but this one is already wrapped by "
-            f"{'DistributedDataParallel' if is_ddp(model) else 'fully_shard'}; pass the "
-            "model before wrapping it"
-        )
     pol = policy_of(policy_arg)
-    plan = resolve_plan(pol)
-    first = next(iter(model.parameters()), None)
-    apply_storage(model, plan, first.device.type if first is not None else "cpu")
+    plan = set_storage(model, pol, wrapper="shard")
     rule = IslandRule(plan.islands.entries, active=True)
     islands = {
         id(m): (n, m)

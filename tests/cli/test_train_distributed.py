@@ -59,3 +59,18 @@ def test_two_ranks_stopped_by_sigterm_resume_bitwise_equal_to_a_torchrun_run(
     assert _metrics(stopped) == _metrics(whole)  # every step's loss (mean over ranks), norm
     _assert_bitwise(_final_state(stopped, "bf16_master"), _final_state(whole, "bf16_master"))
     _assert_bitwise(_exported(stopped), _exported(whole))
+
+
+def test_a_batch_that_does_not_divide_among_the_ranks_exits_2_naming_the_multiple(
+    tmp_path: Path,
+) -> None:
+    recipe = tmp_path / "odd.yaml"
+    recipe.write_text("workload: digits\npolicy: bf16_master\nsteps: 4\nbatch_size: 63\n")
+    run = ["train", "--config", str(recipe), "--nproc", "2", "--out", str(tmp_path / "o")]
+    code, _, err = _finish(_cli(*run))
+    assert code == 2
+    lines = sorted(err.strip().splitlines())
+    assert len(lines) == 2 and "Traceback" not in err
+    assert lines[0].startswith("mixprec (rank 1): error: batch_size 63 does not divide")
+    assert lines[1].startswith("mixprec: error: batch_size 63 does not divide among 2 ranks")
+    assert "multiple of 2" in lines[1]

@@ -25,6 +25,7 @@ SCENARIOS = (
     "payload",
     "order",
     "skips",
+    "load_mismatch",
 )
 #: With clipping, FSDP2's global norm sums the shards' squares in another order than
 #: one process does: the clip coefficient moves by ulps. Under fp32 gradients that
@@ -154,3 +155,13 @@ def test_every_rank_skips_the_same_steps_and_reports_the_same(ranks: list) -> No
         assert all(_same(a, b) for a, b in zip(run["reports"], other["reports"], strict=True))
         assert run["reports"][2][1] > 0, key  # the non-finite count, the same everywhere
         assert _bitwise(run["params"], other["params"]), key
+
+
+def test_a_collective_load_called_differently_on_some_rank_is_refused_on_all(
+    ranks: list,
+) -> None:
+    for rank in ranks:
+        found = rank["load_mismatch"]
+        assert "rank(s) [1] differ from rank 0 in resume (rank 0: resume=1)" in found["resume"]
+        assert "differ from rank 0 in optimizer" in found["optimizer"]
+        assert found["same"] == 2

@@ -7,6 +7,8 @@ scenario name (a scenario that raises records its message under ``"error"``).
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import traceback
 from collections.abc import Callable
@@ -274,6 +276,39 @@ def doctor() -> dict[str, Any]:
         ),
         "numel": sum(p.numel() for p in cases.make_model().parameters()),
     }
+
+
+@scenario
+def load_mismatch() -> dict[str, Any]:
+    """Found by review: ranks calling a collective load with other arguments."""
+    import tempfile
+
+    from mixprec import checkpoint
+
+    root = Path(tempfile.gettempdir()) / f"mixprec-load-mismatch-{os.environ['MASTER_PORT']}"
+    prec = mixprec.Precision("bf16_master")
+    model = prec.prepare(shard(cases.make_model(), prec))
+    opt = prec.optimizer(model, lr=1e-3)
+    for step in (1, 2):
+        checkpoint.save(root, model=model, optimizer=opt, precision=prec, step=step)
+    rank = dist.get_rank()
+    out = {
+        "resume": _error(
+            lambda: checkpoint.load(
+                root, model=model, optimizer=opt, precision=prec, resume=1 + rank
+            )
+        ),
+        "optimizer": _error(
+            lambda: checkpoint.load(
+                root, model=model, optimizer=opt if rank == 0 else None, precision=prec
+            )
+        ),
+        "same": checkpoint.load(root, model=model, optimizer=opt, precision=prec)["step"],
+    }
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(root)
+    return out
 
 
 def main() -> None:

@@ -106,3 +106,17 @@ def test_a_group_cannot_ask_for_other_formats_than_the_policy_s() -> None:
         prec.optimizer([{"params": list(model.parameters()), "master": "kahan"}])
     with pytest.raises(ValueError, match=r"group 0 asks for moments='int8'"):
         prec.optimizer([{"params": list(model.parameters()), "moments": "int8"}])
+
+
+def test_a_model_made_only_of_fp32_islands_gets_its_optimizer() -> None:
+    """Found by review: a LayerNorm alone under bf16_master was refused as "built
+    before prepare", although prepare had kept it fp32 by design."""
+    import mixprec
+
+    prec = mixprec.Precision("bf16_master")
+    for model in (torch.nn.LayerNorm(8), torch.nn.Sequential(torch.nn.LayerNorm(8))):
+        model = prec.prepare(model)
+        opt = prec.optimizer(model)
+        assert opt.formats() == [("none", "fp32")] * 2  # fp32 params are their own master
+    with pytest.raises(mixprec.PrecisionError, match=r"before prec\.prepare"):
+        mixprec.Precision("bf16_master").optimizer(torch.nn.Linear(2, 2))  # still caught

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mixprec.distributed.launch import rank, world_size
+
 __all__ = [
     "agree",
     "broadcast",
@@ -32,18 +34,7 @@ __all__ = [
 
 def is_collective() -> bool:
     """Whether a process group is initialised (`save` and `load` are then collective)."""
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized()
-
-
-def rank() -> int:
-    """This process's rank (0 without a process group)."""
-    return torch.distributed.get_rank() if is_collective() else 0
-
-
-def world_size() -> int:
-    """The number of ranks (1 without a process group)."""
-    return torch.distributed.get_world_size() if is_collective() else 1
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def agree(error: str | None) -> str | None:

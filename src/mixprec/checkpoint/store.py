@@ -511,6 +511,22 @@ def _commit(
 _T = TypeVar("_T")
 
 
+def _same_call_on_every_rank(**call: object) -> None:
+    """Refuse, on every rank, a collective `load` called with other arguments on some
+    rank (another ``resume``, an optimizer on one rank only): rank 0 alone resolves
+    the checkpoint, so they would otherwise be ignored."""
+    calls: list[object] = [None] * ranks.world_size()
+    torch.distributed.all_gather_object(calls, call)
+    differing = [r for r, c in enumerate(calls) if c != calls[0]]
+    if differing:
+        keys = sorted(k for k in call if any(c[k] != calls[0][k] for c in calls))  # type: ignore[index]
+        raise CheckpointError(
+            f"load is collective and every rank must call it alike, but rank(s) "
+            f"{differing} differ from rank 0 in {', '.join(keys)} "
+            f"(rank 0: {', '.join(f'{k}={calls[0][k]!r}' for k in keys)})"  # type: ignore[index]
+        )
+
+
 def _together(part: Callable[[], _T]) -> _T:
     """Run this rank's `part`; with a process group, every rank then raises the
     lowest failing rank's error, or all go on (no rank is left waiting in the next
@@ -778,6 +794,13 @@ def load(
     """
     model = ranks.unwrap(model)
     if ranks.is_collective():  # rank 0 verifies every file; the verdict goes to all
+        _same_call_on_every_rank(
+            resume=resume,
+            optimizer=optimizer is not None,
+            precision=precision is not None,
+            convert=convert,
+            restore_rng=restore_rng,
+        )
         found = _together(lambda: str(resolve(directory, resume).path) if ranks.rank() == 0 else "")
         path = Path(ranks.broadcast(found))
     else:

@@ -74,6 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
 
 
+def _prog() -> str:
+    """``mixprec``, or ``mixprec (rank R)`` on a rank other than 0 of a data-parallel
+    run (every rank reports its own error; rank 0's line is unlabelled)."""
+    import os
+
+    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    return "mixprec" if rank == "0" or world == "1" else f"mixprec (rank {rank})"
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (`mixprec.cli.exits`).
 
@@ -103,5 +112,5 @@ def _main(argv: Sequence[str] | None = None) -> int:
             import traceback
 
             traceback.print_exc(file=sys.stderr)
-        print(error_line(exc, debug=debug), file=sys.stderr)
+        print(error_line(exc, prog=_prog(), debug=debug), file=sys.stderr)
         return EXIT_BAD_INPUT

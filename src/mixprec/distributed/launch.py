@@ -12,6 +12,7 @@ on CPUs, NCCL on CUDA devices, one device per local rank.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -35,7 +36,8 @@ def launched_world_size() -> int:
 
 
 def world_size() -> int:
-    """The number of ranks of the initialized process group (1 without one)."""
+    """The number of ranks of the initialized process group (1 without one): the one
+    home of this and `rank` (checkpoints, `mixprec train`)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
@@ -62,9 +64,18 @@ def process_group(device: str) -> Iterator[str]:
         torch.cuda.set_device(local)
         device = f"cuda:{local}"
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    ok = False
     try:
         yield device
+        ok = True
     finally:
+        # The run's wrappers (DDP's reducer, FSDP2's state) sit in reference cycles
+        # that hold the group's pending work and tensors: collected at interpreter
+        # exit, after the group is gone, they can abort the process ("terminate called
+        # without an active exception"). Collect them now, while everything is alive.
+        gc.collect()
+        if ok:
+            dist.barrier()  # every rank reaches teardown before any tears down
         dist.destroy_process_group()
 
 
@@ -98,7 +109,7 @@ def spawn(argv: Sequence[str], nproc: int) -> int:
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        codes = [p.wait() for p in procs]
+        codes = [_exit_code(p.wait()) for p in procs]
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -106,3 +117,9 @@ def spawn(argv: Sequence[str], nproc: int) -> int:
             if p.poll() is None:
                 p.kill()
     return codes[0] if codes[0] != 0 else next((c for c in codes if c != 0), 0)
+
+
+def _exit_code(returncode: int) -> int:
+    """A rank's exit status as a shell reports it: 128 + N for a rank ended by signal N
+    (a second SIGTERM ends the ranks at once: 143, as for one process)."""
+    return 128 - returncode if returncode < 0 else returncode

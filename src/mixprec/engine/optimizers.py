@@ -39,12 +39,20 @@ def refuse_other_formats(plan: PrecisionPlan, asked: dict[str, Any], *, where: s
             )
 
 
-def implied_param_groups(plan: PrecisionPlan, params: ParamsArg) -> list[dict[str, Any]]:
+def implied_param_groups(
+    plan: PrecisionPlan, params: ParamsArg, *, islands: frozenset[int] = frozenset()
+) -> list[dict[str, Any]]:
     """The user's param groups, unchanged but for the plan's master where a group names none.
 
+    Args:
+        plan: the run's plan.
+        params: a model, parameters, or param groups.
+        islands: ids of the parameters of fp32 islands (fp32 by design).
+
     Raises:
-        PrecisionError: the plan stores parameters in 16 bits but none given is (the
-            optimizer is being built before `prepare` cast the model).
+        PrecisionError: the plan stores parameters in 16 bits but every one given that
+            is not an island's is fp32 (the optimizer is being built before `prepare`
+            cast the model).
     """
     raw = list(params.parameters()) if isinstance(params, nn.Module) else list(params)
     if raw and isinstance(raw[0], dict):
@@ -53,10 +61,15 @@ def implied_param_groups(plan: PrecisionPlan, params: ParamsArg) -> list[dict[st
         source = [{"params": raw}]
     for i, group in enumerate(source):
         refuse_other_formats(plan, group, where=f"param group {i}")
-    groups = [
-        {**group, "params": _items(group["params"]), "master": plan.master.name} for group in source
-    ]
+    groups = [{**group, "params": _items(group["params"])} for group in source]
+    for group in groups:
+        members = [t for t in map(_tensor, group["params"]) if t is not None]
+        only_islands = bool(members) and all(id(t) in islands for t in members)
+        # An island's fp32 parameters are their own master; a master asked for a group of
+        # nothing else would be refused by AdamW as "the model was not cast".
+        group["master"] = "none" if only_islands else plan.master.name
     tensors = [t for g in groups for t in map(_tensor, g["params"]) if t is not None]
+    tensors = [t for t in tensors if id(t) not in islands]
     all_fp32 = bool(tensors) and all(t.dtype == torch.float32 for t in tensors)
     if plan.storage_dtype in SIXTEEN_BIT and all_fp32:
         raise PrecisionError(

@@ -68,7 +68,7 @@ from mixprec.engine.stepping import (
 from mixprec.engine.storage import apply_storage
 from mixprec.engine.wrappers import check_wrapped
 from mixprec.errors import PrecisionWarning, user_stacklevel
-from mixprec.islands import island_names
+from mixprec.islands import is_fp32_island, island_names
 from mixprec.optim.sharding import is_dtensor
 from mixprec.policy import Policy, policy
 from mixprec.telemetry import PrecisionStats, StepReport
@@ -226,7 +226,7 @@ class Precision:
         for key in ("master", "moments"):  # the plan's own values, restated
             kwargs.pop(key, None)
         opt = AdamW(
-            implied_param_groups(self.plan, params),
+            implied_param_groups(self.plan, params, islands=self._island_params()),
             lr=lr,
             betas=betas,
             eps=eps,
@@ -236,6 +236,14 @@ class Precision:
         )
         self.register(opt)
         return opt
+
+    def _island_params(self) -> frozenset[int]:
+        model = self._model
+        if model is None:
+            return frozenset()
+        return frozenset(
+            id(p) for m in model.modules() if is_fp32_island(m) for p in m.parameters()
+        )
 
     def check_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """Raise `PrecisionError` if an optimizer cannot honour the plan.

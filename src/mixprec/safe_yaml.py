@@ -184,4 +184,8 @@ def read_yaml_file(path: str | os.PathLike[str]) -> YamlDocument:
         raise ValueError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
         raise ValueError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    if p.suffix.lower() == ".json":
+        # JSON allows tabs as whitespace and forbids them raw inside strings, so every
+        # tab is insignificant; YAML refuses tabs that indent (DeepSpeed's JSON has them).
+        text = text.replace("\t", " ")
     return load_yaml(text, source=str(p))

@@ -14,7 +14,7 @@ from typing import Any
 
 from mixprec.doctor.facts import TrainingFacts
 from mixprec.doctor.findings import Finding, sort_findings
-from mixprec.doctor.frontends import mixprec_yaml, nemo_yaml
+from mixprec.doctor.frontends import deepspeed_json, hf_trainer, mixprec_yaml, nemo_yaml
 from mixprec.doctor.frontends.document import ConfigDoc, read_config
 from mixprec.doctor.frontends.frontend import DeviceArg, FrontEnd, resolve_device
 from mixprec.doctor.rules import run_static_rules
@@ -35,7 +35,12 @@ ConfigFormat = str
 
 #: The registered front ends, in the order `detect_format` asks them (the first
 #: that claims a file reads it). A new format is one module plus one entry here.
-FRONT_ENDS: tuple[FrontEnd, ...] = (mixprec_yaml.FRONT_END, nemo_yaml.FRONT_END)
+FRONT_ENDS: tuple[FrontEnd, ...] = (
+    mixprec_yaml.FRONT_END,
+    nemo_yaml.FRONT_END,
+    deepspeed_json.FRONT_END,
+    hf_trainer.FRONT_END,
+)
 
 #: The accepted values of ``--format``.
 FORMATS: tuple[str, ...] = ("auto", *(fe.name for fe in FRONT_ENDS))

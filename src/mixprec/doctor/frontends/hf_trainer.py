@@ -1,0 +1,246 @@
+"""HF Trainer / TRL / alignment-handbook recipes (YAML or JSON), read into `TrainingFacts`.
+
+A recipe is the flat mapping of ``TrainingArguments`` (plus TRL's ``ModelConfig``
+and script arguments) that ``TrlParser``/``HfArgumentParser`` read. What is read,
+and the semantics relied on (everything else is ignored):
+
+* the load dtype of the model: ``model_init_kwargs.dtype`` (or ``torch_dtype``),
+  else top-level ``dtype``/``torch_dtype``. Unset is float32 (TRL
+  ``trl/trainer/model_config.py``: ``dtype`` defaults to ``"float32"``; the
+  SFT/DPO trainers' ``model_init_kwargs`` too); null is taken as float32 (the
+  default of ``from_pretrained`` before transformers 5, said in the evidence);
+  ``auto`` loads the checkpoint's dtype, commonly bf16, and is taken as bf16.
+* ``bf16``/``fp16``: autocast through Accelerate; ``fp16`` adds a
+  ``GradScaler`` (dynamic loss scaling). Neither: compute in the load dtype.
+* ``optim``: an ``OptimizerNames`` value of transformers' ``training_args.py``
+  (unset: ``adamw_torch``/``adamw_torch_fused``). The torch AdamW family keeps
+  moments in the parameters' dtype and no master; bitsandbytes 8-bit variants
+  keep int8 moments, 32-bit/paged ones fp32 moments, neither a master.
+* ``use_peft``/``peft_config``: only adapters train. PEFT upcasts bf16/fp16
+  adapter weights to fp32 (``autocast_adapter_dtype=True``, PEFT >= 0.12); TRL
+  casts the trainable adapter weights of a quantized model
+  (``load_in_4bit``/``load_in_8bit``) to bf16 (``trl/trainer/sft_trainer.py``).
+* ``deepspeed``: with ``bf16``/``fp16`` on, DeepSpeed's optimizer wrappers keep
+  an fp32 master partition and fp32 moments (lint the DeepSpeed JSON itself with
+  ``--format deepspeed`` for its reduction dtype).
+* ``fsdp``/``fsdp_config``: with mixed precision on, Accelerate upcasts
+  trainable low-precision parameters to fp32 before sharding
+  (``accelerate/accelerator.py`` for FSDP1, ``utils/fsdp_utils.py``
+  ``fsdp2_prepare_model`` for FSDP2; not for 4-bit models).
+* ``max_steps`` (> 0) is the run length; ``num_train_epochs`` gives no step count.
+
+Optimizer names are compared against the tables below; nothing is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mixprec.device import DeviceCaps
+from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
+from mixprec.doctor.frontends.document import ConfigDoc
+from mixprec.doctor.frontends.frontend import FrontEnd
+from mixprec.doctor.frontends.optimizers import config_bool, config_dtype
+from mixprec.dtypes import dtype_name
+
+__all__ = [
+    "DEFAULT_OPTIM",
+    "FRONT_END",
+    "HF_MARKERS",
+    "HF_OPTIMIZERS",
+    "claims_hf",
+    "facts_from_hf",
+]
+
+#: Top-level keys of TrainingArguments / TRL configs that mark a recipe.
+HF_MARKERS: frozenset[str] = frozenset(
+    {
+        "model_name_or_path",
+        "model_init_kwargs",
+        "per_device_train_batch_size",
+        "num_train_epochs",
+        "optim",
+        "use_peft",
+        "peft_config",
+        "output_dir",
+    }
+)
+
+#: transformers' default ``optim`` (``adamw_torch_fused`` on recent torch): torch AdamW.
+DEFAULT_OPTIM = "adamw_torch"
+
+#: ``optim`` name -> (Adam-like, moments: ``"param"`` for the parameters' dtype).
+#: All keep no master of their own.
+HF_OPTIMIZERS: dict[str, tuple[bool, str]] = {
+    **{
+        name: (True, "param")
+        for name in (
+            "adamw_torch",
+            "adamw_torch_fused",
+            "adamw_hf",
+            "adamw_torch_xla",
+            "adamw_torch_npu_fused",
+            "adamw_apex_fused",
+        )
+    },
+    **{
+        name: (True, "int8")
+        for name in ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adamw_torch_8bit")
+    },
+    **{name: (True, "fp32") for name in ("paged_adamw_32bit", "paged_adamw", "adamw_bnb")},
+    "adamw_torch_4bit": (True, "int4"),
+    **{name: (False, "none") for name in ("sgd", "adagrad", "rmsprop")},
+}
+
+_LOAD_DTYPE_KEYS = (
+    "model_init_kwargs.dtype",
+    "model_init_kwargs.torch_dtype",
+    "dtype",
+    "torch_dtype",
+)
+
+
+def _load_dtype(doc: ConfigDoc) -> tuple[torch.dtype, str, str]:
+    """(dtype, how it was decided when not stated, key path)."""
+    key = next((k for k in _LOAD_DTYPE_KEYS if doc.has(k)), "")
+    if not key:
+        return torch.float32, "dtype unset: TRL loads the model in float32 (its default)", ""
+    raw = doc.get(key)
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        note = (
+            f"{key} auto: transformers loads the checkpoint's dtype, commonly bf16; taken as bf16"
+        )
+        return torch.bfloat16, note, key
+    dt = config_dtype(doc, key, raw)
+    if dt is None:
+        note = (
+            f"{key} null: from_pretrained's default, float32 before transformers 5 "
+            "(transformers 5 defaults to 'auto')"
+        )
+        return torch.float32, note, key
+    return dt, "", key
+
+
+def _flag(doc: ConfigDoc, key: str) -> bool:
+    return config_bool(doc, key, doc.get(key), False)
+
+
+def _set(value: Any) -> bool:
+    """Whether a ``deepspeed``/``fsdp`` value turns the feature on."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "false", "no", "none")
+    if isinstance(value, Mapping | list):
+        return bool(value)
+    return value is not None
+
+
+def facts_from_hf(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> TrainingFacts:
+    """Read an HF Trainer / TRL recipe into `TrainingFacts`.
+
+    Raises:
+        ValueError: for values that are not valid (an unknown dtype spelling...).
+    """
+    storage, storage_note, dtype_key = _load_dtype(doc)
+    bf16, fp16 = _flag(doc, "bf16"), _flag(doc, "fp16")
+    quantized = _flag(doc, "load_in_4bit") or _flag(doc, "load_in_8bit")
+    peft_config = doc.get("peft_config")
+    peft = _flag(doc, "use_peft") or (isinstance(peft_config, Mapping) and bool(peft_config))
+    deepspeed = _set(doc.get("deepspeed"))
+    fsdp = _set(doc.get("fsdp")) or _set(doc.get("fsdp_config"))
+    amp = bf16 or fp16
+
+    trainable, how = storage, ""
+    if peft and quantized:
+        trainable = torch.bfloat16
+        how = "TRL casts the trainable adapter weights of a quantized model to bf16"
+    elif peft:
+        trainable = torch.float32
+        how = "PEFT upcasts adapter weights to fp32 (autocast_adapter_dtype=True)"
+    elif fsdp and amp and storage != torch.float32:
+        trainable = torch.float32
+        how = "Accelerate upcasts trainable parameters to fp32 under FSDP mixed precision"
+
+    raw_optim = doc.get("optim")
+    optim = DEFAULT_OPTIM if raw_optim is None else str(raw_optim).strip().lower()
+    optimizer: OptimizerFacts | None = None
+    if deepspeed and amp:
+        optimizer = OptimizerFacts(
+            name=f"{optim} under DeepSpeed",
+            adam_like=optim in HF_OPTIMIZERS and HF_OPTIMIZERS[optim][0],
+            groups=(GroupFacts(param_dtype=trainable, master="fp32", moments="fp32"),),
+            note="DeepSpeed's bf16/fp16 optimizers keep an fp32 master partition",
+        )
+    elif optim in HF_OPTIMIZERS:
+        adam_like, moments = HF_OPTIMIZERS[optim]
+        notes = [how] if how else []
+        if raw_optim is None:
+            notes.append(f"optim unset: the HF Trainer's default is {DEFAULT_OPTIM}")
+        if amp and not (deepspeed or fsdp) and trainable != torch.float32:
+            notes.append(
+                "judged as written: an Accelerate launch config with DeepSpeed (fp32 master "
+                "partition) or FSDP mixed precision (fp32 upcast) would keep fp32 masters"
+            )
+        optimizer = OptimizerFacts(
+            name=optim,
+            adam_like=adam_like,
+            groups=(
+                GroupFacts(
+                    param_dtype=trainable,
+                    master="none",
+                    moments=dtype_name(trainable) if moments == "param" else moments,
+                    label="adapters" if peft else "all parameters",
+                ),
+            ),
+            note="; ".join(notes),
+        )
+
+    compute = torch.bfloat16 if bf16 else torch.float16 if fp16 else storage
+    steps = doc.get("max_steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)):
+        raise ValueError(f"{doc.loc('max_steps')}: must be an integer, got {steps!r}")
+    if steps is not None and steps <= 0:
+        steps = None  # -1: num_train_epochs decides
+
+    model_where = doc.loc(dtype_key, "model_name_or_path") if dtype_key else doc.source
+    where = {
+        "param_dtype": model_where,
+        "compute_dtype": doc.loc("bf16", "fp16", dtype_key or "bf16"),
+        "loss_scaling": doc.loc("fp16", "bf16"),
+        "optimizer": doc.loc("optim", dtype_key or "optim"),
+        "master": doc.loc("optim", "deepspeed"),
+    }
+    return TrainingFacts(
+        source=doc.source,
+        dialect="hf",
+        param_dtype=trainable,
+        param_dtype_note="; ".join(n for n in (storage_note, how) if n),
+        compute_dtype=compute,
+        loss_scaling=fp16,
+        optimizer=optimizer,
+        peft=peft,
+        steps=steps,
+        device=device,
+        where=where,
+    )
+
+
+def claims_hf(data: Mapping[str, Any]) -> bool:
+    """An HF Trainer / TRL recipe: a TrainingArguments/ModelConfig key (`HF_MARKERS`),
+    or a boolean ``bf16``/``fp16`` (DeepSpeed's are mappings)."""
+    return bool(HF_MARKERS & set(data)) or any(
+        isinstance(data.get(k), bool) for k in ("bf16", "fp16")
+    )
+
+
+#: HF Trainer / TRL as a front end (see `mixprec.doctor.frontends.dispatch.FRONT_ENDS`).
+FRONT_END = FrontEnd(
+    name="hf",
+    claims=claims_hf,
+    read=facts_from_hf,
+    hint="an HF Trainer/TRL recipe has 'model_name_or_path:', 'bf16:', 'optim:'...",
+)

@@ -65,7 +65,7 @@ PINNED: dict[str, set[str]] = {
         "--json",
     },
     "report": {"--json"},
-    "doctor": {"--json", "--format"},
+    "doctor": {"--json", "--output", "--format", "--skip-unknown"},
 }
 
 

@@ -4,7 +4,15 @@ import json
 
 import pytest
 
-from mixprec.doctor import RULES, RUNTIME_RULES, STATIC_RULES, Finding, has_errors, sort_findings
+from mixprec.doctor import (
+    INPUT_RULES,
+    RULES,
+    RUNTIME_RULES,
+    STATIC_RULES,
+    Finding,
+    has_errors,
+    sort_findings,
+)
 
 # Rule ids are contract: scripts filter on them. Changing this pin is a decision.
 PINNED_STATIC = (
@@ -43,7 +51,8 @@ def _finding(**overrides: object) -> Finding:
 def test_rule_ids_are_pinned() -> None:
     assert STATIC_RULES == PINNED_STATIC
     assert RUNTIME_RULES == PINNED_RUNTIME
-    assert set(RULES) == set(PINNED_STATIC) | set(PINNED_RUNTIME)
+    assert INPUT_RULES == ("config-unreadable",)
+    assert set(RULES) == set(PINNED_STATIC) | set(PINNED_RUNTIME) | set(INPUT_RULES)
 
 
 def test_finding_validates_rule_severity_and_evidence() -> None:

@@ -1,10 +1,13 @@
-"""``mixprec doctor FILE... [--json] [--format auto|mixprec|nemo]``.
+"""``mixprec doctor PATH... [--output text|json] [--format FORMAT]``.
 
 `add_parser` registers the subcommand on the main CLI's subparsers; `run` is its
-handler. Exit codes: 0 no errors found, 1 any finding is an error. Bad input (a
-missing file, invalid YAML, an unknown format) raises `FileNotFoundError` or
-`ValueError` with a one-line reason, which `mixprec.cli.exits` turns into exit
-code 2 (also for ``python -m mixprec.doctor``).
+handler. Paths are files, directories (walked) and globs. Every file is judged on
+its own: a file that cannot be read, or holds a value of an unexpected type, is a
+``config-unreadable`` finding for that file, and the others are still judged.
+Exit codes: 0 no errors found, 1 any finding is an error, 2 when a file could not
+be read at all (missing, not valid YAML, no known format); the worst over all
+files. An unknown ``--format`` raises `ValueError`, which `mixprec.cli.exits`
+turns into exit code 2 (also for ``python -m mixprec.doctor``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from mixprec.doctor.findings import Finding
 
-__all__ = ["add_parser", "format_report", "run"]
+__all__ = ["OUTPUTS", "add_parser", "format_report", "run"]
+
+#: The values of ``--output``.
+OUTPUTS: tuple[str, ...] = ("text", "json")
 
 
 def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -32,16 +38,35 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
         description=(
             "Find precision problems in training configs before a run: each finding "
             "has a rule id, severity, location, evidence and fix. Exit code 1 when any "
-            "finding is an error."
+            "finding is an error, 2 when a file could not be read."
         ),
     )
-    p.add_argument("files", nargs="+", metavar="FILE", help="config files to check")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "files", nargs="+", metavar="PATH", help="config files, directories (walked) or globs"
+    )
+    p.add_argument(
+        "--output",
+        choices=OUTPUTS,
+        default="text",
+        help="text (default) or json",
+    )
+    p.add_argument(
+        "--json",
+        dest="output",
+        action="store_const",
+        const="json",
+        help="same as --output json",
+    )
     p.add_argument(
         "--format",
         choices=FORMATS,
         default="auto",
-        help="config format (default: detected from the content)",
+        help="input config format (default: detected from the content)",
+    )
+    p.add_argument(
+        "--skip-unknown",
+        action="store_true",
+        help="skip named files of no known format instead of reporting them (pre-commit)",
     )
     p.set_defaults(handler=run)
 
@@ -50,7 +75,9 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def format_report(results: Sequence[tuple[str, str, Sequence[Finding]]]) -> str:
+def format_report(
+    results: Sequence[tuple[str, str, Sequence[Finding]]], *, skipped: int = 0
+) -> str:
     """Human output: findings grouped by file, each with its fix underneath."""
     from mixprec.doctor.findings import count_by_severity
 
@@ -73,34 +100,41 @@ def format_report(results: Sequence[tuple[str, str, Sequence[Finding]]]) -> str:
             lines.extend(wrap.wrap(f.message))
             lines.extend(wrap.wrap(f"fix: {f.fix}"))
         lines.append("")
+    if skipped:
+        lines.append(f"skipped {_plural(skipped, 'file')} of no known format")
     return "\n".join(lines).rstrip("\n")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Check every file in ``args.files``; print findings; 1 if any is an error.
+    """Check every file under ``args.files``; print findings; the worst exit code.
 
     Raises:
-        FileNotFoundError: a file does not exist (one-line message).
-        ValueError: a file is not valid YAML or not a recognizable config.
+        ValueError: for an unknown ``--format``.
     """
     from mixprec.doctor.findings import has_errors
-    from mixprec.doctor.frontends.dispatch import check_config
-    from mixprec.doctor.frontends.document import read_config
+    from mixprec.doctor.frontends.batch import check_paths
 
-    docs = [read_config(path) for path in args.files]
-    results: list[tuple[str, str, list[Finding]]] = []
-    for doc in docs:
-        fmt, _, findings = check_config(doc, format=args.format)
-        results.append((doc.source, fmt, findings))
-    if args.json:
+    batch = check_paths(
+        args.files, format=args.format, skip_unknown=getattr(args, "skip_unknown", False)
+    )
+    results = [(f.source, f.format, list(f.findings)) for f in batch.files]
+    output = getattr(args, "output", "text")
+    if output == "json":
         payload = {
             "files": [
                 {"file": path, "format": fmt, "findings": [f.to_dict() for f in findings]}
                 for path, fmt, findings in results
-            ]
+            ],
+            "skipped": len(batch.skipped),
         }
         json.dump(payload, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(format_report(results))
+        print(format_report(results, skipped=len(batch.skipped)))
+    for report in batch.files:
+        if not report.readable:  # also on stderr, where machine-readable stdout hides it
+            reason = report.findings[0].message
+            print(f"mixprec doctor: {reason} ({report.source})", file=sys.stderr)
+    if not batch.all_readable:
+        return 2
     return 1 if any(has_errors(findings) for _, _, findings in results) else 0

@@ -20,6 +20,7 @@ See docs/doctor.md.
 
 from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
 from mixprec.doctor.findings import (
+    INPUT_RULES,
     RULES,
     RUNTIME_RULES,
     SEVERITIES,
@@ -53,6 +54,7 @@ from mixprec.doctor.runtime import (
 
 __all__ = [
     "DEFAULT_EVERY",
+    "INPUT_RULES",
     "RULES",
     "RUNTIME_RULES",
     "SEVERITIES",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 __all__ = [
+    "INPUT_RULES",
     "RULES",
     "RUNTIME_RULES",
     "SEVERITIES",
@@ -39,13 +40,14 @@ class RuleInfo:
 
     Attributes:
         id: the stable rule id (contract).
-        kind: ``"static"`` (judged from a config or live objects before a run) or
-            ``"runtime"`` (measured by `Probe` during a run).
+        kind: ``"static"`` (judged from a config or live objects before a run),
+            ``"runtime"`` (measured by `Probe` during a run), or ``"input"`` (a
+            config file the doctor could not read or judge).
         summary: one line on what the rule catches.
     """
 
     id: str
-    kind: Literal["static", "runtime"]
+    kind: Literal["static", "runtime", "input"]
     summary: str
 
 
@@ -120,6 +122,11 @@ _RULE_LIST: tuple[RuleInfo, ...] = (
         kind="runtime",
         summary="the first module whose forward output turned inf/NaN",
     ),
+    RuleInfo(
+        id="config-unreadable",
+        kind="input",
+        summary="a config file that could not be read, or a value of an unexpected type",
+    ),
 )
 
 #: Every rule, by id.
@@ -130,6 +137,9 @@ STATIC_RULES: tuple[str, ...] = tuple(r.id for r in _RULE_LIST if r.kind == "sta
 
 #: Ids of the rules measured during a run, in documentation order.
 RUNTIME_RULES: tuple[str, ...] = tuple(r.id for r in _RULE_LIST if r.kind == "runtime")
+
+#: Ids of the rules about the input itself (a file that could not be read or judged).
+INPUT_RULES: tuple[str, ...] = tuple(r.id for r in _RULE_LIST if r.kind == "input")
 
 #: Rules about how updates reach the weights, or the state that computes them. At
 #: error severity they mean the run's weights do not follow its gradients (lost

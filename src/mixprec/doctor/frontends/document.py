@@ -17,7 +17,11 @@ import yaml
 
 from mixprec.safe_yaml import read_yaml_file
 
-__all__ = ["ConfigDoc", "read_config"]
+__all__ = ["ConfigDoc", "NotAMappingError", "read_config"]
+
+
+class NotAMappingError(ValueError):
+    """A file that is valid YAML but whose top level is not a mapping (no config)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,12 +97,13 @@ def read_config(path: str | os.PathLike[str]) -> ConfigDoc:
 
     Raises:
         FileNotFoundError: when the file does not exist.
-        ValueError: for invalid YAML or a top level that is not a mapping, naming the file.
+        ValueError: for invalid YAML, naming the file; `NotAMappingError` (a
+            ValueError) for a top level that is not a mapping.
     """
     p = Path(path)
     doc = read_yaml_file(p)  # safe and bounded; ValueError/FileNotFoundError name the file
     if not isinstance(doc.data, Mapping):
-        raise ValueError(
+        raise NotAMappingError(
             f"{p}: a training config must be a YAML mapping, got {type(doc.data).__name__}"
         )
     return ConfigDoc(

@@ -1,0 +1,116 @@
+"""`mixprec doctor` over many files: one odd file never stops a batch (issue 17)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mixprec.cli import main as mixprec_main
+
+FIXTURES = Path(__file__).parents[1] / "doctor" / "fixtures"
+CLEAN = str(FIXTURES / "mixprec" / "clean_bf16_master.yaml")
+ERROR = str(FIXTURES / "nemo" / "optimizer-state-16bit.yaml")
+
+
+def _recipe(tmp_path: Path, max_steps: str, name: str = "recipe.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(
+        "model:\n  _target_: nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained\n"
+        "  torch_dtype: float32\n"
+        f"step_scheduler:\n  max_steps: {max_steps}\n"
+        "optimizer:\n  _target_: torch.optim.AdamW\n"
+    )
+    return str(path)
+
+
+def _json(capsys: pytest.CaptureFixture[str]) -> dict[str, list[dict[str, object]]]:
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+def test_a_value_of_an_unexpected_type_is_a_finding_and_the_batch_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    odd = _recipe(tmp_path, "[1, 2]")
+    assert mixprec_main(["doctor", CLEAN, odd, ERROR, "--json"]) == 1
+    files = _json(capsys)["files"]
+    assert [f["file"] for f in files] == [CLEAN, odd, ERROR]
+    (finding,) = files[1]["findings"]  # type: ignore[misc]
+    assert finding["rule"] == "config-unreadable" and finding["severity"] == "error"
+    assert finding["where"] == f"{odd}:5 step_scheduler.max_steps"
+    assert "must be an integer" in finding["message"]
+    assert files[2]["findings"][0]["rule"] == "optimizer-state-16bit"  # type: ignore[index]
+
+
+def test_a_file_that_cannot_be_read_is_exit_2_and_the_others_are_judged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: {torch_dtype: [bf16\n")
+    missing = str(tmp_path / "missing.yaml")
+    assert mixprec_main(["doctor", CLEAN, str(broken), missing, ERROR, "--json"]) == 2
+    files = _json(capsys)["files"]
+    assert len(files) == 4
+    assert files[0]["findings"] == []
+    for entry, reason in ((files[1], "not valid YAML"), (files[2], "no such file")):
+        (finding,) = entry["findings"]  # type: ignore[misc]
+        assert finding["rule"] == "config-unreadable" and reason in finding["message"]
+    assert files[1]["findings"][0]["where"].startswith(f"{broken}:")  # type: ignore[index]
+    assert files[3]["findings"][0]["rule"] == "optimizer-state-16bit"  # type: ignore[index]
+
+
+def test_human_output_names_the_unreadable_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    odd = _recipe(tmp_path, "abc")
+    assert mixprec_main(["doctor", odd, CLEAN]) == 1
+    out = capsys.readouterr().out
+    assert f"{odd} (nemo): 1 error" in out and "config-unreadable" in out
+    assert f"{CLEAN} (mixprec): no findings" in out
+
+
+def test_unknown_keys_never_fail_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(Path(ERROR).read_text() + "\nsomething_new:\n  x: [1, {y: 2}]\n")
+    assert mixprec_main(["doctor", str(path), "--json"]) == 1
+    (finding,) = _json(capsys)["files"][0]["findings"]  # type: ignore[misc]
+    assert finding["rule"] == "optimizer-state-16bit"
+
+
+def test_a_directory_is_walked_and_unknown_files_are_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "recipe.yaml").write_text(Path(ERROR).read_text())
+    (tmp_path / "clean.yaml").write_text(Path(CLEAN).read_text())
+    (tmp_path / "notes.txt").write_text("hello\n")
+    (tmp_path / "other.yaml").write_text("seed: 3\n")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "x.yaml").write_text(Path(ERROR).read_text())
+    assert mixprec_main(["doctor", str(tmp_path), "--json"]) == 1
+    data = _json(capsys)
+    assert [Path(str(f["file"])).name for f in data["files"]] == ["clean.yaml", "recipe.yaml"]
+    assert data["skipped"] == 2
+    assert mixprec_main(["doctor", str(tmp_path)]) == 1
+    assert "skipped 2 files of no known format" in capsys.readouterr().out
+
+
+def test_globs_are_expanded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.yaml").write_text(Path(ERROR).read_text())
+    (tmp_path / "b.yaml").write_text(Path(CLEAN).read_text())
+    assert mixprec_main(["doctor", str(tmp_path / "*.yaml"), "--json"]) == 1
+    assert [Path(str(f["file"])).name for f in _json(capsys)["files"]] == ["a.yaml", "b.yaml"]
+
+
+def test_a_named_file_of_no_known_format_is_unreadable_unless_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "ci.yaml"
+    other.write_text("on: push\njobs: {}\n")
+    assert mixprec_main(["doctor", str(other), CLEAN, "--json"]) == 2
+    (finding,) = _json(capsys)["files"][0]["findings"]  # type: ignore[misc]
+    assert "cannot tell the config format" in finding["message"]
+    assert mixprec_main(["doctor", str(other), CLEAN, "--skip-unknown", "--json"]) == 0
+    data = _json(capsys)
+    assert len(data["files"]) == 1 and data["skipped"] == 1

@@ -114,3 +114,16 @@ def test_a_named_file_of_no_known_format_is_unreadable_unless_skipped(
     assert mixprec_main(["doctor", str(other), CLEAN, "--skip-unknown", "--json"]) == 0
     data = _json(capsys)
     assert len(data["files"]) == 1 and data["skipped"] == 1
+
+
+def test_values_left_to_the_environment_are_listed_as_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _recipe(tmp_path, "${oc.env:STEPS}")
+    assert mixprec_main(["doctor", path, "--json"]) == 0  # fp32 storage: nothing to judge
+    (entry,) = _json(capsys)["files"]
+    assert entry["unknown"] == [
+        f"{path}:5 step_scheduler.max_steps: ${{oc.env:STEPS}} (set by the run's environment)"
+    ]
+    assert mixprec_main(["doctor", path]) == 0
+    assert "unknown  [" in capsys.readouterr().out

@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -76,9 +76,13 @@ def _plural(n: int, word: str) -> str:
 
 
 def format_report(
-    results: Sequence[tuple[str, str, Sequence[Finding]]], *, skipped: int = 0
+    results: Sequence[tuple[str, str, Sequence[Finding]]],
+    *,
+    skipped: int = 0,
+    unknown: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
-    """Human output: findings grouped by file, each with its fix underneath."""
+    """Human output: findings grouped by file, each with its fix underneath, then
+    the values left unknown (set by the run's environment) and the skipped count."""
     from mixprec.doctor.findings import count_by_severity
 
     lines: list[str] = []
@@ -99,6 +103,8 @@ def format_report(
             lines.append(f"  {f.severity:<8} {f.rule}  [{f.where}]")
             lines.extend(wrap.wrap(f.message))
             lines.extend(wrap.wrap(f"fix: {f.fix}"))
+        for value in (unknown or {}).get(path, ()):
+            lines.append(f"  unknown  [{value}]: not judged")
         lines.append("")
     if skipped:
         lines.append(f"skipped {_plural(skipped, 'file')} of no known format")
@@ -122,15 +128,21 @@ def run(args: argparse.Namespace) -> int:
     if output == "json":
         payload = {
             "files": [
-                {"file": path, "format": fmt, "findings": [f.to_dict() for f in findings]}
-                for path, fmt, findings in results
+                {
+                    "file": f.source,
+                    "format": f.format,
+                    "findings": [x.to_dict() for x in f.findings],
+                    "unknown": list(f.facts.unknown) if f.facts is not None else [],
+                }
+                for f in batch.files
             ],
             "skipped": len(batch.skipped),
         }
         json.dump(payload, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(format_report(results, skipped=len(batch.skipped)))
+        unknown = {f.source: f.facts.unknown for f in batch.files if f.facts is not None}
+        print(format_report(results, skipped=len(batch.skipped), unknown=unknown))
     for report in batch.files:
         if not report.readable:  # also on stderr, where machine-readable stdout hides it
             reason = report.findings[0].message

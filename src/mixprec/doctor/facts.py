@@ -114,6 +114,10 @@ class TrainingFacts:
         fp8_detail: how fp8 is used (for the evidence).
         peft: only adapters train (LoRA/PEFT).
         steps: planned optimizer steps, None if unknown.
+        unknown: values the config leaves to the run (``"recipe.yaml:4
+            model.torch_dtype: ${DTYPE}"``): the facts they feed are None, never guessed.
+        loss_scaling_off_by: the config key that turned off loss scaling its preset
+            had (``"precision.loss_scaling: null"``), else empty.
         device: capabilities of the device the run targets, None if unknown.
         where: fact name to its location (``"run.yaml:12 optimizer._target_"``).
     """
@@ -138,6 +142,8 @@ class TrainingFacts:
     fp8_detail: str = ""
     peft: bool = False
     steps: int | None = None
+    unknown: tuple[str, ...] = ()
+    loss_scaling_off_by: str = ""
     device: DeviceCaps | None = None
     where: Mapping[str, str] = field(default_factory=dict)
 

@@ -34,6 +34,12 @@ from mixprec.doctor.facts import (
 )
 from mixprec.doctor.frontends.document import ConfigDoc
 from mixprec.doctor.frontends.frontend import FrontEnd
+from mixprec.doctor.frontends.nemo_values import (
+    UnknownValueError,
+    Unresolved,
+    nemo_view,
+    unresolved_paths,
+)
 from mixprec.doctor.frontends.optimizers import (
     FLASHOPTIM_TARGETS,
     MIXPREC_TARGETS,
@@ -96,9 +102,11 @@ _AUTO_NOTE = (
 )
 
 
-def _param_dtype(doc: ConfigDoc) -> tuple[torch.dtype, str]:
+def _param_dtype(doc: ConfigDoc) -> tuple[torch.dtype | None, str]:
     key = "model.torch_dtype" if doc.has("model.torch_dtype") else "model.dtype"
     raw = doc.get(key)
+    if isinstance(raw, Unresolved):
+        return None, f"{key} {raw.token}: set by the run's environment, unknown here"
     if raw is None:
         return torch.bfloat16, _AUTO_NOTE.format(how="unset")
     if isinstance(raw, str) and raw.strip().lower() == "auto":
@@ -135,77 +143,98 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
     Raises:
         ValueError: for values that are not valid (an unknown dtype spelling...).
     """
+    doc = nemo_view(doc)  # values as NeMo's loader reads them (translate_value)
+    unknown = tuple(
+        f"{doc.loc(path)}: {value.token} (set by the run's environment)"
+        for path, value in unresolved_paths(doc.data)
+    )
     storage, storage_note = _param_dtype(doc)
     strategy = _strategy(doc)
     mp = _mp_policy(doc)
     mp_path = mp[0] if mp else "distributed.mp_policy"
     mp_values: Mapping[str, Any] = mp[1] if mp else {}
 
-    autocast: torch.dtype | None = None
-    autocast_path = ""
-    if config_bool(doc, "autocast.enabled", doc.get("autocast.enabled"), doc.has("autocast.dtype")):
-        autocast, autocast_path = (
-            config_dtype(doc, "autocast.dtype", doc.get("autocast.dtype")),
-            "autocast.dtype",
-        )
-    for path in ("distributed.autocast_dtype", "distributed_config.autocast_dtype"):
-        if autocast is None and doc.get(path) is not None:
-            autocast, autocast_path = config_dtype(doc, path, doc.get(path)), path
-
-    mp_param = config_dtype(doc, f"{mp_path}.param_dtype", mp_values.get("param_dtype"))
-    reduce_note = ""
-    if strategy == "fsdp2":
-        if mp is None and doc.has("distributed.mp_policy"):
-            compute: torch.dtype | None = None  # an mp_policy we cannot read
-            reduce_dtype: torch.dtype | None = None
-        elif mp is None:
-            compute, reduce_dtype = torch.bfloat16, torch.float32  # FSDP2Config's default
-        else:
-            compute = mp_param or storage
-            reduce_dtype = config_dtype(
-                doc, f"{mp_path}.reduce_dtype", mp_values.get("reduce_dtype")
+    def dtypes() -> tuple[torch.dtype | None, torch.dtype | None, str, torch.dtype | None, str]:
+        autocast: torch.dtype | None = None
+        autocast_path = ""
+        if config_bool(
+            doc, "autocast.enabled", doc.get("autocast.enabled"), doc.has("autocast.dtype")
+        ):
+            autocast, autocast_path = (
+                config_dtype(doc, "autocast.dtype", doc.get("autocast.dtype")),
+                "autocast.dtype",
             )
-            if reduce_dtype is None:
-                reduce_dtype = compute
-                reduce_note = (
-                    f"{mp_path}.reduce_dtype unset: FSDP2 then reduces in the compute dtype"
+        for path in ("distributed.autocast_dtype", "distributed_config.autocast_dtype"):
+            if autocast is None and doc.get(path) is not None:
+                autocast, autocast_path = config_dtype(doc, path, doc.get(path)), path
+
+        mp_param = config_dtype(doc, f"{mp_path}.param_dtype", mp_values.get("param_dtype"))
+        reduce_note = ""
+        if strategy == "fsdp2":
+            if mp is None and doc.has("distributed.mp_policy"):
+                compute: torch.dtype | None = None  # an mp_policy we cannot read
+                reduce_dtype: torch.dtype | None = None
+            elif mp is None:
+                compute, reduce_dtype = torch.bfloat16, torch.float32  # FSDP2Config's default
+            else:
+                compute = mp_param or storage
+                reduce_dtype = config_dtype(
+                    doc, f"{mp_path}.reduce_dtype", mp_values.get("reduce_dtype")
                 )
-    elif strategy == "megatron_fsdp":
-        compute = storage
-        in_fp32 = config_bool(
-            doc,
-            "distributed.grad_reduce_in_fp32",
-            doc.get("distributed.grad_reduce_in_fp32"),
-            False,
-        )
-        reduce_dtype = torch.float32 if in_fp32 else storage
-        if not in_fp32:
-            reduce_note = (
-                "grad_reduce_in_fp32 is false (the default): Megatron FSDP reduces in the "
-                "parameters' dtype"
+                if reduce_dtype is None:
+                    reduce_dtype = compute
+                    reduce_note = (
+                        f"{mp_path}.reduce_dtype unset: FSDP2 then reduces in the compute dtype"
+                    )
+        elif strategy == "megatron_fsdp":
+            compute = storage
+            in_fp32 = config_bool(
+                doc,
+                "distributed.grad_reduce_in_fp32",
+                doc.get("distributed.grad_reduce_in_fp32"),
+                False,
             )
-    else:
-        compute, reduce_dtype = storage, storage
-        reduce_note = "DDP all-reduces gradients in the parameters' dtype"
-    if autocast is not None:
-        compute = autocast
+            reduce_dtype = torch.float32 if in_fp32 else storage
+            if not in_fp32:
+                reduce_note = (
+                    "grad_reduce_in_fp32 is false (the default): Megatron FSDP reduces in the "
+                    "parameters' dtype"
+                )
+        else:
+            compute, reduce_dtype = storage, storage
+            reduce_note = "DDP all-reduces gradients in the parameters' dtype"
+        if autocast is not None:
+            compute = autocast
 
-    output = config_dtype(doc, f"{mp_path}.output_dtype", mp_values.get("output_dtype")) or compute
+        output = (
+            config_dtype(doc, f"{mp_path}.output_dtype", mp_values.get("output_dtype")) or compute
+        )
+        return compute, reduce_dtype, reduce_note, output, autocast_path
+
+    try:
+        compute, reduce_dtype, reduce_note, output, autocast_path = dtypes()
+    except UnknownValueError:  # a dtype left to the run's environment: unknown, never guessed
+        compute, reduce_dtype, reduce_note, output, autocast_path = None, None, "", None, ""
     upcast = doc.get("loss_fn.fp32_upcast")
     loss_fp32: bool | None = None
-    if upcast is not None:
+    if upcast is not None and output is not None and not isinstance(upcast, Unresolved):
         loss_fp32 = config_bool(doc, "loss_fn.fp32_upcast", upcast, True) or not is_16bit(output)
 
     fp8_enabled, fp8_scaling, fp8_detail = False, None, ""
     fp8 = doc.mapping("fp8")
-    if fp8 is not None and config_bool(doc, "fp8.enabled", fp8.get("enabled"), False):
+    fp8_on = fp8.get("enabled") if fp8 is not None else None
+    if (
+        fp8 is not None
+        and not isinstance(fp8_on, Unresolved)
+        and config_bool(doc, "fp8.enabled", fp8_on, False)
+    ):
         recipe = fp8.get("recipe_name")
         fp8_enabled, fp8_scaling = True, str(recipe) if recipe else "tensorwise (NeMo default)"
     te_fp8 = doc.mapping("model.backend.te_fp8")
     if te_fp8 is not None:
         fp8_enabled = True
         fp8_scaling = str(te_fp8.get("recipe") or "Transformer Engine default recipe")
-    if is_fp8(storage):
+    if storage is not None and is_fp8(storage):
         fp8_enabled, fp8_scaling = True, None
         fp8_detail = (
             f"model.torch_dtype {dtype_name(storage)}: parameters stored in fp8 with no scale"
@@ -216,11 +245,19 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
 
     peft = doc.get("peft")
     steps = doc.get("step_scheduler.max_steps")
+    if isinstance(steps, Unresolved):
+        steps = None  # reported in `unknown`
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)):
         raise ValueError(
             f"{doc.loc('step_scheduler.max_steps')}: must be an integer, got {steps!r}"
         )
 
+    optimizer = None
+    if storage is not None:  # the optimizer's state depends on the storage dtype
+        try:
+            optimizer = optimizer_facts(doc, storage)
+        except UnknownValueError:
+            optimizer = None
     compute_where = doc.loc(
         autocast_path or f"{mp_path}.param_dtype",
         mp_path,
@@ -257,7 +294,7 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
         param_dtype_note=storage_note,
         compute_dtype=compute,
         loss_scaling=False,  # NeMo AutoModel recipes declare no loss scaler
-        optimizer=optimizer_facts(doc, storage),
+        optimizer=optimizer,
         reduce_dtype=reduce_dtype,
         reduce_note=reduce_note,
         loss_fp32=loss_fp32,
@@ -266,6 +303,7 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
         fp8_detail=fp8_detail,
         peft=isinstance(peft, Mapping) and bool(peft),
         steps=steps,
+        unknown=unknown,
         device=device,
         where=where,
     )

@@ -16,6 +16,7 @@ import torch
 
 from mixprec.doctor.facts import GroupFacts, OptimizerFacts, resolve_mixprec_master
 from mixprec.doctor.frontends.document import ConfigDoc
+from mixprec.doctor.frontends.nemo_values import UnknownValueError, Unresolved
 from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
 
 __all__ = [
@@ -73,7 +74,10 @@ _PRECISION_RANK = {"fp32": 3, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4":
 
 
 def config_dtype(doc: ConfigDoc, path: str, value: Any) -> torch.dtype | None:
-    """A dtype from a config value; None for null. ValueError names the key."""
+    """A dtype from a config value; None for null. ValueError names the key;
+    `UnknownValueError` for a value left to the run's environment (NeMo ``${VAR}``)."""
+    if isinstance(value, Unresolved):
+        raise UnknownValueError(path)
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
         return None
     try:
@@ -91,7 +95,10 @@ def state_format(doc: ConfigDoc, path: str, value: Any) -> str:
 
 
 def config_bool(doc: ConfigDoc, path: str, value: Any, default: bool) -> bool:
-    """A boolean config value (``true``/``false`` strings too); ValueError names the key."""
+    """A boolean config value (``true``/``false`` strings too); ValueError names the key;
+    `UnknownValueError` for a value left to the run's environment (NeMo ``${VAR}``)."""
+    if isinstance(value, Unresolved):
+        raise UnknownValueError(path)
     if value is None:
         return default
     if isinstance(value, bool):
@@ -168,6 +175,8 @@ def optimizer_facts(
         )
     if target in FLASHOPTIM_TARGETS:
         bits = kw.get("master_weight_bits", 24)
+        if isinstance(bits, Unresolved):
+            raise UnknownValueError(prefix + "master_weight_bits")
         master = {24: "remainder8", 32: "exact"}.get(bits, "none") if bits is not None else "none"
         quantize = config_bool(doc, prefix + "quantize", kw.get("quantize"), True)
         return OptimizerFacts(
@@ -202,6 +211,8 @@ def optimizer_facts(
     if target in MIXPREC_TARGETS:
         master = kw.get("master", _mixprec_default("master"))
         moments = kw.get("moments", _mixprec_default("moments"))
+        if isinstance(master, Unresolved) or isinstance(moments, Unresolved):
+            raise UnknownValueError(prefix + "master")
         if master is None or moments is None:
             return OptimizerFacts(
                 name=target,

@@ -52,3 +52,15 @@ def test_an_unknown_device_is_one_line_naming_the_key(tmp_path: Path, device: st
     with pytest.raises(ValueError, match="unknown device") as exc:
         check_file(path)
     assert "\n" not in str(exc.value)
+
+
+def test_loss_scaling_null_over_a_scaling_preset_points_at_that_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "precision:\n  preset: amp_fp16\n  loss_scaling: null\noptimizer:\n  name: adamw\n",
+    )
+    (finding,) = check_file(path)
+    assert finding.rule == "fp16-without-loss-scaling"
+    assert finding.where == f"{path}:3 precision.loss_scaling"
+    assert "remove" in finding.fix and "loss_scaling: null" in finding.fix
+    assert "use preset amp_fp16" not in finding.fix

@@ -222,6 +222,13 @@ def facts_from_mixprec(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
     }
     optimizer = _optimizer(doc, pol, master)
 
+    # `loss_scaling: null` over a preset that scales: the line to fix is that key.
+    off_by = ""
+    scaling_nulled = "loss_scaling" in raw and raw["loss_scaling"] is None
+    if scaling_nulled and "preset" in raw and policy(str(raw["preset"])).scales_loss:
+        off_by = "precision.loss_scaling: null"
+        where["compute_dtype"] = where["loss_scaling"] = doc.loc("precision.loss_scaling")
+
     reduce_dtype = pol.reduce_dtype
     dist = doc.mapping("distributed") or {}
     if "reduce_dtype" in dist:
@@ -266,6 +273,7 @@ def facts_from_mixprec(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
         compute_dtype=pol.effective_compute_dtype,
         loss_scaling=pol.scales_loss,
         unscaled_acknowledged=allow_unscaled,
+        loss_scaling_off_by=off_by,
         optimizer=optimizer,
         reduce_dtype=reduce_dtype,
         norms_fp32=norms_fp32,

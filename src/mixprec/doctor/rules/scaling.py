@@ -25,6 +25,11 @@ def fp16_without_loss_scaling(facts: TrainingFacts) -> list[Finding]:
             "compute in bf16 (distributed.mp_policy.param_dtype: bfloat16), which has fp32's "
             "range and needs no scaling; this recipe declares no loss scaler"
         )
+    elif facts.loss_scaling_off_by:
+        fix = (
+            f"remove `{facts.loss_scaling_off_by}`: it turns off the dynamic loss scaling "
+            "the preset already has"
+        )
     elif facts.dialect == "mixprec":
         fix = "use preset amp_fp16 (dynamic loss scaling) or compute in bf16 (amp_bf16)"
     else:

@@ -1,4 +1,4 @@
-"""``mixprec doctor PATH... [--output text|json] [--format FORMAT]``.
+"""``mixprec doctor PATH... [--output text|json|github|sarif] [--format FORMAT]``.
 
 `add_parser` registers the subcommand on the main CLI's subparsers; `run` is its
 handler. Paths are files, directories (walked) and globs. Every file is judged on
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["OUTPUTS", "add_parser", "format_report", "run"]
 
 #: The values of ``--output``.
-OUTPUTS: tuple[str, ...] = ("text", "json")
+OUTPUTS: tuple[str, ...] = ("text", "json", "github", "sarif")
 
 
 def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -48,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--output",
         choices=OUTPUTS,
         default="text",
-        help="text (default) or json",
+        help="text (default), json, github (workflow annotations) or sarif (SARIF 2.1.0)",
     )
     p.add_argument(
         "--json",
@@ -139,6 +139,16 @@ def run(args: argparse.Namespace) -> int:
             "skipped": len(batch.skipped),
         }
         json.dump(payload, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif output == "github":
+        from mixprec.doctor.output import github_annotations
+
+        sys.stdout.write(github_annotations(results))
+    elif output == "sarif":
+        from mixprec.doctor.output import sarif_log
+        from mixprec.version import __version__
+
+        json.dump(sarif_log(results, version=__version__), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         unknown = {f.source: f.facts.unknown for f in batch.files if f.facts is not None}

@@ -14,7 +14,13 @@ from typing import Any
 
 from mixprec.doctor.facts import TrainingFacts
 from mixprec.doctor.findings import Finding, sort_findings
-from mixprec.doctor.frontends import deepspeed_json, hf_trainer, mixprec_yaml, nemo_yaml
+from mixprec.doctor.frontends import (
+    accelerate_yaml,
+    deepspeed_json,
+    hf_trainer,
+    mixprec_yaml,
+    nemo_yaml,
+)
 from mixprec.doctor.frontends.document import ConfigDoc, read_config
 from mixprec.doctor.frontends.frontend import DeviceArg, FrontEnd, resolve_device
 from mixprec.doctor.rules import run_static_rules
@@ -40,6 +46,7 @@ FRONT_ENDS: tuple[FrontEnd, ...] = (
     nemo_yaml.FRONT_END,
     deepspeed_json.FRONT_END,
     hf_trainer.FRONT_END,
+    accelerate_yaml.FRONT_END,
 )
 
 #: The accepted values of ``--format``.

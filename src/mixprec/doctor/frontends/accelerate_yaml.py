@@ -1,0 +1,220 @@
+"""Accelerate launch configs (``accelerate config`` YAML), read into `TrainingFacts`.
+
+A launch config says how a script is run, not which model or optimizer it
+builds, so the load dtype and the optimizer are mostly unknown and the rules that
+need them stay silent. The semantics come from huggingface/accelerate:
+
+* ``mixed_precision`` (``no``/``fp16``/``bf16``/``fp8``;
+  ``utils/dataclasses.py`` ``PrecisionType``): autocast over the weights the
+  script loads; ``fp16`` adds a ``GradScaler`` (a ``ShardedGradScaler`` under
+  FSDP1, ``accelerator.py``). ``fp8`` keeps bf16 autocast for everything else and
+  runs fp8 matmuls through a scaled recipe (``fp8_config.backend``: TE, MS-AMP or
+  torchao).
+* ``distributed_type: FSDP``: with mixed precision on, trainable parameters
+  loaded in 16 bits are upcast to fp32 before sharding (``accelerator.py`` for
+  FSDP1, ``utils/fsdp_utils.py`` ``fsdp2_prepare_model``), and the policy
+  ``FullyShardedDataParallelPlugin.set_mixed_precision`` builds reduces
+  gradients in the mixed-precision dtype (``reduce_dtype=dtype``; bf16 for fp8).
+* ``distributed_type: DEEPSPEED``: ``DeepSpeedPlugin.set_mixed_precision``
+  writes ``fp16: {enabled: true, auto_cast: true}`` (dynamic loss scale) or
+  ``bf16: {enabled: true}`` (also for fp8) into the DeepSpeed config it builds
+  from ``deepspeed_config``; the engine casts the model to that dtype, keeps an
+  fp32 master partition and fp32 moments, and, with no
+  ``communication_data_type`` (set to fp32 only on ROCm), reduces gradients in
+  the 16-bit dtype. With ``deepspeed_config.deepspeed_config_file`` the JSON file
+  decides: lint it with ``--format deepspeed``.
+* ``distributed_type: XLA`` (``TPU`` in old configs) with ``bf16``: Accelerate
+  sets ``XLA_USE_BF16=1`` or, with ``downcast_bf16``, ``XLA_DOWNCAST_BF16=1``
+  (``state.py``, ``utils/launch.py``); both make every ``torch.float`` tensor on
+  the TPU bf16 (``docs/source/concept_guides/training_tpu.md``), the weights and
+  the optimizer's state included, with no fp32 master. ``downcast_bf16`` does
+  nothing elsewhere.
+
+YAML 1.1 reads unquoted ``no``/``NO`` as false: ``mixed_precision: no`` and
+``distributed_type: NO`` are taken as ``"no"``/``"NO"``. Nothing is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mixprec.device import DeviceCaps
+from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
+from mixprec.doctor.frontends.document import ConfigDoc
+from mixprec.doctor.frontends.frontend import FrontEnd
+from mixprec.dtypes import dtype_name
+
+__all__ = [
+    "ACCELERATE_MARKERS",
+    "FRONT_END",
+    "MIXED_PRECISION",
+    "claims_accelerate",
+    "facts_from_accelerate",
+]
+
+#: Top-level keys that only an Accelerate launch config has.
+ACCELERATE_MARKERS: frozenset[str] = frozenset(
+    {
+        "compute_environment",
+        "distributed_type",
+        "downcast_bf16",
+        "main_training_function",
+        "deepspeed_config",
+        "fp8_config",
+        "num_machines",
+        "machine_rank",
+    }
+)
+
+#: ``mixed_precision`` value -> the autocast dtype (fp8 autocasts the rest to bf16).
+MIXED_PRECISION: dict[str, torch.dtype | None] = {
+    "no": None,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp8": torch.bfloat16,
+}
+
+
+def _word(value: Any, *, false: str) -> str:
+    """A config word; YAML's false (an unquoted ``no``) and null are `false`."""
+    if value is None or value is False:
+        return false
+    return str(value).strip()
+
+
+def _mixed_precision(doc: ConfigDoc) -> str:
+    mp = _word(doc.get("mixed_precision"), false="no").lower()
+    if mp not in MIXED_PRECISION:
+        raise ValueError(
+            f"{doc.loc('mixed_precision')}: unknown mixed_precision {mp!r}; "
+            f"valid: {', '.join(MIXED_PRECISION)}"
+        )
+    return mp
+
+
+def _yes(doc: ConfigDoc, key: str) -> bool:
+    """``downcast_bf16``-style flags: true/false or Accelerate's ``'yes'``/``'no'``."""
+    value = doc.get(key)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    word = str(value).strip().lower()
+    if word in ("yes", "true", "no", "false", "none", ""):
+        return word in ("yes", "true")
+    raise ValueError(f"{doc.loc(key)}: must be 'yes' or 'no', got {value!r}")
+
+
+def _fp8_scaling(doc: ConfigDoc) -> str:
+    backend = doc.get("fp8_config.backend")
+    if backend is None:
+        return "Accelerate's default fp8 recipe (TE, MS-AMP or torchao, all scaled)"
+    return f"{str(backend).strip()} recipe (fp8_config.backend)"
+
+
+def facts_from_accelerate(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> TrainingFacts:
+    """Read an Accelerate launch config into `TrainingFacts`.
+
+    Raises:
+        ValueError: for an unknown ``mixed_precision`` or a bad ``downcast_bf16``.
+    """
+    mp = _mixed_precision(doc)
+    dist = _word(doc.get("distributed_type"), false="NO").upper()
+    amp_dtype = MIXED_PRECISION[mp]
+    downcast = _yes(doc, "downcast_bf16")
+    ds_file = doc.get("deepspeed_config.deepspeed_config_file")
+
+    param_dtype: torch.dtype | None = None
+    param_note = ""
+    optimizer: OptimizerFacts | None = None
+    reduce_dtype: torch.dtype | None = None
+    reduce_note = ""
+    loss_scaling: bool | None = mp == "fp16"
+    compute = amp_dtype
+
+    if dist == "DEEPSPEED" and ds_file:
+        # the JSON file decides storage, scaling and reduction
+        param_dtype, compute, loss_scaling = None, None, None
+        param_note = f"deepspeed_config_file {ds_file}: lint it with --format deepspeed"
+    elif dist == "DEEPSPEED" and amp_dtype is not None:
+        param_dtype = amp_dtype
+        param_note = f"DeepSpeed casts the model to {dtype_name(amp_dtype)}"
+        optimizer = OptimizerFacts(
+            name="the script's optimizer under DeepSpeed",
+            adam_like=True,
+            groups=(GroupFacts(param_dtype=amp_dtype, master="fp32", moments="fp32"),),
+            note="DeepSpeed's bf16/fp16 optimizers keep an fp32 master partition and fp32 moments",
+        )
+        reduce_dtype = amp_dtype
+        reduce_note = (
+            "Accelerate's DeepSpeed config sets no communication_data_type (except on ROCm): "
+            f"DeepSpeed reduces gradients in {dtype_name(amp_dtype)}"
+        )
+    elif dist == "FSDP" and amp_dtype is not None:
+        param_dtype = torch.float32
+        param_note = "Accelerate upcasts trainable parameters to fp32 under FSDP mixed precision"
+        reduce_dtype = amp_dtype
+        reduce_note = (
+            "FullyShardedDataParallelPlugin.set_mixed_precision: reduce_dtype is the "
+            f"mixed-precision dtype ({dtype_name(amp_dtype)})"
+        )
+    elif dist in ("XLA", "TPU") and mp == "bf16":
+        env = "XLA_DOWNCAST_BF16=1" if downcast else "XLA_USE_BF16=1"
+        param_dtype = torch.bfloat16
+        param_note = f"{env}: every torch.float tensor on the TPU is bf16"
+        optimizer = OptimizerFacts(
+            name="the script's optimizer",
+            adam_like=True,
+            groups=(GroupFacts(param_dtype=torch.bfloat16, master="none", moments="bf16"),),
+            note=(
+                f"{env} makes the weights and any optimizer state bf16 on the TPU; the launch "
+                "config names no optimizer, an Adam-family one is assumed"
+            ),
+        )
+        reduce_dtype = torch.bfloat16
+        reduce_note = f"{env}: gradients are bf16"
+
+    mp_where = doc.loc("mixed_precision", "distributed_type")
+    where = {
+        "param_dtype": doc.loc("deepspeed_config.deepspeed_config_file", "distributed_type")
+        if dist in ("DEEPSPEED", "FSDP")
+        else doc.loc("downcast_bf16", "distributed_type", "mixed_precision"),
+        "compute_dtype": mp_where,
+        "loss_scaling": mp_where,
+        "optimizer": doc.loc("distributed_type", "mixed_precision"),
+        "master": doc.loc("distributed_type", "mixed_precision"),
+        "reduce_dtype": doc.loc("distributed_type", "mixed_precision"),
+        "fp8": mp_where,
+    }
+    fp8 = mp == "fp8"
+    return TrainingFacts(
+        source=doc.source,
+        dialect="accelerate",
+        param_dtype=param_dtype,
+        param_dtype_note=param_note,
+        compute_dtype=compute,
+        loss_scaling=loss_scaling,
+        optimizer=optimizer,
+        reduce_dtype=reduce_dtype,
+        reduce_note=reduce_note,
+        fp8_enabled=fp8,
+        fp8_scaling=_fp8_scaling(doc) if fp8 else None,
+        fp8_detail="mixed_precision: fp8 (fp8 matmuls, bf16 autocast elsewhere)" if fp8 else "",
+        device=device,
+        where=where,
+    )
+
+
+def claims_accelerate(data: Mapping[str, Any]) -> bool:
+    """An Accelerate launch config: an Accelerate-only top-level key (`ACCELERATE_MARKERS`)."""
+    return bool(ACCELERATE_MARKERS & set(data))
+
+
+#: Accelerate launch configs as a front end (see `dispatch.FRONT_ENDS`).
+FRONT_END = FrontEnd(
+    name="accelerate",
+    claims=claims_accelerate,
+    read=facts_from_accelerate,
+    hint="an Accelerate launch config has 'distributed_type:', 'compute_environment:'...",
+)

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import sharded_cases as cases
 
 from mixprec import checkpoint
+from mixprec.distributed.launch import process_group
 
 
 def fsdp_run(root: Path, out: Path, rank: int, world: int) -> dict[str, Any]:
@@ -107,9 +108,9 @@ def ddp_run(root: Path, out: Path, rank: int, world: int) -> dict[str, Any]:
 
 def main() -> None:
     out, root = Path(sys.argv[1]), Path(sys.argv[2])
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    try:
+    # The group's teardown collects the runs' objects first (mixprec.distributed).
+    with process_group("cpu"):
+        rank, world = dist.get_rank(), dist.get_world_size()
         results = {
             "run": fsdp_run(root / "fsdp", out, rank, world),
             "refused": refused(root / "fsdp", rank),
@@ -119,8 +120,6 @@ def main() -> None:
             "ddp": ddp_run(root / "ddp", out, rank, world),
         }
         torch.save(results, out / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import cases
 
 import mixprec
-from mixprec.distributed import ddp, shard
+from mixprec.distributed import ddp, process_group, shard
 
 SCENARIOS: dict[str, Callable[[], Any]] = {}
 
@@ -314,17 +314,15 @@ def load_mismatch() -> dict[str, Any]:
 def main() -> None:
     out, names = Path(sys.argv[1]), sys.argv[2:]
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    results: dict[str, Any] = {}
-    try:
+    # The group's teardown collects the scenarios' objects first (mixprec.distributed).
+    with process_group("cpu"):
+        results: dict[str, Any] = {}
         for name in names:
             try:
                 results[name] = SCENARIOS[name]()
             except Exception:
                 results[name] = {"error": traceback.format_exc()}
         torch.save(results, out / f"rank{dist.get_rank()}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import sharded_model
 
 import mixprec
+from mixprec.distributed.launch import process_group
 from mixprec.memory import measure, training_state_bytes
 
 POLICIES = ("fp32", "bf16_master", "bf16_lean")
@@ -74,16 +75,14 @@ def run(policy: str, wrap: str, rank: int) -> dict[str, Any]:
 def main() -> None:
     out = Path(sys.argv[1])
     warnings.simplefilter("ignore")
-    dist.init_process_group("gloo")
-    try:
+    # The group's teardown collects the runs' objects first (mixprec.distributed).
+    with process_group("cpu"):
         rank = dist.get_rank()
         mine = {f"{w}/{p}": run(p, w, rank) for w in ("fsdp", "ddp") for p in POLICIES}
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
         if rank == 0:
             out.write_text(json.dumps(every))
-    finally:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

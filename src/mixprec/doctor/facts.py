@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: How the facts were described; rules word their fixes in the user's own terms.
-Dialect = Literal["mixprec", "nemo", "live", "hf", "deepspeed", "accelerate"]
+Dialect = Literal["mixprec", "nemo", "live", "hf", "deepspeed", "accelerate", "axolotl"]
 
 #: Master representations that keep updates below the parameter's half-ulp (from the
 #: format registry: exact, 24-bit, compensated or stochastic ones).

@@ -48,7 +48,15 @@ def test_load_config_exposes_the_facts() -> None:
 
 def test_formats_are_the_registered_front_ends_in_detection_order() -> None:
     assert ("auto", *(fe.name for fe in FRONT_ENDS)) == FORMATS
-    assert FORMATS == ("auto", "mixprec", "nemo", "deepspeed", "hf", "accelerate")
+    assert FORMATS == (
+        "auto",
+        "mixprec",
+        "nemo",
+        "deepspeed",
+        "axolotl",
+        "hf",
+        "accelerate",
+    )
     assert [front_end(n).name for n in FORMATS[1:]] == list(FORMATS[1:])
     with pytest.raises(ValueError, match="unknown config format 'sagemaker'; valid: auto, mixprec"):
         front_end("sagemaker")

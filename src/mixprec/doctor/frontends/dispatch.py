@@ -16,6 +16,7 @@ from mixprec.doctor.facts import TrainingFacts
 from mixprec.doctor.findings import Finding, sort_findings
 from mixprec.doctor.frontends import (
     accelerate_yaml,
+    axolotl_yaml,
     deepspeed_json,
     hf_trainer,
     mixprec_yaml,
@@ -45,6 +46,7 @@ FRONT_ENDS: tuple[FrontEnd, ...] = (
     mixprec_yaml.FRONT_END,
     nemo_yaml.FRONT_END,
     deepspeed_json.FRONT_END,
+    axolotl_yaml.FRONT_END,
     hf_trainer.FRONT_END,
     accelerate_yaml.FRONT_END,
 )

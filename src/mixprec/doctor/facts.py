@@ -28,7 +28,9 @@ __all__ = [
 ]
 
 #: How the facts were described; rules word their fixes in the user's own terms.
-Dialect = Literal["mixprec", "nemo", "live", "hf", "deepspeed", "accelerate", "axolotl"]
+Dialect = Literal[
+    "mixprec", "nemo", "live", "hf", "deepspeed", "accelerate", "axolotl", "torchtitan", "lightning"
+]
 
 #: Master representations that keep updates below the parameter's half-ulp (from the
 #: format registry: exact, 24-bit, compensated or stochastic ones).

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: File suffixes a directory walk or a glob reads as configs (others are skipped).
-CONFIG_SUFFIXES: tuple[str, ...] = (".yaml", ".yml", ".json")
+CONFIG_SUFFIXES: tuple[str, ...] = (".yaml", ".yml", ".json", ".toml")
 
 #: The format of a file no front end read.
 UNKNOWN_FORMAT = "unknown"

@@ -21,6 +21,7 @@ from mixprec.doctor.frontends import (
     hf_trainer,
     mixprec_yaml,
     nemo_yaml,
+    torchtitan_toml,
 )
 from mixprec.doctor.frontends.document import ConfigDoc, read_config
 from mixprec.doctor.frontends.frontend import DeviceArg, FrontEnd, resolve_device
@@ -49,6 +50,7 @@ FRONT_ENDS: tuple[FrontEnd, ...] = (
     axolotl_yaml.FRONT_END,
     hf_trainer.FRONT_END,
     accelerate_yaml.FRONT_END,
+    torchtitan_toml.FRONT_END,
 )
 
 #: The accepted values of ``--format``.

@@ -2,12 +2,17 @@
 
 Nothing in a config is imported or executed: files are read with
 `yaml.safe_load` (through `mixprec.safe_yaml`), and line numbers come from
-composing the YAML into nodes, never from constructing objects.
+composing the YAML into nodes, never from constructing objects. ``.toml`` files
+(torchtitan) are read with the standard library's `tomllib` (Python 3.11+;
+`tomli` on 3.10) under the same size limit; their key lines come from a scan of
+the table headers and ``key =`` lines.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +20,7 @@ from typing import Any, cast
 
 import yaml
 
-from mixprec.safe_yaml import read_yaml_file
+from mixprec.safe_yaml import MAX_BYTES, read_yaml_file
 
 __all__ = ["ConfigDoc", "NotAMappingError", "read_config"]
 
@@ -92,15 +97,80 @@ def _line_map(root: yaml.Node | None) -> dict[str, int]:
     return out
 
 
+_TOML_TABLE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+_TOML_KEY = re.compile(r"^\s*([A-Za-z0-9_.\-\"' ]+?)\s*=")
+
+
+def _toml_key(raw: str) -> str:
+    """A dotted TOML key with quotes and spaces around its parts removed."""
+    return ".".join(part.strip().strip("\"'") for part in raw.split("."))
+
+
+def _toml_line_map(text: str) -> dict[str, int]:
+    """Dotted key path to the 1-based line of its table header or ``key =`` line.
+
+    A line scan, not a parser: keys inside multi-line strings or arrays may be
+    mapped too (harmless: only locations in messages come from here).
+    """
+    out: dict[str, int] = {}
+    table = ""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if m := _TOML_TABLE.match(line):
+            table = _toml_key(m.group(1))
+            out.setdefault(table, number)
+        elif m := _TOML_KEY.match(line):
+            key = _toml_key(m.group(1))
+            out.setdefault(f"{table}.{key}" if table else key, number)
+    return out
+
+
+def _toml_module(p: Path) -> Any:
+    """`tomllib`, imported lazily (`tomli`, its backport, on Python 3.10)."""
+    for name in ("tomllib", "tomli"):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+    raise ValueError(
+        f"{p}: reading TOML needs Python 3.11+ or the tomli package (pip install tomli)"
+    )
+
+
+def _read_toml(p: Path) -> ConfigDoc:
+    """Parse a TOML config (stdlib `tomllib`: data only, bounded like the YAML reader)."""
+    if not p.is_file():
+        if p.exists():
+            raise ValueError(f"{p}: not a regular file")
+        raise FileNotFoundError(f"{p}: no such file")
+    try:
+        if p.stat().st_size > MAX_BYTES:
+            raise ValueError(f"{p}: larger than {MAX_BYTES // 2**20} MiB; not a config file")
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ValueError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    toml = _toml_module(p)
+    try:
+        data = toml.loads(text)
+    except ValueError as exc:  # TOMLDecodeError is a ValueError
+        raise ValueError(f"{p}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{p}: nested too deeply; a training config never is") from None
+    return ConfigDoc(source=str(p), data=data, lines=_toml_line_map(text))
+
+
 def read_config(path: str | os.PathLike[str]) -> ConfigDoc:
-    """Parse a config file (safe YAML, with key lines).
+    """Parse a config file (safe YAML or, for ``.toml``, TOML; with key lines).
 
     Raises:
         FileNotFoundError: when the file does not exist.
-        ValueError: for invalid YAML, naming the file; `NotAMappingError` (a
+        ValueError: for invalid YAML or TOML, naming the file; `NotAMappingError` (a
             ValueError) for a top level that is not a mapping.
     """
     p = Path(path)
+    if p.suffix.lower() == ".toml":
+        return _read_toml(p)
     doc = read_yaml_file(p)  # safe and bounded; ValueError/FileNotFoundError name the file
     if not isinstance(doc.data, Mapping):
         raise NotAMappingError(

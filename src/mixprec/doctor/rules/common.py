@@ -67,6 +67,11 @@ def storage_fix(facts: TrainingFacts) -> str:
             "exp_avg_sq_dtype: torch.float32; or store parameters in fp32 (model.torch_dtype: "
             "float32) and compute in bf16 through distributed.mp_policy.param_dtype: bfloat16"
         )
+    if facts.dialect == "torchtitan":
+        return (
+            'keep [training] dtype = "float32" (the default): FSDP2 then computes in '
+            "mixed_precision_param (bf16) over fp32 sharded weights, and AdamW's state is fp32"
+        )
     if facts.dialect == "mixprec":
         return (
             "use precision preset bf16_master (bf16 storage, master: exact = bitwise fp32 for "

@@ -19,6 +19,7 @@ from mixprec.doctor.frontends import (
     axolotl_yaml,
     deepspeed_json,
     hf_trainer,
+    lightning_yaml,
     mixprec_yaml,
     nemo_yaml,
     torchtitan_toml,
@@ -51,6 +52,7 @@ FRONT_ENDS: tuple[FrontEnd, ...] = (
     hf_trainer.FRONT_END,
     accelerate_yaml.FRONT_END,
     torchtitan_toml.FRONT_END,
+    lightning_yaml.FRONT_END,
 )
 
 #: The accepted values of ``--format``.

@@ -72,6 +72,11 @@ def storage_fix(facts: TrainingFacts) -> str:
             'keep [training] dtype = "float32" (the default): FSDP2 then computes in '
             "mixed_precision_param (bf16) over fp32 sharded weights, and AdamW's state is fp32"
         )
+    if facts.dialect == "lightning":
+        return (
+            "set trainer.precision: bf16-mixed (fp32 weights and AdamW state, bf16 autocast) "
+            "instead of a *-true precision"
+        )
     if facts.dialect == "mixprec":
         return (
             "use precision preset bf16_master (bf16 storage, master: exact = bitwise fp32 for "

@@ -1,0 +1,227 @@
+"""Lightning CLI configs (``LightningCLI`` YAML: ``trainer:``, ``model:``,
+``data:``, ``optimizer:``), read into `TrainingFacts`.
+
+Semantics from Lightning-AI/pytorch-lightning at commit 7f0c3436cd3f:
+
+* ``trainer.precision`` (``src/lightning/fabric/plugins/precision/precision.py``
+  ``_PRECISION_INPUT``): ``32-true``/``64-true`` full precision;
+  ``16-mixed``/``bf16-mixed`` AMP over fp32 weights (``MixedPrecision``,
+  ``plugins/precision/amp.py``; ``16-mixed`` with a ``GradScaler``);
+  ``16-true``/``bf16-true`` convert the module to that dtype with no scaler and no
+  fp32 copy (``HalfPrecision``, ``plugins/precision/half.py`` ``convert_module``);
+  ``transformer-engine`` (``-float16``) keeps bf16 (fp16) weights, no scaler,
+  and runs fp8 matmuls under TE's ``DelayedScaling`` recipe
+  (``plugins/precision/transformer_engine.py``). The legacy values
+  ``16``/``bf16`` (and ints ``16``/``32``/``64``) mean
+  ``16-mixed``/``bf16-mixed``/``32-true``/``64-true``
+  (``_PRECISION_INPUT_STR_ALIAS_CONVERSION``, ``fabric/connector.py``
+  ``_convert_precision_to_unified_args``).
+* ``trainer.strategy: fsdp``: ``FSDPPrecision.mixed_precision_config``
+  (``src/lightning/pytorch/plugins/precision/fsdp.py``) reduces gradients in the
+  16-bit dtype (``reduce_dtype = param_dtype``); storage under ``*-true`` with FSDP
+  is left unknown. ``deepspeed*`` strategies: DeepSpeed decides, nothing judged.
+  ``ddp*`` strategies reduce gradients in the parameters' dtype.
+* ``optimizer``: a ``class_path`` (or a bare class name, as ``--optimizer AdamW``
+  writes it) of a torch.optim Adam-family class keeps its moments in the
+  parameters' dtype, no master. Optimizers built in ``configure_optimizers``
+  are unknown.
+
+Nothing named in the config is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mixprec.device import DeviceCaps
+from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
+from mixprec.doctor.frontends.document import ConfigDoc
+from mixprec.doctor.frontends.frontend import FrontEnd
+from mixprec.doctor.frontends.optimizers import TORCH_ADAM_TARGETS, TORCH_OTHER_TARGETS
+from mixprec.dtypes import dtype_name
+
+__all__ = [
+    "FRONT_END",
+    "LEGACY_PRECISION",
+    "LIGHTNING_TRAINER_KEYS",
+    "PRECISION",
+    "claims_lightning",
+    "facts_from_lightning",
+]
+
+#: ``trainer:`` keys of Lightning's ``Trainer``.
+LIGHTNING_TRAINER_KEYS: frozenset[str] = frozenset(
+    {
+        "accelerator",
+        "devices",
+        "precision",
+        "max_epochs",
+        "max_steps",
+        "strategy",
+        "num_nodes",
+        "accumulate_grad_batches",
+        "gradient_clip_val",
+        "check_val_every_n_epoch",
+        "log_every_n_steps",
+        "enable_checkpointing",
+    }
+)
+
+#: ``trainer.precision`` -> (weight storage, compute dtype, loss scaled).
+PRECISION: dict[str, tuple[torch.dtype, torch.dtype, bool]] = {
+    "32-true": (torch.float32, torch.float32, False),
+    "64-true": (torch.float64, torch.float64, False),
+    "16-mixed": (torch.float32, torch.float16, True),
+    "bf16-mixed": (torch.float32, torch.bfloat16, False),
+    "16-true": (torch.float16, torch.float16, False),
+    "bf16-true": (torch.bfloat16, torch.bfloat16, False),
+    "transformer-engine": (torch.bfloat16, torch.bfloat16, False),
+    "transformer-engine-float16": (torch.float16, torch.float16, False),
+}
+
+#: Lightning's historical spellings (``_PRECISION_INPUT_STR_ALIAS_CONVERSION``).
+LEGACY_PRECISION: dict[str, str] = {
+    "64": "64-true",
+    "32": "32-true",
+    "16": "16-mixed",
+    "bf16": "bf16-mixed",
+}
+
+_MOMENTS = {
+    torch.float32: "fp32",
+    torch.float64: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+}
+
+
+def _precision(doc: ConfigDoc) -> str:
+    value = doc.get("trainer.precision")
+    if value is None:
+        return "32-true"
+    word = str(value).strip()
+    word = LEGACY_PRECISION.get(word, word)
+    if word not in PRECISION:
+        valid = ", ".join([*PRECISION, *LEGACY_PRECISION])
+        raise ValueError(
+            f"{doc.loc('trainer.precision')}: unknown precision {value!r}; valid: {valid}"
+        )
+    return word
+
+
+def _strategy(doc: ConfigDoc) -> str:
+    value = doc.get("trainer.strategy")
+    if isinstance(value, Mapping):
+        value = value.get("class_path", "")
+    name = str(value or "auto").strip().lower()
+    return name.rsplit(".", 1)[-1]
+
+
+def _optimizer_name(doc: ConfigDoc) -> str | None:
+    value = doc.get("optimizer")
+    if isinstance(value, Mapping):
+        value = value.get("class_path")
+    if not isinstance(value, str) or not value.strip():
+        return None
+    name = value.strip()
+    return name if "." in name else f"torch.optim.{name}"
+
+
+def facts_from_lightning(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> TrainingFacts:
+    """Read a Lightning CLI config into `TrainingFacts`.
+
+    Raises:
+        ValueError: for an unknown ``trainer.precision``.
+    """
+    precision = _precision(doc)
+    strategy = _strategy(doc)
+    storage, compute, scaled = PRECISION[precision]
+    param_dtype: torch.dtype | None = storage
+    param_note = f"trainer.precision: {precision}"
+    reduce_dtype: torch.dtype | None = None
+    reduce_note = ""
+    loss_scaling: bool | None = scaled
+    if strategy.startswith("deepspeed"):
+        param_dtype, loss_scaling = None, None
+        param_note = "a DeepSpeed strategy decides storage and scaling"
+    elif strategy.startswith("fsdp"):
+        if precision.endswith("-true") and compute != torch.float32:
+            param_dtype = None
+            param_note = f"FSDP with {precision}: storage left unknown"
+        if compute in (torch.float16, torch.bfloat16):
+            reduce_dtype = compute
+            reduce_note = (
+                "FSDPPrecision.mixed_precision_config: reduce_dtype is the precision's "
+                f"dtype ({dtype_name(compute)})"
+            )
+    elif strategy.startswith("ddp"):
+        reduce_dtype = storage
+        reduce_note = f"DDP reduces gradients in the parameters' dtype ({dtype_name(storage)})"
+
+    name = _optimizer_name(doc)
+    optimizer = None
+    if name in TORCH_ADAM_TARGETS and param_dtype is not None:
+        optimizer = OptimizerFacts(
+            name=name,
+            adam_like=True,
+            groups=(
+                GroupFacts(param_dtype=param_dtype, master="none", moments=_MOMENTS[param_dtype]),
+            ),
+            note=f"{name} keeps its moments in the parameters' dtype",
+        )
+    elif name in TORCH_OTHER_TARGETS and param_dtype is not None:
+        optimizer = OptimizerFacts(
+            name=name,
+            adam_like=False,
+            groups=(GroupFacts(param_dtype=param_dtype, master="none", moments="none"),),
+        )
+
+    fp8 = precision.startswith("transformer-engine")
+    prec_where = doc.loc("trainer.precision", "trainer")
+    where = {
+        "param_dtype": prec_where,
+        "compute_dtype": prec_where,
+        "loss_scaling": prec_where,
+        "optimizer": doc.loc("trainer.precision", "optimizer"),
+        "master": doc.loc("trainer.precision", "optimizer"),
+        "reduce_dtype": doc.loc("trainer.strategy", "trainer.precision"),
+        "fp8": prec_where,
+    }
+    steps = doc.get("trainer.max_steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        steps = None  # -1 (Lightning's default): bounded by max_epochs instead
+    return TrainingFacts(
+        source=doc.source,
+        dialect="lightning",
+        param_dtype=param_dtype,
+        param_dtype_note=param_note,
+        compute_dtype=compute,
+        loss_scaling=loss_scaling,
+        optimizer=optimizer,
+        reduce_dtype=reduce_dtype,
+        reduce_note=reduce_note,
+        fp8_enabled=fp8,
+        fp8_scaling="Transformer Engine's recipe (delayed scaling)" if fp8 else None,
+        fp8_detail=f"trainer.precision: {precision}" if fp8 else "",
+        steps=steps,
+        device=device,
+        where=where,
+    )
+
+
+def claims_lightning(data: Mapping[str, Any]) -> bool:
+    """A Lightning CLI config: a ``trainer:`` mapping with a Lightning ``Trainer`` key."""
+    trainer = data.get("trainer")
+    return isinstance(trainer, Mapping) and bool(LIGHTNING_TRAINER_KEYS & set(trainer))
+
+
+#: Lightning CLI configs as a front end (see `dispatch.FRONT_ENDS`).
+FRONT_END = FrontEnd(
+    name="lightning",
+    claims=claims_lightning,
+    read=facts_from_lightning,
+    hint="a Lightning CLI config has 'trainer:' with 'precision:', 'devices:'...",
+)

@@ -102,3 +102,39 @@ def test_each_doctor_module_imports_first_and_loads_no_experiment() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+#: Packages `mixprec doctor CONFIG` must never load: static checks read files, they
+#: train nothing (issue 17: linting runs on every commit). torch itself is next.
+STATIC_CHECKS_NEVER_LOAD = ("mixprec.engine", "mixprec.optim", "mixprec.doctor.runtime")
+
+
+def test_static_config_checks_load_no_engine_optimizer_or_probe() -> None:
+    fixtures = DOCTOR.parent.parent.parent / "tests" / "doctor" / "fixtures"
+    files = [
+        str(fixtures / "nemo" / "optimizer-state-16bit.yaml"),
+        str(fixtures / "mixprec" / "clean_bf16_master.yaml"),
+    ]
+    script = textwrap.dedent(
+        f"""
+        import runpy, sys
+        sys.argv = ["mixprec", "doctor", *{files!r}]
+        try:
+            runpy.run_module("mixprec", run_name="__main__")
+        except SystemExit:
+            pass
+        loaded = sorted(m for m in sys.modules if m.startswith({STATIC_CHECKS_NEVER_LOAD!r}))
+        print("loaded:", loaded, file=sys.stderr)
+        """
+    )
+    src = str(DOCTOR.parent.parent)
+    path = os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"},
+    )
+    assert "optimizer-state-16bit" in done.stdout, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "loaded: []"

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from mixprec.device import DeviceCaps
-from mixprec.engine.wrappers import Reduction
 from mixprec.formats import auto_master, master_specs
+
+if TYPE_CHECKING:  # live facts only; the static path never loads the engine
+    from mixprec.engine.wrappers import Reduction
 
 __all__ = [
     "FULL_PRECISION_MASTERS",

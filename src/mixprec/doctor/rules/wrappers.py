@@ -9,7 +9,7 @@ on the wire is a multiple of that (`WIRE_PER_BUFFER`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,7 +17,9 @@ from mixprec.doctor.facts import TrainingFacts
 from mixprec.doctor.findings import Finding
 from mixprec.doctor.rules.common import dtype_label
 from mixprec.dtypes import format_info, is_16bit
-from mixprec.engine.wrappers import Reduction
+
+if TYPE_CHECKING:  # read from live facts only; config checks never load the engine
+    from mixprec.engine.wrappers import Reduction
 
 __all__ = [
     "FP32_BYTES",

@@ -103,6 +103,20 @@ def test_globs_are_expanded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert [Path(str(f["file"])).name for f in _json(capsys)["files"]] == ["a.yaml", "b.yaml"]
 
 
+def test_a_recursive_glob_does_not_follow_links_to_directories(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by review: `**` followed a link to the parent folder, so one file was judged
+    40 times, and with two such links the doctor never finished."""
+    sub = tmp_path / "g" / "sub"
+    sub.mkdir(parents=True)
+    (sub / "a.yaml").write_text(Path(ERROR).read_text())
+    (sub / "up").symlink_to("..")
+    (sub / "loop").symlink_to("../sub")
+    assert mixprec_main(["doctor", str(tmp_path / "g" / "**" / "*.yaml"), "--json"]) == 1
+    assert [Path(str(f["file"])).name for f in _json(capsys)["files"]] == ["a.yaml"]
+
+
 def test_a_named_file_of_no_known_format_is_unreadable_unless_skipped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

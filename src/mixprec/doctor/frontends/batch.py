@@ -11,7 +11,6 @@ counted, not reported.
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -106,6 +105,23 @@ def _walk(root: Path) -> Iterator[Path]:
             yield Path(dirpath) / name
 
 
+def _glob(pattern: str) -> list[Path]:
+    """The paths `pattern` matches, each once. ``**`` recurses without following
+    symbolic links to directories (pathlib's rule; `glob.glob` follows them, so a
+    link to a parent folder made it match the same file forever)."""
+    parts = Path(pattern).parts
+    first = next(i for i, part in enumerate(parts) if _GLOB_CHARS & set(part))
+    root = Path(*parts[:first]) if first else Path()
+    seen: set[Path] = set()
+    out: list[Path] = []
+    for match in sorted(root.glob(str(Path(*parts[first:])))):
+        real = match.resolve()
+        if real not in seen:
+            seen.add(real)
+            out.append(match)
+    return out
+
+
 def expand_paths(args: Iterable[str | os.PathLike[str]]) -> list[tuple[Path, bool]]:
     """Each file to judge and whether it was named explicitly.
 
@@ -118,7 +134,7 @@ def expand_paths(args: Iterable[str | os.PathLike[str]]) -> list[tuple[Path, boo
         path = Path(arg)
         text = os.fspath(arg)
         if not path.exists() and _GLOB_CHARS & set(text):
-            matches = sorted(glob.glob(text, recursive=True))
+            matches = _glob(text)
             if matches:
                 for match in map(Path, matches):
                     found = _walk(match) if match.is_dir() else iter((match,))

@@ -28,6 +28,7 @@ __all__ = [
     "MAX_EXPANDED_NODES",
     "YamlDocument",
     "load_yaml",
+    "read_config_text",
     "read_yaml_file",
 ]
 
@@ -163,6 +164,28 @@ def load_yaml(text: str, *, source: str = "<string>") -> YamlDocument:
     return YamlDocument(data=data, root=root)
 
 
+def read_config_text(path: str | os.PathLike[str]) -> str:
+    """The text of a config file: a regular file of at most `MAX_BYTES`, UTF-8.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a regular file, too large, not UTF-8, or unreadable.
+    """
+    p = Path(path)
+    if not p.is_file():
+        if p.exists():
+            raise ValueError(f"{p}: not a regular file")
+        raise FileNotFoundError(f"{p}: no such file")
+    try:
+        if p.stat().st_size > MAX_BYTES:
+            raise ValueError(f"{p}: larger than {MAX_BYTES // 2**20} MiB; not a config file")
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ValueError(f"{p}: cannot read: {exc.strerror or exc}") from None
+
+
 def read_yaml_file(path: str | os.PathLike[str]) -> YamlDocument:
     """Read and parse a YAML or JSON file (see `load_yaml`).
 
@@ -171,19 +194,7 @@ def read_yaml_file(path: str | os.PathLike[str]) -> YamlDocument:
         ValueError: the file is not readable UTF-8 text, or `load_yaml` refuses it.
     """
     p = Path(path)
-    if not p.is_file():
-        if p.exists():
-            raise ValueError(f"{p}: not a regular file")
-        raise FileNotFoundError(f"{p}: no such file")
-    try:
-        size = p.stat().st_size
-        if size > MAX_BYTES:
-            raise ValueError(f"{p}: larger than {MAX_BYTES // 2**20} MiB; not a config file")
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise ValueError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    text = read_config_text(p)
     if p.suffix.lower() == ".json":
         # JSON allows tabs as whitespace and forbids them raw inside strings, so every
         # tab is insignificant; YAML refuses tabs that indent (DeepSpeed's JSON has them).

@@ -47,6 +47,7 @@ import torch
 from mixprec import distributed
 from mixprec.device import resolve_device
 from mixprec.engine import Precision
+from mixprec.engine.gradients import any_across_ranks
 from mixprec.errors import PerformanceWarning, PrecisionWarning
 from mixprec.experiment.metrics_log import MetricsLog
 from mixprec.experiment.orchestration import check_out_dir, exclusive
@@ -383,7 +384,7 @@ class _Run:
                     stop = (should_stop is not None and should_stop()) or (
                         stop_after is not None and step - start >= stop_after
                     )
-                    if self._on_any_rank(stop):
+                    if any_across_ranks(stop, torch.device(self.device)):  # every rank stops alike
                         break
                     line = self._step(step, first_batch if step == 0 else self._batch(step))
                     metrics.write(line)
@@ -431,14 +432,6 @@ class _Run:
             checkpoint=None if self.latest is None else self.latest.path,
             summary=summary,
         )
-
-    def _on_any_rank(self, flag: bool) -> bool:
-        """Whether `flag` is set on any rank (every rank then acts alike)."""
-        if self.world == 1:
-            return flag
-        t = torch.tensor([float(flag)], device=self.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return bool(t.item())
 
     def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Step `step`'s batch: the global one, or this rank's contiguous share of it."""

@@ -42,8 +42,7 @@ from mixprec.device import DeviceCaps
 from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
 from mixprec.doctor.frontends.document import ConfigDoc
 from mixprec.doctor.frontends.frontend import FrontEnd
-from mixprec.doctor.frontends.hf_trainer import HF_OPTIMIZERS
-from mixprec.doctor.frontends.optimizers import config_bool
+from mixprec.doctor.frontends.hf_trainer import HF_OPTIMIZERS, flag, turned_on
 from mixprec.dtypes import dtype_name
 
 __all__ = [
@@ -74,21 +73,6 @@ DEFAULT_OPTIMIZER = "adamw_torch_fused"
 _ADAPTERS = ("lora", "qlora")
 
 
-def _flag(doc: ConfigDoc, key: str) -> bool:
-    return config_bool(doc, key, doc.get(key), False)
-
-
-def _set(value: Any) -> bool:
-    """Whether a ``deepspeed``/``fsdp`` value turns the feature on."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        return value.strip().lower() not in ("", "false", "no", "none")
-    if isinstance(value, Mapping | list):
-        return bool(value)
-    return value is not None
-
-
 def _bf16(doc: ConfigDoc, device: DeviceCaps | None) -> tuple[bool, bool, str]:
     """(bf16, fp16 turned on by ``bf16: auto``, note) after axolotl's ``bf16: auto``."""
     raw = doc.get("bf16")
@@ -100,7 +84,7 @@ def _bf16(doc: ConfigDoc, device: DeviceCaps | None) -> tuple[bool, bool, str]:
             return False, doc.get("fp16") is None, note
         note = "bf16 auto: axolotl enables bf16 where the GPU supports it; taken as bf16"
         return True, False, note
-    return _flag(doc, "bf16"), False, ""
+    return flag(doc, "bf16"), False, ""
 
 
 def _adapter(doc: ConfigDoc) -> str:
@@ -120,11 +104,11 @@ def facts_from_axolotl(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
         ValueError: for a non-boolean flag, an unknown adapter or a bad ``max_steps``.
     """
     bf16, auto_fp16, bf16_note = _bf16(doc, device)
-    fp16 = _flag(doc, "fp16") or auto_fp16
-    bfloat16, float16 = _flag(doc, "bfloat16"), _flag(doc, "float16")
+    fp16 = flag(doc, "fp16") or auto_fp16
+    bfloat16, float16 = flag(doc, "bfloat16"), flag(doc, "float16")
     if bf16 or bfloat16:
         storage = torch.bfloat16
-    elif _flag(doc, "load_in_8bit") or fp16 or float16:
+    elif flag(doc, "load_in_8bit") or fp16 or float16:
         storage = torch.float16
     else:
         storage = torch.float32
@@ -132,8 +116,8 @@ def facts_from_axolotl(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
     adapter = _adapter(doc)
     peft = bool(adapter)
     ds_path = doc.get("deepspeed")
-    deepspeed = _set(ds_path)
-    fsdp = any(_set(doc.get(k)) for k in ("fsdp", "fsdp_config", "fsdp_version"))
+    deepspeed = turned_on(ds_path)
+    fsdp = any(turned_on(doc.get(k)) for k in ("fsdp", "fsdp_config", "fsdp_version"))
     amp = bf16 or fp16
 
     trainable, how = storage, ""

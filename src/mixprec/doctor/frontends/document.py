@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import yaml
 
-from mixprec.safe_yaml import MAX_BYTES, read_yaml_file
+from mixprec.safe_yaml import read_config_text, read_yaml_file
 
 __all__ = ["ConfigDoc", "NotAMappingError", "read_config"]
 
@@ -138,18 +138,7 @@ def _toml_module(p: Path) -> Any:
 
 def _read_toml(p: Path) -> ConfigDoc:
     """Parse a TOML config (stdlib `tomllib`: data only, bounded like the YAML reader)."""
-    if not p.is_file():
-        if p.exists():
-            raise ValueError(f"{p}: not a regular file")
-        raise FileNotFoundError(f"{p}: no such file")
-    try:
-        if p.stat().st_size > MAX_BYTES:
-            raise ValueError(f"{p}: larger than {MAX_BYTES // 2**20} MiB; not a config file")
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise ValueError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    text = read_config_text(p)
     toml = _toml_module(p)
     try:
         data = toml.loads(text)

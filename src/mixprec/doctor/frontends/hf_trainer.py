@@ -53,6 +53,8 @@ __all__ = [
     "HF_OPTIMIZERS",
     "claims_hf",
     "facts_from_hf",
+    "flag",
+    "turned_on",
 ]
 
 #: Top-level keys of TrainingArguments / TRL configs that mark a recipe.
@@ -124,12 +126,14 @@ def _load_dtype(doc: ConfigDoc) -> tuple[torch.dtype, str, str]:
     return dt, "", key
 
 
-def _flag(doc: ConfigDoc, key: str) -> bool:
+def flag(doc: ConfigDoc, key: str) -> bool:
+    """A boolean key of the recipe (False when absent; a non-boolean is refused)."""
     return config_bool(doc, key, doc.get(key), False)
 
 
-def _set(value: Any) -> bool:
-    """Whether a ``deepspeed``/``fsdp`` value turns the feature on."""
+def turned_on(value: Any) -> bool:
+    """Whether a ``deepspeed``/``fsdp`` value turns the feature on (the Trainer's
+    reading, which axolotl shares)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -146,12 +150,12 @@ def facts_from_hf(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Traini
         ValueError: for values that are not valid (an unknown dtype spelling...).
     """
     storage, storage_note, dtype_key = _load_dtype(doc)
-    bf16, fp16 = _flag(doc, "bf16"), _flag(doc, "fp16")
-    quantized = _flag(doc, "load_in_4bit") or _flag(doc, "load_in_8bit")
+    bf16, fp16 = flag(doc, "bf16"), flag(doc, "fp16")
+    quantized = flag(doc, "load_in_4bit") or flag(doc, "load_in_8bit")
     peft_config = doc.get("peft_config")
-    peft = _flag(doc, "use_peft") or (isinstance(peft_config, Mapping) and bool(peft_config))
-    deepspeed = _set(doc.get("deepspeed"))
-    fsdp = _set(doc.get("fsdp")) or _set(doc.get("fsdp_config"))
+    peft = flag(doc, "use_peft") or (isinstance(peft_config, Mapping) and bool(peft_config))
+    deepspeed = turned_on(doc.get("deepspeed"))
+    fsdp = turned_on(doc.get("fsdp")) or turned_on(doc.get("fsdp_config"))
     amp = bf16 or fp16
 
     trainable, how = storage, ""

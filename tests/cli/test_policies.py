@@ -103,6 +103,8 @@ def test_without_probe_auto_says_it_read_device_facts(capsys: pytest.CaptureFixt
         (["--shape", "8x8x8"], "--shape: only with --probe"),
         (["--workload", "digits", "--cache", "off"], "--workload, --cache: only with --probe"),
         (["--probe", "--repeats", "0"], "--repeats must be >= 1"),
+        (["--probe", "--shape", "-4x4x4"], "a value starting with '-' is written --option=VALUE"),
+        (["--probe", "--shape=-4x4x4"], "bad matmul shape '-4x4x4'"),
         (["--probe", "--cache", "maybe"], "invalid choice: 'maybe'"),
         (["--probe", "--workload", "nope"], "unknown workload 'nope'"),
         (["--probe", "--shape", "8x8x8", "--device", "tpu"], "unknown device 'tpu'"),

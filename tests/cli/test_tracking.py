@@ -120,3 +120,18 @@ def test_only_rank_0_logs_a_data_parallel_train(tmp_path: Path) -> None:
         (line["step"], pytest.approx(line["loss"])) for line in lines
     ]
     assert f"tracked: TensorBoard log dir {out / 'tensorboard'}" in proc.stdout
+
+
+def test_compare_json_says_where_it_was_tracked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "cmp"
+    argv = ["compare", *TINY, "--policies", "bf16_master", "--steps", "4", "--out", str(out)]
+    assert main([*argv, "--quiet", "--json", "--track", "tensorboard"]) in (0, 1)
+    data = json.loads(capsys.readouterr().out)
+    assert data["tracked"].startswith(f"TensorBoard log dir {out / 'tensorboard'} (run compare-")
+    on_disk = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert {k: v for k, v in data.items() if k != "tracked"} == on_disk
+    assert main([*argv, "--quiet", "--json"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)["tracked"] is None

@@ -140,6 +140,7 @@ def test_a_bad_memory_budget_names_the_value_and_the_forms(bad: object) -> None:
         ({"max_slowdown": "slow"}, r"max_slowdown 'slow' is not a number > 0"),
         ({"max_slowdown": float("inf")}, r"max_slowdown inf is not a number > 0"),
         ({"target_device": " "}, r"target_device ' ' is empty: give a device class"),
+        ({"target_device": "--"}, r"target_device '--' is empty: give a device class"),
         ({"memory_budget": "6 G"}, r"memory_budget '6 G' is not a size"),
     ],
 )

@@ -66,6 +66,18 @@ def test_describe_names_flags_speed_torch_and_threads() -> None:
         ("A100", False, False),
         ("Xeon", True, False),
         ("mps", False, False),
+        ("cuda:0", False, True),
+        ("cpu:1", True, False),
+        ("gpu", False, True),
+        ("GPU", False, True),
+        ("sm_90", False, True),
+        ("H100 80GB", False, True),
+        ("Platinum 8481C", True, False),
+        # name parts are whole words: a letter or a fragment matches nothing
+        ("c", False, False),
+        ("H1", False, False),
+        ("Xeo", False, False),
+        ("8481", False, False),
     ],
 )
 def test_a_target_is_a_device_class_or_part_of_the_name(

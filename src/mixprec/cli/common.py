@@ -22,6 +22,9 @@ class Parser(argparse.ArgumentParser):
     """An argument parser whose errors are `UsageError` (one line, exit code 2)."""
 
     def error(self, message: str) -> NoReturn:
+        if message.endswith("expected one argument"):
+            # argparse reads a value that starts with '-' (``--shape -4x4x4``) as an option
+            message += "; a value starting with '-' is written --option=VALUE"
         raise UsageError(f"{self.prog}: {message}")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -79,7 +80,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--device", default="cpu", help="device to train on (default cpu)")
     add_track_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--json", action="store_true", help="print results.json to stdout")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print results.json to stdout, with where --track logged it ("tracked")',
+    )
     p.set_defaults(handler=run)
 
 
@@ -178,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
     )
     decision = results.decision
     if args.json:
-        sys.stdout.write(results.report.results_json.read_text(encoding="utf-8"))
+        data = json.loads(results.report.results_json.read_text(encoding="utf-8"))
+        data["tracked"] = results.tracked or None  # where --track logged it, as the text says
+        sys.stdout.write(json.dumps(data, indent=1) + "\n")
     else:
         print(render_summary(results.report.view))
         print()

@@ -193,7 +193,8 @@ class Contract:
             candidate over it is rejected with the figures. Judged only on timings
             measured on the target. None: no limit.
         target_device: the hardware the policy will train on: a device class
-            (``cuda``, ``cpu``, ``mps``, ``xpu``) or part of a device name (``H100``).
+            (``cuda``, ``cpu``, ``mps``, ``xpu``; ``cuda:0`` means ``cuda``), ``gpu``
+            (any accelerator), or whole words of a device name (``H100``).
             When the runs were measured elsewhere, nothing is promoted: the verdict
             is pending a run on the target. None: the hardware the runs used.
     """
@@ -307,11 +308,15 @@ class Contract:
                 )
             object.__setattr__(self, "max_slowdown", float(value))
         if self.target_device is not None:
-            if not isinstance(self.target_device, str) or not self.target_device.strip():
+            named = isinstance(self.target_device, str) and any(
+                ch.isalnum() for ch in self.target_device
+            )
+            if not named:
                 what = "is empty" if isinstance(self.target_device, str) else "is not a device"
                 raise ValueError(
                     f"target_device {self.target_device!r} {what}: give a device class "
-                    "(cpu, cuda, mps, xpu) or part of a device name (e.g. H100), or leave it out"
+                    "(cpu, cuda, mps, xpu, gpu) or words of a device name (e.g. H100), or "
+                    "leave it out"
                 )
             object.__setattr__(self, "target_device", self.target_device.strip())
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import functools
 import platform
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "DEVICE_TYPES",
+    "GPU_TYPES",
     "PRECISION_FLAGS",
     "DeviceFacts",
     "device_facts",
@@ -30,9 +32,13 @@ __all__ = [
     "matches_target",
 ]
 
-#: Device classes a contract's `target_device` may name; any other string is matched
-#: against the device name ("H100", "A100", "EPYC").
+#: Device classes a contract's `target_device` may name; ``gpu`` names any of
+#: `GPU_TYPES`, and any other string is matched as whole words of the device name
+#: ("H100", "A100", "EPYC").
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda", "mps", "xpu")
+
+#: The device types ``target_device: gpu`` stands for.
+GPU_TYPES: tuple[str, ...] = ("cuda", "mps", "xpu")
 
 #: CPU flags that decide how fast 16-bit and 8-bit matmuls run: x86 (AVX-512 and its
 #: BF16/FP16/VNNI extensions, AMX tiles) and Arm (half-precision SIMD, BF16, I8MM, SVE).
@@ -208,13 +214,31 @@ def device_facts(device: str = "cpu") -> DeviceFacts:
 
 
 def matches_target(facts: DeviceFacts, target: str) -> bool:
-    """Whether measurements on `facts` hold for `target`: a device class (``cuda``)
-    matches its device type, anything else is looked up in the device name, ignoring
-    case (``H100`` matches ``NVIDIA H100 80GB HBM3 (sm_90)``)."""
+    """Whether measurements on `facts` hold for `target`.
+
+    `target` is a device class (``cuda``; an index as in ``cuda:0`` is ignored,
+    since runs on one GPU of a kind transfer to its siblings), ``gpu`` (any
+    accelerator: ``cuda``, ``mps``, ``xpu``), or whole words of the device name,
+    ignoring case and punctuation (``H100`` and ``h100 80gb`` match ``NVIDIA
+    H100 80GB HBM3 (sm_90)``; ``H1`` and ``c`` match nothing).
+    """
     wanted = target.strip().lower()
+    device_type, colon, index = wanted.partition(":")
+    if colon and device_type in DEVICE_TYPES and index.isdigit():
+        wanted = device_type
     if wanted in DEVICE_TYPES:
         return facts.device_type == wanted
-    return wanted in facts.name.lower()
+    if wanted == "gpu":
+        return facts.device_type in GPU_TYPES
+    words = _words(wanted)
+    name = _words(facts.name)
+    n = len(words)
+    return n > 0 and any(name[i : i + n] == words for i in range(len(name) - n + 1))
+
+
+def _words(text: str) -> list[str]:
+    """Lower-case words of `text`, split at anything but letters, digits and ``_``."""
+    return re.findall(r"[a-z0-9_]+", text.lower())
 
 
 def distinct(facts: Sequence[DeviceFacts | None]) -> list[DeviceFacts | None]:

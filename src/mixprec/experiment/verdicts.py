@@ -1,0 +1,271 @@
+"""The gates that judge one candidate, and the verdict they give.
+
+A candidate's first failed gate rejects it: a failed run, non-finite losses,
+skipped steps, the metric threshold, an error about its update path, the
+contract's memory budget or slowdown limit. A run too short to judge is said
+so; otherwise its paired loss gap decides (`gap_verdict`). `decide` applies
+these to every candidate; the FP8 gate (`mixprec.experiment.fp8_gate`) applies
+`gap_verdict` once more, against the best 16-bit policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mixprec.experiment.contract import Contract, Gates, format_bytes
+from mixprec.experiment.records import RunRecord
+from mixprec.experiment.stats import GapInterval
+from mixprec.experiment.summary import PolicySummary, format_interval, tail_start
+
+__all__ = [
+    "Verdict",
+    "VerdictStatus",
+    "gap_verdict",
+    "hard_gate",
+    "judge",
+    "too_short_reason",
+]
+
+VerdictStatus = Literal["eligible", "rejected", "inconclusive", "too_short", "not_run"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """What the gates made of one candidate.
+
+    Attributes:
+        status: ``eligible``, ``rejected``, ``inconclusive`` or ``too_short``.
+        gate: the gate that decided: ``run``, ``non-finite``, ``skipped``,
+            ``update-path``, ``metric``, ``training-length``, ``loss-gap``, or
+            ``baseline`` (not judged: the baseline failed).
+        reason: one sentence with the figures that decided.
+        acknowledged: update-path rules that fired at error severity but are
+            listed in the contract's ``allow``.
+    """
+
+    status: VerdictStatus
+    gate: str
+    reason: str
+    acknowledged: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {
+            "status": self.status,
+            "gate": self.gate,
+            "reason": self.reason,
+            "acknowledged": list(self.acknowledged),
+        }
+
+
+def hard_gate(
+    s: PolicySummary, gates: Gates, higher_is_better: bool, records: Sequence[RunRecord]
+) -> tuple[str, str]:
+    """The first hard gate `s` fails, as ``(gate, sentence)``, or ``("", "")``."""
+    if s.failed:
+        return "run", f"run failed ({s.failed[0]})"
+    if s.nonfinite_steps > gates.max_nonfinite_steps:
+        return "non-finite", (
+            f"{s.nonfinite_steps} non-finite-loss steps > "
+            f"max_nonfinite_steps={gates.max_nonfinite_steps}"
+        )
+    if s.skipped_fraction > gates.max_skipped_fraction:
+        return "skipped", (
+            f"{s.skipped_fraction:.1%} of steps skipped > max_skipped_fraction="
+            f"{gates.max_skipped_fraction:.1%}"
+        )
+    if gates.metric_threshold is not None:
+        for r in records:
+            if r.policy != s.policy:
+                continue
+            bad = (
+                r.metric < gates.metric_threshold
+                if higher_is_better
+                else r.metric > gates.metric_threshold
+            )
+            if bad or not math.isfinite(r.metric):
+                op = ">=" if higher_is_better else "<="
+                return "metric", (
+                    f"{r.metric_name} {r.metric:.4g} (seed {r.seed}) misses "
+                    f"{op} {gates.metric_threshold:g}"
+                )
+    return "", ""
+
+
+def too_short_reason(
+    s: PolicySummary, baseline: str, gates: Gates, base: Sequence[RunRecord]
+) -> str:
+    """Why a comparison at `s.steps` cannot judge a gap yet, or empty."""
+    at = s.steps
+    losses = [r.heldout_at(at) for r in base]
+    if any(v == 0 for v in losses):
+        return (
+            f"{baseline}'s held-out loss is 0 at step {at}: relative gaps are undefined "
+            "(the workload's loss must stay away from 0, e.g. with label noise)"
+        )
+    if math.isnan(s.improvement) or math.isnan(s.tail_improvement):
+        missing = [
+            st for st in (0, tail_start(at), at) if any(math.isnan(r.heldout_at(st)) for r in base)
+        ]
+        return (
+            f"no held-out evaluation of {baseline} at step(s) {missing or [at]} to tell "
+            "whether it has trained and settled (records of an older mixprec: rerun)"
+        )
+    if s.improvement < gates.improvement_floor:
+        return (
+            f"{baseline}'s held-out loss moved {s.improvement:.2%} from its initial weights by "
+            f"step {at} (< {gates.improvement_floor:.2%}): it has barely trained, so no gap "
+            "means anything yet; check lr and steps"
+        )
+    if s.tail_improvement > gates.tail_limit:
+        return (
+            f"{baseline}'s held-out loss still fell {s.tail_improvement:.2%} over steps "
+            f"{tail_start(at)}-{at} (> {gates.tail_limit:.2%}): a gap this early measures "
+            "pace, not outcome; train longer"
+        )
+    return ""
+
+
+def _storage_hint(policy: str, records: Sequence[RunRecord]) -> str:
+    for r in records:
+        if r.policy == policy and r.policy_fields.get("param_dtype") == "fp32":
+            return " (fp32 storage: its parameters, gradients and moments are the baseline's)"
+    return ""
+
+
+def _cost_gate(
+    s: PolicySummary,
+    contract: Contract,
+    base: PolicySummary,
+    speed_usable: bool,
+    records: Sequence[RunRecord],
+) -> tuple[str, str]:
+    """The budget `s` breaks, as ``(gate, sentence)``, or ``("", "")``. The slowdown
+    limit is judged only on speed figures that hold (`speed_usable`)."""
+    budget = contract.memory_budget
+    if budget is not None:
+        if not math.isfinite(s.max_bytes):
+            return "memory-budget", "no memory measured: memory_budget cannot be checked"
+        if s.max_bytes > budget:
+            return "memory-budget", (
+                f"measured {format_bytes(s.max_bytes)}, {format_bytes(s.max_bytes - budget)} "
+                f"over memory_budget {format_bytes(budget)}{_storage_hint(s.policy, records)}"
+            )
+    limit = contract.max_slowdown
+    if limit is not None and speed_usable:
+        ratio = s.time_ratio
+        if not math.isfinite(ratio.mean):
+            return "slowdown", "no step time measured: max_slowdown cannot be checked"
+        if ratio.mean > limit:
+            return "slowdown", (
+                f"step time {ratio.mean:.2f}x {contract.baseline}'s (seeds {ratio.low:.2f}-"
+                f"{ratio.high:.2f}; {s.steps_per_s:.1f} vs {base.steps_per_s:.1f} steps/s) > "
+                f"max_slowdown {limit:.2f}"
+            )
+    return "", ""
+
+
+def judge(
+    s: PolicySummary,
+    contract: Contract,
+    higher_is_better: bool,
+    records: Sequence[RunRecord],
+    base: Sequence[RunRecord],
+    base_summary: PolicySummary,
+    speed_usable: bool,
+) -> Verdict:
+    gates = contract.gates
+    if not s.seeds:  # an interrupted experiment: missing, not rejected
+        return Verdict(status="not_run", gate="", reason="not run yet: rerun compare to train it")
+    gate, reason = hard_gate(s, gates, higher_is_better, records)
+    if gate:
+        return Verdict(status="rejected", gate=gate, reason=reason)
+    acknowledged = tuple(r for r in s.update_errors if r in contract.allow)
+    blocking = {r: m for r, m in s.update_errors.items() if r not in contract.allow}
+    if blocking:
+        first, message = next(iter(blocking.items()))
+        more = [r for r in blocking if r != first]
+        return Verdict(
+            status="rejected",
+            gate="update-path",
+            reason=f"doctor {first} (error): {message}"
+            + (f"; also {', '.join(more)} (error)" if more else "")
+            + " (acknowledge with allow: [rule-id])",
+            acknowledged=acknowledged,
+        )
+    # Before the loss gap: a policy over a budget needs no more seeds to be refused.
+    gate, reason = _cost_gate(s, contract, base_summary, speed_usable, records)
+    if gate:
+        return Verdict(status="rejected", gate=gate, reason=reason, acknowledged=acknowledged)
+    gap = s.gap
+    if gap.n == 0:  # the baseline's runs for these seeds are missing: nothing to judge
+        return Verdict(
+            status="not_run",
+            gate="",
+            reason=f"no seed shared with {contract.baseline} to pair with: rerun compare",
+        )
+    short = too_short_reason(s, contract.baseline, gates, base)
+    if short:
+        return Verdict(
+            status="too_short", gate="training-length", reason=short, acknowledged=acknowledged
+        )
+    return gap_verdict(
+        gap,
+        gates.max_rel_loss_gap,
+        seed_limit=contract.seed_limit,
+        acknowledged=acknowledged,
+    )
+
+
+def gap_verdict(
+    gap: GapInterval,
+    limit: float,
+    *,
+    seed_limit: int,
+    acknowledged: tuple[str, ...] = (),
+    gate: str = "loss-gap",
+    against: str = "",
+) -> Verdict:
+    """The verdict of a paired gap's interval against `limit`: eligible when all of
+    it is within, rejected when all of it is beyond, inconclusive in between (or
+    with one seed). `against` names the reference when it is not the baseline."""
+    to = f" to {against}" if against else ""
+    if not math.isfinite(gap.mean):
+        return Verdict(
+            status="rejected",
+            gate=gate,
+            reason="held-out loss is not finite",
+            acknowledged=acknowledged,
+        )
+    settled = f"max_seeds={seed_limit} reached" if gap.n >= seed_limit else "more seeds needed"
+    if gap.n == 1:
+        return Verdict(
+            status="inconclusive",
+            gate=gate,
+            reason=f"gap{to} {format_interval(gap)}: no interval from one seed; {settled}",
+            acknowledged=acknowledged,
+        )
+    interval = f"{format_interval(gap)} ({gap.confidence:.0%} t-interval, {gap.n} seeds)"
+    if gap.high <= limit:
+        return Verdict(
+            status="eligible",
+            gate=gate,
+            reason=f"gap{to} {interval} <= {limit:.2%}",
+            acknowledged=acknowledged,
+        )
+    if gap.low > limit:
+        return Verdict(
+            status="rejected",
+            gate=gate,
+            reason=f"gap{to} {interval} > {limit:.2%} on the whole interval",
+            acknowledged=acknowledged,
+        )
+    return Verdict(
+        status="inconclusive",
+        gate=gate,
+        reason=f"gap{to} {interval} straddles {limit:.2%}: {settled}",
+        acknowledged=acknowledged,
+    )

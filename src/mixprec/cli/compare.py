@@ -72,8 +72,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--target-device",
         default=None,
-        help="the hardware the policy will train on: cpu, cuda, mps, xpu or part of a "
-        "device name (H100); runs measured elsewhere leave the decision pending",
+        help="the hardware the policy will train on: cpu, cuda, mps, xpu, gpu or words of "
+        "a device name (H100); runs measured elsewhere leave the decision pending",
+    )
+    p.add_argument(
+        "--baseline-for-fp8",
+        default=None,
+        help="the 16-bit candidate FP8 candidates must also match (default: the best "
+        "eligible 16-bit candidate under the objective)",
     )
     p.add_argument("--config", type=Path, default=None, help="a YAML contract; flags override it")
     p.add_argument("--out", type=out_folder, default=Path("runs/compare"), help="output folder")
@@ -120,6 +126,7 @@ def _contract_from_args(args: argparse.Namespace) -> Any:
         ("memory_budget", "memory_budget"),
         ("max_slowdown", "max_slowdown"),
         ("target_device", "target_device"),
+        ("baseline_for_fp8", "baseline_for_fp8"),
     ):
         value = getattr(args, flag)
         if value is not None:

@@ -55,7 +55,13 @@ OBJECTIVES: tuple[str, ...] = ("balanced", "memory", "speed")
 #: Contract keys that only decide (what to recommend, under which limits, for which
 #: hardware): they never change what a run computes, so they stay out of run
 #: fingerprints and changing them re-judges stored runs without training again.
-DECISION_KEYS: tuple[str, ...] = ("objective", "memory_budget", "max_slowdown", "target_device")
+DECISION_KEYS: tuple[str, ...] = (
+    "objective",
+    "memory_budget",
+    "max_slowdown",
+    "target_device",
+    "baseline_for_fp8",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +201,10 @@ class Contract:
         target_device: the hardware the policy will train on: a device class
             (``cuda``, ``cpu``, ``mps``, ``xpu``; ``cuda:0`` means ``cuda``), ``gpu``
             (any accelerator), or whole words of a device name (``H100``).
+        baseline_for_fp8: the 16-bit candidate the FP8 candidates (policies with
+            `fp8` settings) must also match within `max_rel_loss_gap`; None: the
+            best eligible 16-bit candidate under the objective. See
+            `mixprec.experiment.fp8_gate`.
             When the runs were measured elsewhere, nothing is promoted: the verdict
             is pending a run on the target. None: the hardware the runs used.
     """
@@ -215,6 +225,7 @@ class Contract:
     memory_budget: int | None = None
     max_slowdown: float | None = None
     target_device: str | None = None
+    baseline_for_fp8: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("workload", "baseline"):
@@ -319,6 +330,24 @@ class Contract:
                     "leave it out"
                 )
             object.__setattr__(self, "target_device", self.target_device.strip())
+        if self.baseline_for_fp8 is not None:
+            self._check_baseline_for_fp8()
+
+    def _check_baseline_for_fp8(self) -> None:
+        name = self.baseline_for_fp8
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(
+                f"baseline_for_fp8 {name!r} is not a policy name: name a 16-bit candidate "
+                "(e.g. amp_bf16), or leave it out for the best eligible one"
+            )
+        name = canonical_policy(name)
+        sixteen = [c for c in self.candidates if not get_policy(c).to_dict().get("fp8")]
+        if name not in sixteen:
+            raise ValueError(
+                f"baseline_for_fp8 {name!r} is not a 16-bit candidate of this contract: "
+                f"name one of {sixteen}, or add it to the candidates"
+            )
+        object.__setattr__(self, "baseline_for_fp8", name)
 
     @property
     def seed_limit(self) -> int:

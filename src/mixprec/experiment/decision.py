@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from mixprec.experiment.contract import Contract, format_bytes
+from mixprec.experiment.fp8_gate import fp8_policies, judge_fp8, reference_for_fp8
 from mixprec.experiment.hardware import DeviceFacts, distinct, matches_target
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.summary import PolicySummary, summarize
@@ -172,6 +173,10 @@ class Decision:
         target_device: the contract's target device, or None.
         memory_budget: the contract's memory budget in bytes, or None.
         max_slowdown: the contract's slowdown limit, or None.
+        fp8_reference: the 16-bit policy the FP8 candidates were judged against
+            (`mixprec.experiment.fp8_gate`), or None (no FP8 candidate, or no
+            eligible 16-bit one: then `fp8_note` says why).
+        fp8_note: why the FP8 candidates had no 16-bit reference, or empty.
     """
 
     baseline: str
@@ -193,6 +198,8 @@ class Decision:
     target_device: str | None = None
     memory_budget: int | None = None
     max_slowdown: float | None = None
+    fp8_reference: str | None = None
+    fp8_note: str = ""
 
     def _with(self, status: VerdictStatus) -> dict[str, str]:
         return {n: v.reason for n, v in self.verdicts.items() if v.status == status}
@@ -262,6 +269,8 @@ class Decision:
             "objective": self.objective,
             "memory_budget": self.memory_budget,
             "max_slowdown": self.max_slowdown,
+            "fp8_reference": self.fp8_reference,
+            "fp8_note": self.fp8_note,
             "target_device": self.target_device,
             "pending": self.pending,
             "speed_note": self.speed_note,
@@ -360,6 +369,25 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
         verdicts[name] = judge(
             s, contract, higher_is_better, records, base_ok, base, not speed_note
         )
+    fp8 = fp8_policies(records, contract.candidates)
+    fp8_reference, fp8_note = None, ""
+    if fp8 and not base_gate:
+        by_name = {s.policy: s for s in summaries}
+        sixteen = [by_name[n] for n in contract.candidates if n not in fp8]
+        ranked_16bit = rank(
+            [st for st in sixteen if verdicts[st.policy].status == "eligible"],
+            "memory"
+            if pending or (speed_note and contract.objective != "memory")
+            else contract.objective,
+            contract.baseline,
+        )
+        fp8_reference, fp8_note = reference_for_fp8(
+            contract, verdicts, [st.policy for st in ranked_16bit]
+        )
+        for name in fp8:
+            verdicts[name] = judge_fp8(
+                name, verdicts[name], records, fp8_reference, fp8_note, contract
+            )
     too_short = ""
     baseline_note = ""
     if not base_gate:
@@ -409,4 +437,6 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
         target_device=contract.target_device,
         memory_budget=contract.memory_budget,
         max_slowdown=contract.max_slowdown,
+        fp8_reference=fp8_reference,
+        fp8_note=fp8_note,
     )

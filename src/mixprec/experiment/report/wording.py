@@ -279,6 +279,13 @@ def gates_sentence(contract: Contract, metric_name: str) -> str:
 def observations(records: Sequence[RunRecord], decision: Decision) -> list[str]:
     """Plain statements read off the data; nothing here is asserted without it."""
     notes: list[str] = []
+    if decision.fp8_reference is not None:
+        notes.append(
+            f"FP8 candidates were judged against `{decision.fp8_reference}` too (gate "
+            "fp8-reference): FP8 must hold the quality of the 16-bit policy it would replace"
+        )
+    elif decision.fp8_note:
+        notes.append(f"FP8 candidates were not judged: {decision.fp8_note}")
     base = decision.summaries[0] if decision.summaries else None
     if base is not None and math.isfinite(base.baseline_spread):
         notes.append(

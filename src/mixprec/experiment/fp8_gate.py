@@ -1,0 +1,103 @@
+"""The FP8 gate: an FP8 candidate is judged against the best 16-bit policy too.
+
+FP8 is the step after bf16, not after fp32: its narrow range and 2-3 mantissa
+bits only pay when the 16-bit policy it would replace is measured, passes the
+gates, and FP8 holds its quality. So an FP8 candidate (a run whose policy has
+`fp8` settings) must pass every gate against the baseline, like any candidate,
+and then its paired held-out gap to a 16-bit reference must be within the same
+``max_rel_loss_gap``. The reference is the contract's `baseline_for_fp8`, or by
+default the best eligible 16-bit candidate under the objective (the one the
+decision would recommend among 16-bit policies). With no eligible 16-bit
+candidate, FP8 is not judged: nothing says what it would replace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mixprec.experiment.contract import Contract
+from mixprec.experiment.records import RunRecord
+from mixprec.experiment.summary import summarize
+from mixprec.experiment.verdicts import Verdict, gap_verdict
+
+__all__ = ["FP8_GATE", "fp8_policies", "judge_fp8", "reference_for_fp8"]
+
+#: The gate name of a verdict decided against the 16-bit reference.
+FP8_GATE = "fp8-reference"
+
+
+def fp8_policies(records: Sequence[RunRecord], names: Sequence[str]) -> tuple[str, ...]:
+    """The policies among `names` whose runs trained with FP8 linears (their
+    recorded policy fields hold `fp8` settings)."""
+    fp8 = {r.policy for r in records if r.policy_fields.get("fp8")}
+    return tuple(n for n in names if n in fp8)
+
+
+def reference_for_fp8(
+    contract: Contract, verdicts: dict[str, Verdict], ranked_16bit: Sequence[str]
+) -> tuple[str | None, str]:
+    """The 16-bit policy FP8 candidates are judged against, or None and why.
+
+    Args:
+        contract: the contract (its `baseline_for_fp8`, when set, is the reference).
+        verdicts: every candidate's verdict against the baseline.
+        ranked_16bit: the eligible 16-bit candidates, best first under the objective.
+    """
+    named = contract.baseline_for_fp8
+    if named is not None:
+        v = verdicts.get(named)
+        if v is None or v.status != "eligible":
+            status = "not judged" if v is None else f"{v.status} ({v.reason})"
+            return None, f"baseline_for_fp8 {named} is {status}"
+        return named, ""
+    if not ranked_16bit:
+        return None, (
+            "no 16-bit candidate passed the gates: FP8 is judged against the best 16-bit "
+            "policy it would replace; add amp_bf16 or bf16_master to the candidates"
+        )
+    return ranked_16bit[0], ""
+
+
+def judge_fp8(
+    name: str,
+    verdict: Verdict,
+    records: Sequence[RunRecord],
+    reference: str | None,
+    why_none: str,
+    contract: Contract,
+) -> Verdict:
+    """`verdict` (against the baseline) of FP8 candidate `name`, then judged against
+    the 16-bit `reference` when it passed."""
+    if verdict.status != "eligible":
+        return verdict
+    if reference is None:
+        return Verdict(
+            status="rejected",
+            gate=FP8_GATE,
+            reason=f"not judged against a 16-bit policy: {why_none}",
+            acknowledged=verdict.acknowledged,
+        )
+    gates = contract.gates
+    ref_records = [r for r in records if r.policy == reference]
+    s = summarize(records, name, ref_records, confidence=gates.confidence)
+    if s.gap.n == 0:
+        return Verdict(
+            status="not_run",
+            gate=FP8_GATE,
+            reason=f"no seed shared with {reference} to pair with: rerun compare",
+            acknowledged=verdict.acknowledged,
+        )
+    against = gap_verdict(
+        s.gap,
+        gates.max_rel_loss_gap,
+        seed_limit=contract.seed_limit,
+        acknowledged=verdict.acknowledged,
+        gate=FP8_GATE,
+        against=reference,
+    )
+    return Verdict(
+        status=against.status,
+        gate=FP8_GATE,
+        reason=f"{against.reason} (against {contract.baseline}: {verdict.reason})",
+        acknowledged=verdict.acknowledged,
+    )

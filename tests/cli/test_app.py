@@ -53,6 +53,7 @@ PINNED: dict[str, set[str]] = {
         "--memory-budget",
         "--max-slowdown",
         "--target-device",
+        "--baseline-for-fp8",
         "--config",
         "--out",
         "--device",

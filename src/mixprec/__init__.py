@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from mixprec.policy import (
         ALIASES,
         PRESET_NAMES,
+        Float8Training,
         LossScaling,
         Policy,
         policy,
@@ -57,6 +58,7 @@ _EXPORTS = {
     "train": "mixprec.experiment.training",
     "ALIASES": "mixprec.policy",
     "PRESET_NAMES": "mixprec.policy",
+    "Float8Training": "mixprec.policy",
     "LossScaling": "mixprec.policy",
     "Policy": "mixprec.policy",
     "policy": "mixprec.policy",
@@ -90,6 +92,7 @@ __all__ = [
     "ALIASES",
     "PRESET_NAMES",
     "DeviceCaps",
+    "Float8Training",
     "FormatInfo",
     "LossScaling",
     "PerformanceWarning",

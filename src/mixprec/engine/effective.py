@@ -16,6 +16,7 @@ import torch
 
 from mixprec.device import device_caps
 from mixprec.dtypes import dtype_name
+from mixprec.engine.fp8 import Float8Conversion
 from mixprec.engine.plan import PrecisionPlan
 from mixprec.errors import PerformanceWarning, PrecisionError, user_stacklevel
 from mixprec.policy import Policy
@@ -57,6 +58,7 @@ def effective_precision(
     plan: PrecisionPlan,
     device: torch.device,
     islands: tuple[str, ...] | None,
+    fp8: Float8Conversion | None = None,
 ) -> dict[str, Any]:
     """Requested versus effective precision on `device`, as plain data (the keys are
     listed by `Precision.describe`)."""
@@ -66,6 +68,7 @@ def effective_precision(
         "policy": policy.to_dict(),
         "plan": plan.to_dict(),
         "fp32_islands": None if islands is None else list(islands),
+        "fp8": None if fp8 is None else fp8.to_dict(),
         "device": str(device),
         "device_name": caps.name,
         "compute_supported": True if compute is None else caps.supported(compute),
@@ -74,9 +77,15 @@ def effective_precision(
     }
 
 
-def summary_text(policy: Policy, plan: PrecisionPlan, effective: dict[str, Any]) -> str:
+def summary_text(
+    policy: Policy,
+    plan: PrecisionPlan,
+    effective: dict[str, Any],
+    fp8: Float8Conversion | None = None,
+) -> str:
     """A few lines of text from `effective_precision` output: the policy, the device,
-    the plan (`PrecisionPlan.describe`) and the fp32 island modules."""
+    the plan (`PrecisionPlan.describe`), the fp32 island modules and, under an FP8
+    policy, the layers converted and kept (`Float8Conversion.describe`)."""
     device = f"device: {effective['device']} ({effective['device_name']})"
     if not effective["compute_fast"]:
         device += f"; {effective['reason']}"
@@ -85,6 +94,9 @@ def summary_text(policy: Policy, plan: PrecisionPlan, effective: dict[str, Any])
         islands = "fp32 island modules: not known until prepare(model)"
     else:
         islands = f"fp32 island modules: {', '.join(n or '<model>' for n in names) or 'none'}"
-    return "\n".join(
-        [f"policy {policy.name!r}: {policy.describe()}", device, plan.describe(), islands]
-    )
+    lines = [f"policy {policy.name!r}: {policy.describe()}", device, plan.describe(), islands]
+    if fp8 is not None:
+        lines.append(fp8.describe())
+    elif plan.fp8 is not None:
+        lines.append("fp8 layers: not known until prepare(model)")
+    return "\n".join(lines)

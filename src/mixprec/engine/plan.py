@@ -6,6 +6,10 @@ moment formats (their specs from the format registry), the loss-scaler settings
 and the gradient-reduction dtype. Every later call (`prepare`, `autocast`,
 `optimizer`, `backward`, `step`) reads the plan; none goes back to the policy.
 
+Under a policy with `Policy.fp8` the plan also holds its `Float8Training`:
+`prepare` converts the eligible linear layers (`mixprec.engine.fp8`) after the
+storage dtypes and islands are set, and records what it did (`Precision.fp8`).
+
 The gradient-reduction and output dtypes are applied by the data-parallel
 wrappers (`mixprec.distributed.shard`/`ddp`); `Precision.prepare` refuses a
 wrapped model whose wrappers do otherwise (`mixprec.engine.wrappers`).
@@ -25,7 +29,7 @@ import torch
 from mixprec.dtypes import dtype_name
 from mixprec.formats import MasterSpec, MomentSpec, master_spec, moment_spec
 from mixprec.islands import IslandRule
-from mixprec.policy import LossScaling, Policy
+from mixprec.policy import Float8Training, LossScaling, Policy
 
 __all__ = ["PrecisionPlan", "resolve_plan"]
 
@@ -51,6 +55,7 @@ class PrecisionPlan:
         reduce_dtype: the dtype gradients are reduced in across ranks (applied by
             `mixprec.distributed.shard`/`ddp`; checked by `Precision.prepare`).
         output_dtype: the dtype an FSDP2 root casts the model's outputs to, or None.
+        fp8: the FP8 settings of the linear layers (`Float8Training`), or None: no FP8.
         risks: what the policy risks, one sentence each; `Precision.prepare` warns
             with them (`PrecisionWarning`).
     """
@@ -64,6 +69,7 @@ class PrecisionPlan:
     loss_scaling: LossScaling | None
     reduce_dtype: torch.dtype
     output_dtype: torch.dtype | None = None
+    fp8: Float8Training | None = None
     risks: tuple[str, ...] = ()
 
     @property
@@ -93,6 +99,7 @@ class PrecisionPlan:
             "loss_scaling": None if self.loss_scaling is None else self.loss_scaling.to_dict(),
             "reduce_dtype": dtype_name(self.reduce_dtype),
             "output_dtype": dtype_name(self.output_dtype),
+            "fp8": None if self.fp8 is None else self.fp8.to_dict(),
         }
 
     def describe(self) -> str:
@@ -116,6 +123,7 @@ class PrecisionPlan:
                 if self.output_dtype is None
                 else [f"FSDP2 output cast: {dtype_name(self.output_dtype)}"]
             )
+            + ([] if self.fp8 is None else [f"linear layers: {self.fp8.describe()}"])
         )
 
 
@@ -142,5 +150,6 @@ def resolve_plan(policy: Policy) -> PrecisionPlan:
         loss_scaling=policy.loss_scaling,
         reduce_dtype=policy.reduce_dtype,
         output_dtype=policy.output_dtype,
+        fp8=policy.fp8,
         risks=policy.risks(),
     )

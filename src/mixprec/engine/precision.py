@@ -12,7 +12,9 @@ FSDP2 models). What it adds is the discipline around them:
   `GradScaler.step` refuses;
 * every step returns a `StepReport`, and `Precision.stats` keeps the telemetry
   (skipped steps, the loss-scale history); a scale that keeps collapsing raises
-  `PrecisionError` instead of looping forever.
+  `PrecisionError` instead of looping forever;
+* under an FP8 policy (`Policy.fp8`), `prepare` converts the eligible linear
+  layers to torchao's float8 training and records which and why (`Precision.fp8`).
 
 Example:
     >>> prec = Precision("bf16_master")
@@ -42,6 +44,7 @@ from mixprec.engine.effective import (
     summary_text,
     warn_if_slow,
 )
+from mixprec.engine.fp8 import Float8Conversion, convert_fp8_linears
 from mixprec.engine.gradients import check_max_norm, has_grads
 from mixprec.engine.observers import StepObserver
 from mixprec.engine.optimizers import (
@@ -66,7 +69,7 @@ from mixprec.engine.stepping import (
     run_step,
 )
 from mixprec.engine.storage import apply_storage
-from mixprec.engine.wrappers import check_wrapped
+from mixprec.engine.wrappers import check_wrapped, fsdp_modules, is_ddp
 from mixprec.errors import PrecisionWarning, user_stacklevel
 from mixprec.islands import is_fp32_island, island_names
 from mixprec.optim.sharding import is_dtensor
@@ -107,6 +110,9 @@ class Precision:
         policy: the `Policy` as given (kept for `state_dict` and messages).
         measured: the `SpeedMeasurement` a measured ``auto`` chose from, else None.
         plan: the `PrecisionPlan` every method executes, resolved once here.
+        fp8: under an FP8 policy, what `prepare` did to the model last prepared (a
+            `mixprec.engine.fp8.Float8Conversion`: recipe, emulation, the layers
+            converted and those kept with why); None before `prepare` or without FP8.
         stats: the telemetry (`PrecisionStats`).
         observers: the `StepObserver`s called around every step.
 
@@ -150,6 +156,7 @@ class Precision:
         self._clip: ClipNote | None = None
         self._warned_scaled_edit = False
         self._model: nn.Module | None = None  # the model last prepared
+        self.fp8: Float8Conversion | None = None
         self.observers: list[StepObserver] = []
 
     # ------------------------------------------------------------ properties
@@ -198,10 +205,18 @@ class Precision:
         storage, autocast's own op lists decide. Buffers are left as they are.
         Returns the same model, changed in place; `fp32_islands` names the islands.
 
+        Under an FP8 policy the eligible `nn.Linear` layers are then swapped for
+        torchao's ``Float8Linear`` (`mixprec.engine.fp8`): parameters keep their
+        identity, so optimizers are unaffected; `fp8` records the layers converted
+        and kept, and a `PrecisionWarning` says when none qualifies. Only a model
+        that is itself a converted `nn.Linear` comes back as a new module. Without
+        torchao this raises `ImportError` with the install line.
+
         A model wrapped by FSDP2 or DDP must already hold the plan's storage dtypes
         (`mixprec.distributed.shard`/`ddp` set them before wrapping), and its wrappers
         must reduce gradients in the plan's ``reduce_dtype`` and cast outputs to its
-        ``output_dtype``; otherwise `PrecisionError` names the fix.
+        ``output_dtype``; otherwise `PrecisionError` names the fix. FP8 layers must be
+        converted before wrapping: call `prepare` first.
         """
         first = next(iter(model.parameters()), None)
         if first is not None and self._device is None:
@@ -212,9 +227,37 @@ class Precision:
             warnings.warn(risk, PrecisionWarning, stacklevel=user_stacklevel())
         self._sharded = any(is_dtensor(p) for p in model.parameters())
         self._scaler = None  # rebuilt for this model's device and sharding
-        apply_storage(model, self.plan, self.device.type)
+        islands = apply_storage(model, self.plan, self.device.type)
         check_wrapped(model, self.plan)
+        self.fp8 = None
+        if self.plan.fp8 is not None:
+            model = self._convert_fp8(model, islands)
         self._model = model
+        return model
+
+    def _convert_fp8(self, model: nn.Module, islands: tuple[str, ...]) -> nn.Module:
+        settings = self.plan.fp8
+        assert settings is not None
+        model, conversion = convert_fp8_linears(
+            model,
+            settings,
+            device=self.device,
+            islands=islands,
+            policy=self.plan.policy_name,
+            wrapped=is_ddp(model) or bool(fsdp_modules(model)),
+        )
+        self.fp8 = conversion
+        if not conversion.converted:
+            kept = "; ".join(f"{k.name or '<model>'}: {k.reason}" for k in conversion.kept[:4])
+            more = f"; ... ({len(conversion.kept) - 4} more)" if len(conversion.kept) > 4 else ""
+            warnings.warn(
+                f"policy {self.plan.policy_name!r}: no nn.Linear of the model qualifies for "
+                f"fp8 {settings.recipe!r}, so it trains entirely in 16 bits "
+                f"({kept or 'the model has no nn.Linear'}{more}); relax the fp8 filter "
+                "(min_divisor, skip_first_last, exclude) or choose a 16-bit policy",
+                PrecisionWarning,
+                stacklevel=user_stacklevel(),
+            )
         return model
 
     # -------------------------------------------------------------- optimizer
@@ -472,20 +515,27 @@ class Precision:
 
         Keys: ``policy`` (its fields), ``plan`` (`PrecisionPlan.to_dict`),
         ``fp32_islands`` (the island module names after `prepare`, else None),
-        ``device``, ``device_name``, ``compute_supported``, ``compute_fast`` and
+        ``fp8`` (`Float8Conversion.to_dict` after `prepare` under an FP8 policy, else
+        None), ``device``, ``device_name``, ``compute_supported``, ``compute_fast`` and
         ``reason`` (why the compute dtype is slow or unsupported here). `summary`
         says the same in a few lines of text.
         """
-        return effective_precision(self.policy, self.plan, self.device, self.fp32_islands)
+        return effective_precision(
+            self.policy, self.plan, self.device, self.fp32_islands, self.fp8
+        )
 
     def summary(self) -> str:
         """What this run will do, a few lines of text: the policy, the device, the
-        plan (`PrecisionPlan.describe`) and the fp32 island modules of the prepared
-        model."""
-        return summary_text(self.policy, self.plan, self.describe())
+        plan (`PrecisionPlan.describe`), the fp32 island modules of the prepared
+        model and, under an FP8 policy, its layers converted and kept."""
+        return summary_text(self.policy, self.plan, self.describe(), self.fp8)
 
     def __repr__(self) -> str:
-        return f"Precision({self.policy.name!r}: {self.policy.describe()})"
+        fp8 = ""
+        if self.fp8 is not None:
+            how = "emulated" if self.fp8.emulate else "FP8 GEMMs"
+            fp8 = f"; {len(self.fp8.converted)} fp8 layers ({how}), {len(self.fp8.kept)} kept"
+        return f"Precision({self.policy.name!r}: {self.policy.describe()}{fp8})"
 
 
 def _measure_for_auto(

@@ -4,8 +4,9 @@ A `Policy` says separately how activations are computed (`compute_dtype`),
 how parameters are stored (`param_dtype`), how the optimizer keeps full
 precision (`master`) and its moments (`moments`), how gradients are reduced
 across ranks (`reduce_dtype`), what dtype modules return under FSDP2
-(`output_dtype`), whether the loss is scaled (`loss_scaling`), and which
-modules stay in fp32 (`fp32_modules`). A single "mixed precision on" flag hides
+(`output_dtype`), whether the loss is scaled (`loss_scaling`), which
+modules stay in fp32 (`fp32_modules`), and whether linear layers train in FP8
+(`fp8`, a `Float8Training`). A single "mixed precision on" flag hides
 exactly the decisions that break runs; here each one is visible.
 """
 
@@ -22,6 +23,7 @@ from torch import nn
 
 from mixprec.dtypes import dtype_name, is_16bit, parse_dtype
 from mixprec.formats import check_master, check_moments, master_spec, master_specs
+from mixprec.policy.fp8 import Float8Training
 
 __all__ = ["DEFAULT_FP32_MODULES", "LossScaling", "Policy"]
 
@@ -113,6 +115,10 @@ class Policy:
             parameters stay fp32 and whose forward runs in fp32.
         allow_unscaled: permit fp16 compute without loss scaling (for
             experiments that demonstrate gradient underflow).
+        fp8: `Float8Training` settings: the eligible `nn.Linear` layers train in
+            FP8 through torchao (converted by `Precision.prepare`), the rest of the
+            model under the fields above; None (the default) for no FP8. Needs bf16
+            compute.
         note: free text, e.g. why `auto` chose this policy. Not compared.
     """
 
@@ -126,6 +132,7 @@ class Policy:
     loss_scaling: LossScaling | None = None
     fp32_modules: tuple[type[nn.Module] | str, ...] = DEFAULT_FP32_MODULES
     allow_unscaled: bool = False
+    fp8: Float8Training | None = None
     note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -145,6 +152,11 @@ class Policy:
             )
         if not isinstance(self.allow_unscaled, bool):
             raise TypeError(f"allow_unscaled must be True or False, got {self.allow_unscaled!r}")
+        if self.fp8 is not None and not isinstance(self.fp8, Float8Training):
+            raise TypeError(
+                f"fp8 must be a mixprec.Float8Training or None, got {self.fp8!r}; "
+                "configs give a mapping through Policy.from_dict"
+            )
         if isinstance(self.fp32_modules, str | type):
             raise TypeError(
                 f"fp32_modules must be a tuple of module types or name patterns, got "
@@ -193,6 +205,13 @@ class Policy:
                 f"{where}: master={self.master!r} needs {needs} params, got "
                 f"{dtype_name(self.param_dtype)}; fix: param_dtype=torch.bfloat16 or master='fp32'"
             )
+        if self.fp8 is not None and self.compute_dtype != torch.bfloat16:
+            raise ValueError(
+                f"{where}: fp8={self.fp8.recipe!r} needs bf16 compute (torchao's float8 "
+                "training casts to FP8 from bf16 and runs the rest of the model in it), got "
+                f"compute_dtype={dtype_name(self.compute_dtype)}; fix: "
+                "compute_dtype=torch.bfloat16 (the fp8_* presets)"
+            )
         if self.param_dtype == torch.float16 and self.loss_scaling is not None:
             raise ValueError(
                 f"{where}: fp16 parameter storage with loss scaling would unscale fp16 gradients "
@@ -219,6 +238,13 @@ class Policy:
                 f"every step and small ones are lost, and moments are stored in {self.moments}; "
                 f"use master={exact.name!r} (bitwise fp32 at {exact.bytes_per_element} extra "
                 "bytes/param) unless you have measured that this is acceptable"
+            )
+        if self.fp8 is not None and not self.fp8.skip_first_last:
+            found.append(
+                f"policy {self.name!r}: fp8 with skip_first_last=False converts the first and "
+                "the last nn.Linear (often the input projection and the output head, the layers "
+                "most sensitive to FP8's 2-3 mantissa bits) to FP8; keep them in 16 bits "
+                "(skip_first_last=True) unless you have measured that this is acceptable"
             )
         return tuple(found)
 
@@ -260,6 +286,7 @@ class Policy:
             "loss_scaling": None if self.loss_scaling is None else self.loss_scaling.to_dict(),
             "fp32_modules": [e if isinstance(e, str) else e.__name__ for e in self.fp32_modules],
             "allow_unscaled": self.allow_unscaled,
+            "fp8": None if self.fp8 is None else self.fp8.to_dict(),
             "note": self.note,
         }
 
@@ -270,8 +297,10 @@ class Policy:
         A ``preset`` key starts from that preset (see `policy`) and the other keys
         override its fields. Dtypes are strings (``"bf16"``), ``loss_scaling`` is
         null, ``"dynamic"``, a number (a static scale) or a mapping of
-        `LossScaling` fields; ``fp32_modules`` is a list of name patterns. Nothing
-        is imported or executed.
+        `LossScaling` fields; ``fp32_modules`` is a list of name patterns; ``fp8`` is
+        null, a recipe name or a mapping of `Float8Training` fields (over a preset's
+        own fp8 settings, given fields replace those fields only). Nothing is
+        imported or executed.
 
         Raises:
             ValueError: on unknown keys or values, naming the valid ones.
@@ -318,6 +347,11 @@ class Policy:
                     f"fp32_modules must be a list of name patterns, got {raw_modules!r}"
                 )
             kwargs["fp32_modules"] = tuple(raw_modules)
+        if "fp8" in values:
+            raw_fp8 = values["fp8"]
+            if base is not None and base.fp8 is not None and isinstance(raw_fp8, Mapping):
+                raw_fp8 = {**base.fp8.to_dict(), **raw_fp8}
+            kwargs["fp8"] = Float8Training.from_dict(raw_fp8)
         if base is not None:
             kwargs.setdefault("name", base.name if len(kwargs) == 0 else "custom")
             return dataclasses.replace(base, **kwargs)
@@ -332,11 +366,12 @@ class Policy:
                 if self.loss_scaling.dynamic
                 else f"static {self.loss_scaling.init_scale:g}"
             )
+        fp8 = "" if self.fp8 is None else f", fp8 linears {self.fp8.recipe}"
         return (
             f"compute {dtype_name(self.compute_dtype)}, params {dtype_name(self.param_dtype)}, "
             f"master {self.master}, moments {self.moments}, "
             f"reduce {dtype_name(self.reduce_dtype)}, "
-            f"loss scaling {scaling}"
+            f"loss scaling {scaling}{fp8}"
         )
 
 

@@ -3,6 +3,14 @@
 Presets come from `policy(name)`, which also accepts other tools' spellings
 (Lightning's ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"``; Accelerate's
 ``"fp16"``/``"bf16"``; Composer's ``"amp_bf16"``...).
+
+The ``fp8_*`` presets are ``bf16_master`` (bf16 compute and storage, exact
+master, fp32 moments, no loss scaling) with the eligible linear layers in FP8
+through torchao's float8 training, one preset per torchao recipe. Every recipe
+scales dynamically (current scaling: each cast's scale from that tensor's amax
+now); torchao 0.18 has no delayed scaling, whose semantics only the doctor's FP8
+probe reproduces. They need torchao (``pip install 'mixprec[fp8]'``) only when a
+model is prepared.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import torch
 
 from mixprec.device import device_caps
 from mixprec.policy.definition import LossScaling, Policy
+from mixprec.policy.fp8 import Float8Training
 
 if TYPE_CHECKING:
     from mixprec.speed import SpeedMeasurement
@@ -23,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ALIASES",
     "AUTO_CANDIDATES",
+    "FP8_PRESET_NAMES",
     "PRESET_NAMES",
     "policy",
     "preset_names",
@@ -31,6 +41,16 @@ __all__ = [
 
 
 _BF16 = torch.bfloat16
+
+
+def _fp8(name: str, recipe: str) -> Policy:
+    return Policy(
+        name=name,
+        compute_dtype=_BF16,
+        param_dtype=_BF16,
+        master="exact",
+        fp8=Float8Training(recipe=recipe),
+    )
 
 
 def _presets() -> dict[str, Callable[[], Policy]]:
@@ -74,6 +94,9 @@ def _presets() -> dict[str, Callable[[], Policy]]:
             master="none",
             moments="bf16",
         ),
+        "fp8_tensorwise": lambda: _fp8("fp8_tensorwise", "tensorwise"),
+        "fp8_rowwise": lambda: _fp8("fp8_rowwise", "rowwise"),
+        "fp8_rowwise_gw_hp": lambda: _fp8("fp8_rowwise_gw_hp", "rowwise_with_gw_hp"),
     }
 
 
@@ -88,7 +111,13 @@ PRESET_NAMES: tuple[str, ...] = (
     "bf16_kahan",
     "bf16_sr",
     "bf16_pure",
+    "fp8_tensorwise",
+    "fp8_rowwise",
+    "fp8_rowwise_gw_hp",
 )
+
+#: The presets whose linear layers train in FP8 (`Policy.fp8`), in table order.
+FP8_PRESET_NAMES: tuple[str, ...] = ("fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp")
 
 #: Other tools' spellings and the preset each means. Lookup ignores case and treats
 #: "-" and "_" alike.

@@ -37,6 +37,15 @@ EXPECTED = {
     "bf16_kahan": (BF16, BF16, "kahan", "bf16", False),
     "bf16_sr": (BF16, BF16, "stochastic", "bf16", False),
     "bf16_pure": (BF16, BF16, "none", "bf16", False),
+    "fp8_tensorwise": (BF16, BF16, "exact", "fp32", False),
+    "fp8_rowwise": (BF16, BF16, "exact", "fp32", False),
+    "fp8_rowwise_gw_hp": (BF16, BF16, "exact", "fp32", False),
+}
+# The fp8 presets' torchao recipes; every other preset has no fp8.
+EXPECTED_FP8 = {
+    "fp8_tensorwise": "tensorwise",
+    "fp8_rowwise": "rowwise",
+    "fp8_rowwise_gw_hp": "rowwise_with_gw_hp",
 }
 
 
@@ -55,6 +64,7 @@ def test_preset_table() -> None:
     for name, (compute, params, master, moments, scaled) in EXPECTED.items():
         p = get(name)
         assert p.name == name
+        assert (None if p.fp8 is None else p.fp8.recipe) == EXPECTED_FP8.get(name)
         assert (p.compute_dtype, p.param_dtype, p.master, p.moments, p.scales_loss) == (
             compute,
             params,

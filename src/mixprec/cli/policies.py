@@ -146,6 +146,19 @@ def _measurement_table(measured: SpeedMeasurement) -> str:
     return table(["format", "best ms", "median ms", "best vs fp32", "median vs fp32"], rows)
 
 
+def _fp8_note() -> str:
+    """What the fp8 column means, and whether torchao is here (found, not imported)."""
+    import importlib.util
+
+    note = (
+        "the eligible nn.Linear layers train in FP8 through torchao's float8 training "
+        "(that recipe, dynamic scaling; emulated where there are no FP8 units, as on every CPU)"
+    )
+    if importlib.util.find_spec("torchao") is None:
+        note += "; torchao is not installed: pip install 'mixprec[fp8]'"
+    return note
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the presets (or JSON); with ``--probe``, measure what ``auto`` picks."""
     from mixprec.policy import ALIASES, PRESET_NAMES, policy, resolve_auto
@@ -191,12 +204,17 @@ def run(args: argparse.Namespace) -> int:
                 d["moments"],
                 d["reduce_dtype"],
                 scaling,
+                "-" if p.fp8 is None else p.fp8.recipe,
             ]
         )
     print(
-        table(["preset", "compute", "params", "master", "moments", "reduce", "loss scaling"], rows)
+        table(
+            ["preset", "compute", "params", "master", "moments", "reduce", "loss scaling", "fp8"],
+            rows,
+        )
     )
     print()
+    print(f"fp8       {_fp8_note()}")
     print(f"auto      -> {auto.name}: {auto.note}")
     print("          (from device facts; `mixprec policies --probe` measures this machine)")
     by_target: dict[str, list[str]] = {}

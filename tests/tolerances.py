@@ -58,3 +58,18 @@ INT8_SQRT_EXP_AVG_SQ_REL_AT_1E4 = 0.05
 #: bf16_master (bf16 weights and compute), logits of magnitude ~1. Measured
 #: 3.4e-3 (untied) and 4.2e-3 (tied) after 3 steps; set at about 3x.
 EXPORT_POLICY_LOGITS_ATOL = 1.5e-2
+
+#: torchao's float8 casts (tests/engine/test_fp8_casts.py) against a float64
+#: reference. Round to nearest bounds the relative error of a value whose scaled
+#: magnitude is in the format's normal range by u / (1 + u), u = eps/2 (under the
+#: format's eps: 5.9% for e4m3, 11.1% for e5m2); this slack covers the fp32
+#: arithmetic around the cast: the value in fp32, ``x * scale`` and the dequantizing
+#: ``/ scale`` each round once (2**-24 relative each), with one more for margin.
+#: Measured worst cases sit 1e-5 to 4e-5 below u / (1 + u) (32k draws per case).
+FP8_CAST_FP32_SLACK = 4 * 2.0**-24
+
+#: tests/engine/test_fp8_casts.py: the share of values drawn log-uniformly over a
+#: format's normal range (after scaling) that must land in it; the rest are the
+#: subnormal tail (checked by absolute error). Set by construction (draws over
+#: 95% of the range in octaves).
+FP8_IN_RANGE_MIN_SHARE = 0.9

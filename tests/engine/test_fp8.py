@@ -273,7 +273,9 @@ def test_deepcopy_and_state_dict_interchange_with_the_16_bit_model() -> None:
     plain.load_state_dict(sd)
     fresh = Precision("fp8_rowwise_gw_hp").prepare(Net(width=32))
     fresh.load_state_dict(plain.state_dict())
-    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), sd.values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), sd.values(), strict=True)
+    )
     buffer = io.BytesIO()
     torch.save(model, buffer)
     buffer.seek(0)
@@ -300,7 +302,8 @@ def test_mixprec_checkpoint_save_and_load(tmp_path: Path) -> None:
     assert loss_of(model2, prec2, seed=5).item() == expected
     for p, q in zip(model.parameters(), model2.parameters(), strict=True):
         assert torch.equal(p, q)
-        assert all(torch.equal(a, b) for a, b in zip(opt.state[p].values(), opt2.state[q].values()))
+        saved, loaded = opt.state[p].values(), opt2.state[q].values()
+        assert all(torch.equal(a, b) for a, b in zip(saved, loaded, strict=True))
 
 
 # ------------------------------------------------------------------ without torchao

@@ -12,15 +12,15 @@ import math
 
 import pytest
 import torch
+from tests.tolerances import FP8_CAST_FP32_SLACK, FP8_IN_RANGE_MIN_SHARE
 
 from mixprec.floats import float_format
-from tests.tolerances import FP8_CAST_FP32_SLACK, FP8_IN_RANGE_MIN_SHARE
 
 pytest.importorskip("torchao.float8")
 
-from torchao.float8.config import ScalingGranularity  # noqa: E402
-from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic  # noqa: E402
-from torchao.float8.float8_training_tensor import (  # noqa: E402
+from torchao.float8.config import ScalingGranularity
+from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+from torchao.float8.float8_training_tensor import (
     LinearMMConfig,
     hp_tensor_and_scale_to_float8,
 )
@@ -50,7 +50,9 @@ def _draw(fmt: str, rows: int = 64, cols: int = 512, seed: int = 0) -> torch.Ten
     return x
 
 
-def _cast(x64: torch.Tensor, fmt: str, cast: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _cast(
+    x64: torch.Tensor, fmt: str, cast: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     granularity, dim, pow2 = CASTS[cast]
     t = hp_tensor_to_float8_dynamic(
         x64.float(),

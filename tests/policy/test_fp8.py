@@ -76,7 +76,7 @@ def test_fp8_needs_bf16_compute_and_says_the_fix() -> None:
                 allow_unscaled=True,
                 fp8=Float8Training(),
             )
-    with pytest.raises(TypeError, match="fp8 must be a mixprec.Float8Training"):
+    with pytest.raises(TypeError, match=r"fp8 must be a mixprec\.Float8Training"):
         Policy(compute_dtype=BF16, fp8={"recipe": "rowwise"})  # type: ignore[arg-type]
     # fp32 storage with bf16 compute works (the preset's bf16 storage is the tested one)
     assert Policy(compute_dtype=BF16, fp8=Float8Training()).fp8 == Float8Training()
@@ -129,9 +129,10 @@ def test_from_dict_the_yaml_spellings() -> None:
     )
     assert Policy.from_dict({"preset": "fp8_rowwise", "fp8": None}).fp8 is None
     assert Policy.from_dict({"preset": "fp8_rowwise"}).name == "fp8_rowwise"
-    assert Policy.from_dict(
-        {"preset": "fp8_tensorwise", "fp8": {"emulate": "auto"}}
-    ).fp8 == Float8Training()
+    assert (
+        Policy.from_dict({"preset": "fp8_tensorwise", "fp8": {"emulate": "auto"}}).fp8
+        == Float8Training()
+    )
 
 
 @pytest.mark.parametrize(

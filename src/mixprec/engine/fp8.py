@@ -141,7 +141,9 @@ def fp8_hardware(device: torch.device | str) -> tuple[bool, str]:
     return False, f"sm_{major}{minor} predates FP8 tensor cores (sm_89+)"
 
 
-def _resolve_emulate(settings: Float8Training, device: torch.device, policy: str) -> tuple[bool, str]:
+def _resolve_emulate(
+    settings: Float8Training, device: torch.device, policy: str
+) -> tuple[bool, str]:
     fast, why = fp8_hardware(device)
     if settings.emulate is None:
         return (not fast), f"auto: {why}"

@@ -520,9 +520,7 @@ class Precision:
         ``reason`` (why the compute dtype is slow or unsupported here). `summary`
         says the same in a few lines of text.
         """
-        return effective_precision(
-            self.policy, self.plan, self.device, self.fp32_islands, self.fp8
-        )
+        return effective_precision(self.policy, self.plan, self.device, self.fp32_islands, self.fp8)
 
     def summary(self) -> str:
         """What this run will do, a few lines of text: the policy, the device, the

@@ -422,6 +422,11 @@ class Contract:
             settings.pop(key, None)
         pol = get_policy(policy_name).to_dict()
         pol.pop("note", None)
+        # Policy fields added since (fp8) are hashed only when set, so the records of
+        # earlier versions keep their fingerprints and are reused, not retrained.
+        for key in _POLICY_KEYS_HASHED_WHEN_SET:
+            if pol.get(key) is None:
+                pol.pop(key, None)
         blob = json.dumps(
             {
                 "settings": settings,
@@ -441,6 +446,10 @@ class Contract:
         blob = json.dumps(self.to_dict(), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+
+#: `Policy.to_dict` keys newer than record version 3, left out of run fingerprints
+#: while None (see `Contract.run_fingerprint`).
+_POLICY_KEYS_HASHED_WHEN_SET = ("fp8",)
 
 #: Most seeds a contract may ask for (a guard against typos: each seed is a run).
 _MAX_SEEDS = 100

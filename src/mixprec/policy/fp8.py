@@ -29,18 +29,18 @@ __all__ = ["FP8_RECIPES", "Float8Training"]
 #: torchao's recipe names (``Float8LinearRecipeName``), and what each casts to FP8.
 FP8_RECIPES: Mapping[str, str] = MappingProxyType(
     {
-    "tensorwise": (
-        "one scale per tensor; input and weight in e4m3, grad_output in e5m2; "
-        "all three GEMMs in FP8"
-    ),
-    "rowwise": (
-        "one scale per row (power of two); input, weight and grad_output in e4m3; "
-        "all three GEMMs in FP8"
-    ),
-    "rowwise_with_gw_hp": (
-        "rowwise for output and grad_input (grad_output in e4m3, weight tensorwise for "
-        "grad_input); grad_weight computed in high precision (16-bit)"
-    ),
+        "tensorwise": (
+            "one scale per tensor; input and weight in e4m3, grad_output in e5m2; "
+            "all three GEMMs in FP8"
+        ),
+        "rowwise": (
+            "one scale per row (power of two); input, weight and grad_output in e4m3; "
+            "all three GEMMs in FP8"
+        ),
+        "rowwise_with_gw_hp": (
+            "rowwise for output and grad_input (grad_output in e4m3, weight tensorwise for "
+            "grad_input); grad_weight computed in high precision (16-bit)"
+        ),
     }
 )
 
@@ -169,7 +169,9 @@ class Float8Training:
             if isinstance(raw_exclude, str):
                 raw_exclude = [raw_exclude]
             if not isinstance(raw_exclude, list | tuple):
-                raise ValueError(f"fp8 exclude must be a list of name patterns, got {raw_exclude!r}")
+                raise ValueError(
+                    f"fp8 exclude must be a list of name patterns, got {raw_exclude!r}"
+                )
             values["exclude"] = tuple(raw_exclude)
         try:
             return cls(**values)

@@ -122,3 +122,24 @@ def test_bad_input_exits_2_with_one_line(
     assert captured.err.count("\n") == 1 and captured.err.startswith("mixprec"), captured.err
     assert message in captured.err
     assert captured.out == "" and calls == []
+
+
+def test_the_fp8_presets_are_listed_with_their_recipe(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policies", "--json"]) == 0
+    presets = {p["name"]: p for p in json.loads(capsys.readouterr().out)["presets"]}
+    assert presets["fp8_rowwise_gw_hp"]["fp8"] == {
+        "recipe": "rowwise_with_gw_hp",
+        "emulate": None,
+        "min_divisor": 16,
+        "skip_first_last": True,
+        "exclude": [],
+    }
+    assert presets["fp8_tensorwise"]["param_dtype"] == "bf16"
+    assert presets["fp8_tensorwise"]["master"] == "exact"
+    assert presets["bf16_master"]["fp8"] is None
+    assert main(["policies"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    assert rows["preset"][-1] == "fp8"
+    assert rows["fp8_rowwise"][-1] == "rowwise" and rows["bf16_master"][-1] == "-"
+    assert "fp8       the eligible nn.Linear layers train in FP8 through torchao" in out

@@ -5,6 +5,8 @@ One module per concept (tests mirror it in ``tests/engine/``):
 * `plan`: `PrecisionPlan`, the policy resolved once (`resolve_plan`);
 * `precision`: `Precision` (prepare, autocast, backward, clip, step, state);
 * `storage`: what `prepare` does to a model (fp32 islands, storage casts);
+* `fp8`: FP8 linear layers through torchao's float8 training (which layers, the
+  conversion, `Float8Conversion` on `Precision.fp8`, the lazy torchao import);
 * `effective`: requested versus effective precision on a device;
 * `optimizers`: the optimizer a plan implies, and whether one can honour it;
 * `scaling`: loss scaling and unscaling before clipping;

@@ -1,0 +1,116 @@
+"""FP8 candidates are judged against the best 16-bit policy too (constructed records)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mixprec.experiment.contract import Contract
+from mixprec.experiment.decision import decide
+from mixprec.experiment.fp8_gate import FP8_GATE
+from mixprec.experiment.records import RunRecord
+
+from .test_decision import rec
+
+FP8 = {"fp8": {"recipe": "tensorwise"}}
+BASE = [1.00, 1.02, 0.99]
+
+
+def runs(policy: str, gaps: list[float], **kw: Any) -> list[RunRecord]:
+    """`policy`'s records, `gaps` above fp32's `BASE` losses seed by seed."""
+    if policy.startswith("fp8"):
+        kw.setdefault("policy_fields", FP8)
+    return [rec(policy, i, b * (1 + g), **kw) for i, (b, g) in enumerate(zip(BASE, gaps))]
+
+
+def fp32() -> list[RunRecord]:
+    return [rec("fp32", i, b) for i, b in enumerate(BASE)]
+
+
+def contract(**kw: Any) -> Contract:
+    kw.setdefault("candidates", ("amp_bf16", "bf16_master", "fp8_tensorwise"))
+    return Contract(workload="digits", baseline="fp32", seeds=3, **kw)
+
+
+def test_fp8_within_the_fp32_gap_but_worse_than_bf16_is_rejected_against_bf16() -> None:
+    records = fp32() + runs("amp_bf16", [-0.004, -0.005, -0.004], total=800)
+    records += runs("bf16_master", [0.0, 0.001, 0.0], total=700)
+    records += runs("fp8_tensorwise", [0.003, 0.004, 0.003], total=600)
+    d = decide(records, contract(objective="memory"), higher_is_better=False)
+    v = d.verdicts["fp8_tensorwise"]
+    # Against fp32 alone it would pass (+0.3-0.4% < 0.5%); the reference is bf16_master,
+    # the best eligible 16-bit policy under the memory objective, and that gap is ~0.34%.
+    assert d.fp8_reference == "bf16_master"
+    assert v.status == "eligible" and v.gate == FP8_GATE, v.reason
+    assert "to bf16_master" in v.reason and "against fp32" in v.reason
+    c = contract(objective="memory", baseline_for_fp8="amp_bf16")
+    d = decide(records, c, higher_is_better=False)
+    v = d.verdicts["fp8_tensorwise"]
+    assert d.fp8_reference == "amp_bf16"
+    assert v.status == "rejected" and v.gate == FP8_GATE, v.reason
+    assert "gap to amp_bf16" in v.reason and "on the whole interval" in v.reason
+    assert d.recommended == "bf16_master"
+
+
+def test_an_fp8_candidate_that_holds_against_bf16_can_be_recommended() -> None:
+    records = fp32() + runs("amp_bf16", [0.0, 0.001, 0.0], total=800)
+    records += runs("fp8_tensorwise", [0.001, 0.002, 0.001], total=600)
+    d = decide(
+        records,
+        contract(candidates=("amp_bf16", "fp8_tensorwise"), objective="memory"),
+        higher_is_better=False,
+    )
+    assert d.fp8_reference == "amp_bf16"
+    assert d.verdicts["fp8_tensorwise"].status == "eligible"
+    assert d.recommended == "fp8_tensorwise"
+    assert d.to_dict()["fp8_reference"] == "amp_bf16"
+
+
+def test_without_an_eligible_16bit_policy_fp8_is_not_judged() -> None:
+    records = fp32() + runs("amp_bf16", [0.02, 0.03, 0.025])
+    records += runs("fp8_tensorwise", [0.0, 0.001, 0.0], total=600)
+    d = decide(records, contract(candidates=("amp_bf16", "fp8_tensorwise")), higher_is_better=False)
+    v = d.verdicts["fp8_tensorwise"]
+    assert v.status == "rejected" and v.gate == FP8_GATE
+    assert "no 16-bit candidate passed the gates" in v.reason
+    assert d.fp8_reference is None and d.fp8_note
+    assert d.status == "none" and d.recommended is None  # no candidate is eligible
+
+
+def test_a_named_reference_that_failed_says_so() -> None:
+    records = fp32() + runs("amp_bf16", [0.02, 0.03, 0.025])
+    records += runs("bf16_master", [0.0, 0.0, 0.0], total=700)
+    records += runs("fp8_tensorwise", [0.0, 0.001, 0.0], total=600)
+    d = decide(records, contract(baseline_for_fp8="amp_bf16"), higher_is_better=False)
+    v = d.verdicts["fp8_tensorwise"]
+    assert v.status == "rejected" and "baseline_for_fp8 amp_bf16 is rejected" in v.reason
+
+
+def test_fp8_that_fails_against_fp32_keeps_that_verdict() -> None:
+    records = fp32() + runs("amp_bf16", [0.0, 0.0, 0.0])
+    records += runs("fp8_tensorwise", [0.05, 0.06, 0.05])
+    d = decide(records, contract(candidates=("amp_bf16", "fp8_tensorwise")), higher_is_better=False)
+    assert d.verdicts["fp8_tensorwise"].gate == "loss-gap"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("bf16_lean", r"baseline_for_fp8 'bf16_lean' is not a 16-bit candidate"),
+        ("fp8_tensorwise", r"baseline_for_fp8 'fp8_tensorwise' is not a 16-bit candidate"),
+        ("", r"baseline_for_fp8 '' is not a policy name"),
+        (3, r"baseline_for_fp8 3 is not a policy name"),
+    ],
+)
+def test_baseline_for_fp8_must_be_a_16bit_candidate(value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        contract(baseline_for_fp8=value)
+
+
+def test_baseline_for_fp8_is_a_decision_key_and_an_alias_resolves() -> None:
+    c = contract(baseline_for_fp8="bf16-mixed")
+    assert c.baseline_for_fp8 == "amp_bf16"
+    assert c.run_fingerprint("fp32", 0) == contract().run_fingerprint("fp32", 0)
+    assert Contract.from_dict(c.to_dict()) == c
+    assert "baseline_for_fp8" not in contract().to_dict()

@@ -1,10 +1,12 @@
-"""What a device can do with each 16-bit format: supported at all, and fast.
+"""What a device can do with each 16-bit format (and fp8): supported at all, and fast.
 
 "Supported" means `torch.autocast` can run the format on that device type.
 "Fast" means its matmuls run on hardware that makes them quicker than fp32
 (tensor cores on Ampere+ GPUs for bf16, AVX512-BF16/AMX on CPUs). The two differ:
 fp16 autocast runs on any modern CPU, but without AVX512-FP16/AMX-FP16 its
-matmuls are emulated and many times slower than fp32.
+matmuls are emulated and many times slower than fp32. fp8 matmuls need FP8 tensor
+cores (CUDA capability 8.9+: Ada, Hopper, Blackwell); elsewhere, every CPU included,
+torchao's float8 training runs emulated, which measures numerics, not speed.
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from mixprec.floats import canonical_name
+from mixprec.floats import canonical_name, is_fp8_name
 
 __all__ = ["DeviceCaps", "device_caps", "resolve_device"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceCaps:
-    """The 16-bit capabilities of one device.
+    """The 16-bit and fp8 capabilities of one device.
 
     Attributes:
         device_type: ``"cpu"``, ``"cuda"``, ``"mps"``...
@@ -33,6 +35,9 @@ class DeviceCaps:
         fp16_fast: fp16 matmuls are hardware-accelerated.
         bf16_reason: why bf16 is (not) supported/fast, in one sentence.
         fp16_reason: why fp16 is (not) supported/fast, in one sentence.
+        fp8_fast: fp8 matmuls run on FP8 units (CUDA capability 8.9+); False where
+            fp8 can only be emulated (every CPU) or was not probed.
+        fp8_reason: why fp8 is (not) fast, in one sentence.
     """
 
     device_type: str
@@ -43,11 +48,15 @@ class DeviceCaps:
     fp16_fast: bool
     bf16_reason: str
     fp16_reason: str
+    fp8_fast: bool = False
+    fp8_reason: str = ""
 
     def supported(self, dtype: torch.dtype | str) -> bool:
         """Whether autocast can compute in `dtype` (a dtype or its name) on this device
-        (fp32 always can)."""
+        (fp32 always can; fp8 always can, emulated where it is not `fast`)."""
         name = _name(dtype)
+        if is_fp8_name(name):
+            return True
         if name == "bf16":
             return self.bf16_supported
         if name == "fp16":
@@ -57,6 +66,8 @@ class DeviceCaps:
     def fast(self, dtype: torch.dtype | str) -> bool:
         """Whether `dtype` (a dtype or its name) matmuls are hardware-accelerated here."""
         name = _name(dtype)
+        if is_fp8_name(name):
+            return self.fp8_fast
         if name == "bf16":
             return self.bf16_fast
         if name == "fp16":
@@ -66,6 +77,10 @@ class DeviceCaps:
     def reason(self, dtype: torch.dtype | str) -> str:
         """One sentence on the support and speed of `dtype` (a dtype or its name) here."""
         name = _name(dtype)
+        if is_fp8_name(name):
+            return self.fp8_reason or (
+                f"fp8 {'fast' if self.fp8_fast else 'not known to be fast'} on {self.name}"
+            )
         if name == "bf16":
             return self.bf16_reason
         if name == "fp16":
@@ -74,6 +89,8 @@ class DeviceCaps:
 
 
 def _name(dtype: object) -> str | None:
+    if isinstance(dtype, str) and dtype.strip().lower() == "fp8":
+        return "fp8_e4m3"  # the family: both fp8 formats share their units
     try:
         return canonical_name(dtype)
     except (TypeError, ValueError):
@@ -149,7 +166,17 @@ def _cpu_caps() -> DeviceCaps:
         fp16_fast=fp16_fast,
         bf16_reason=bf16_reason,
         fp16_reason=fp16_reason,
+        fp8_fast=False,
+        fp8_reason=_CPU_FP8_REASON,
     )
+
+
+#: No CPU has FP8 matmul units (torch 2.13; AMX and AVX512 stop at bf16/fp16/int8).
+_CPU_FP8_REASON = (
+    "CPUs have no FP8 matmul units: torchao float8 runs emulated (Float8LinearConfig("
+    "emulate=True): casts to fp8 and back, matmuls in high precision), which measures "
+    "fp8 numerics, not fp8 speed"
+)
 
 
 def _cuda_caps(index: int) -> DeviceCaps:
@@ -161,6 +188,7 @@ def _cuda_caps(index: int) -> DeviceCaps:
         bf16_supported = bool(torch.cuda.is_bf16_supported())
     bf16_fast = (major, minor) >= (8, 0)
     fp16_fast = (major, minor) >= (7, 0) or (major, minor) == (6, 0)
+    fp8_fast = (major, minor) >= (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell
     return DeviceCaps(
         device_type="cuda",
         name=name,
@@ -178,6 +206,13 @@ def _cuda_caps(index: int) -> DeviceCaps:
             if fp16_fast
             else f"sm_{major}{minor} has no fast fp16 arithmetic"
         ),
+        fp8_fast=fp8_fast,
+        fp8_reason=(
+            f"sm_{major}{minor} has FP8 tensor cores"
+            if fp8_fast
+            else f"sm_{major}{minor} predates Ada/Hopper (capability 8.9): no FP8 tensor cores, "
+            "so fp8 runs emulated, which measures numerics, not speed"
+        ),
     )
 
 
@@ -191,6 +226,8 @@ def _generic_caps(device_type: str) -> DeviceCaps:
         fp16_fast=True,
         bf16_reason=f"assumed supported and fast on {device_type} (not probed)",
         fp16_reason=f"assumed supported and fast on {device_type} (not probed)",
+        fp8_fast=False,
+        fp8_reason=f"no FP8 units known on {device_type} (not probed): fp8 runs emulated",
     )
 
 
@@ -204,7 +241,8 @@ def _caps_cached(device_type: str, index: int) -> DeviceCaps:
 
 
 def device_caps(device: torch.device | str | None = None) -> DeviceCaps:
-    """The 16-bit capabilities of `device` (default: the current CUDA device if any, else CPU).
+    """The 16-bit and fp8 capabilities of `device` (default: the current CUDA device if
+    any, else CPU).
 
     Results are cached per device.
     """

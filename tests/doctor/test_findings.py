@@ -32,6 +32,8 @@ PINNED_RUNTIME = (
     "gradient-underflow",
     "vanishing-updates",
     "nonfinite-source",
+    "fp8-saturation",
+    "fp8-underflow",
 )
 
 

@@ -132,6 +132,8 @@ class TrainingFacts:
         fp8_enabled: fp8 compute or storage is in use.
         fp8_scaling: the fp8 scaling recipe, None when there is none.
         fp8_detail: how fp8 is used (for the evidence).
+        fp8_emulated: the config asks for emulated fp8 matmuls (torchao ``emulate``).
+        fp8_emulated_by: the key that asks for it (``"fp8.emulate: true"``).
         peft: only adapters train (LoRA/PEFT).
         steps: planned optimizer steps, None if unknown.
         unknown: values the config leaves to the run (``"recipe.yaml:4
@@ -160,6 +162,8 @@ class TrainingFacts:
     fp8_enabled: bool = False
     fp8_scaling: str | None = None
     fp8_detail: str = ""
+    fp8_emulated: bool = False
+    fp8_emulated_by: str = ""
     peft: bool = False
     steps: int | None = None
     unknown: tuple[str, ...] = ()

@@ -85,7 +85,7 @@ _RULE_LIST: tuple[RuleInfo, ...] = (
     RuleInfo(
         id="format-not-accelerated",
         kind="static",
-        summary="the compute format is emulated or unsupported on the device",
+        summary="the compute format (16-bit or fp8) is emulated or unsupported on the device",
     ),
     RuleInfo(
         id="norm-in-16bit",
@@ -121,6 +121,17 @@ _RULE_LIST: tuple[RuleInfo, ...] = (
         id="nonfinite-source",
         kind="runtime",
         summary="the first module whose forward output turned inf/NaN",
+    ),
+    RuleInfo(
+        id="fp8-saturation",
+        kind="runtime",
+        summary="fp8 casts that clip at the format's max (measured, or under a delayed-scaling "
+        "what-if)",
+    ),
+    RuleInfo(
+        id="fp8-underflow",
+        kind="runtime",
+        summary="fp8 casts that flush non-zero values to zero",
     ),
     RuleInfo(
         id="config-unreadable",

@@ -9,7 +9,9 @@ need them stay silent. The semantics come from huggingface/accelerate:
   script loads; ``fp16`` adds a ``GradScaler`` (a ``ShardedGradScaler`` under
   FSDP1, ``accelerator.py``). ``fp8`` keeps bf16 autocast for everything else and
   runs fp8 matmuls through a scaled recipe (``fp8_config.backend``: TE, MS-AMP or
-  torchao).
+  torchao; the TE recipe's ``fp8_format``, ``amax_history_len``,
+  ``amax_compute_algo``, ``margin`` are read into `TrainingFacts.fp8_scaling`,
+  `fp8_recipes`).
 * ``distributed_type: FSDP``: with mixed precision on, trainable parameters
   loaded in 16 bits are upcast to fp32 before sharding (``accelerator.py`` for
   FSDP1, ``utils/fsdp_utils.py`` ``fsdp2_prepare_model``), and the policy
@@ -41,8 +43,14 @@ from typing import TYPE_CHECKING, Any
 
 from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
 from mixprec.doctor.frontends.document import ConfigDoc
+from mixprec.doctor.frontends.fp8_recipes import (
+    AMAX_ALGOS,
+    TE_FORMATS,
+    check_choice,
+    describe_te_delayed,
+)
 from mixprec.doctor.frontends.frontend import FrontEnd
-from mixprec.doctor.frontends.values import config_str, config_value
+from mixprec.doctor.frontends.values import config_int, config_str, config_value
 
 if TYPE_CHECKING:  # a device is probed only when asked for
     from mixprec.device import DeviceCaps
@@ -50,6 +58,7 @@ if TYPE_CHECKING:  # a device is probed only when asked for
 __all__ = [
     "ACCELERATE_MARKERS",
     "DEEPSPEED_FILE_CONFLICTS",
+    "FP8_UNREAD_SPELLINGS",
     "FRONT_END",
     "MIXED_PRECISION",
     "claims_accelerate",
@@ -145,12 +154,63 @@ def _refused_with_deepspeed_file(doc: ConfigDoc) -> None:
         )
 
 
+#: Spellings ``accelerate config`` writes that ``accelerate launch`` does not read: the
+#: launcher exports ``fp8_config.X`` as ``ACCELERATE_FP8_X`` and ``TERecipeKwargs`` reads
+#: ``ACCELERATE_FP8_AMAX_HISTORY_LEN``/``_AMAX_COMPUTE_ALGO`` (``utils/dataclasses.py``),
+#: so these keep the launcher's defaults (1024, ``most_recent``).
+FP8_UNREAD_SPELLINGS: dict[str, str] = {
+    "amax_history_length": "amax_history_len",
+    "amax_compute_algorithm": "amax_compute_algo",
+}
+
+
 def _fp8_scaling(doc: ConfigDoc) -> str:
+    """The fp8 recipe ``fp8_config`` selects: every backend scales (TE delayed scaling,
+    or MXFP8 blocks with ``use_mxfp8_block_scaling``; MS-AMP; torchao's tensorwise
+    current scaling, ``AORecipeKwargs``'s default ``Float8LinearConfig``)."""
     doc.mapping("fp8_config")  # ValueError when present but not a mapping
-    backend = config_str(doc, "fp8_config.backend", "a backend name (TE, MSAMP, AO)")
-    if backend is None:
-        return "Accelerate's default fp8 recipe (TE, MS-AMP or torchao, all scaled)"
-    return f"{backend.strip()} recipe (fp8_config.backend)"
+    backend_raw = config_str(doc, "fp8_config.backend", "a backend name (TE, MSAMP, AO)")
+    if backend_raw is None:
+        return (
+            "Accelerate's default fp8 recipe (torchao, else Transformer Engine, else MS-AMP: "
+            "all scaled)"
+        )
+    backend = check_choice(doc, "fp8_config.backend", backend_raw, ("TE", "MSAMP", "AO"))
+    if backend == "AO":
+        return "torchao float8 tensorwise current scaling (AORecipeKwargs, fp8_config.backend AO)"
+    if backend == "MSAMP":
+        level = config_str(doc, "fp8_config.opt_level") or config_str(
+            doc, "fp8_config.optimization_level"
+        )
+        return f"MS-AMP{f' {level}' if level else ''} (fp8_config.backend MSAMP)"
+    fmt_raw = config_str(doc, "fp8_config.fp8_format", "HYBRID, E4M3 or E5M2")
+    fmt = (
+        "HYBRID"
+        if fmt_raw is None
+        else check_choice(doc, "fp8_config.fp8_format", fmt_raw, TE_FORMATS)
+    )
+    if doc.get("fp8_config.use_mxfp8_block_scaling") is True:
+        return f"Transformer Engine MXFP8BlockScaling ({fmt}; fp8_config.use_mxfp8_block_scaling)"
+    history = config_int(doc, "fp8_config.amax_history_len")
+    algo_raw = config_str(doc, "fp8_config.amax_compute_algo", "max or most_recent")
+    algo = (
+        None
+        if algo_raw is None
+        else check_choice(doc, "fp8_config.amax_compute_algo", algo_raw, AMAX_ALGOS)
+    )
+    margin = config_int(doc, "fp8_config.margin")
+    text = describe_te_delayed(
+        fp8_format=fmt,
+        history=1024 if history is None else history,
+        algo="most_recent" if algo is None else algo,
+        margin=0 if margin is None else margin,
+    )
+    unread = [
+        f"fp8_config.{k} is not read by accelerate launch (it reads {v}; the default applies)"
+        for k, v in FP8_UNREAD_SPELLINGS.items()
+        if doc.has(f"fp8_config.{k}")
+    ]
+    return text + (f"; {'; '.join(unread)}" if unread else "")
 
 
 def facts_from_accelerate(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> TrainingFacts:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
 from mixprec.doctor.frontends.document import ConfigDoc
+from mixprec.doctor.frontends.fp8_recipes import megatron_fp8
 from mixprec.doctor.frontends.frontend import FrontEnd
 from mixprec.doctor.frontends.optimizers import TORCH_ADAM_TARGETS, TORCH_OTHER_TARGETS
 from mixprec.doctor.frontends.values import config_int, config_str, config_value
@@ -186,6 +187,12 @@ def facts_from_lightning(doc: ConfigDoc, *, device: DeviceCaps | None = None) ->
         )
 
     fp8 = precision.startswith("transformer-engine")
+    fp8_scaling = "Transformer Engine's recipe (delayed scaling)" if fp8 else None
+    fp8_detail = f"trainer.precision: {precision}" if fp8 else ""
+    # NeMo 1.x Megatron configs (a Lightning trainer): TE fp8 set under model.
+    megatron = megatron_fp8(doc, "model.") if doc.has("model.fp8") else None
+    if megatron is not None:
+        fp8, (fp8_scaling, fp8_detail) = True, megatron
     prec_where = doc.loc("trainer.precision", "trainer")
     where = {
         "param_dtype": prec_where,
@@ -194,7 +201,7 @@ def facts_from_lightning(doc: ConfigDoc, *, device: DeviceCaps | None = None) ->
         "optimizer": doc.loc("trainer.precision", "optimizer"),
         "master": doc.loc("trainer.precision", "optimizer"),
         "reduce_dtype": doc.loc("trainer.strategy", "trainer.precision"),
-        "fp8": prec_where,
+        "fp8": doc.loc("model.fp8") if megatron is not None else prec_where,
     }
     steps = config_int(doc, "trainer.max_steps")
     if steps is not None and steps < -1:  # _TrainingEpochLoop raises MisconfigurationException
@@ -220,8 +227,8 @@ def facts_from_lightning(doc: ConfigDoc, *, device: DeviceCaps | None = None) ->
         reduce_dtype=reduce_dtype,
         reduce_note=reduce_note,
         fp8_enabled=fp8,
-        fp8_scaling="Transformer Engine's recipe (delayed scaling)" if fp8 else None,
-        fp8_detail=f"trainer.precision: {precision}" if fp8 else "",
+        fp8_scaling=fp8_scaling,
+        fp8_detail=fp8_detail,
         steps=steps,
         device=device,
         where=where,

@@ -319,6 +319,23 @@ def facts_from_objects(
         if fp8_params:
             where["fp8"] = fp8_params[0]
 
+    fp8_scaling: str | None = None
+    fp8_detail = f"{len(fp8_params)} parameters stored in fp8 with no scale" if fp8_params else ""
+    fp8_emulated = False
+    if model is not None and not fp8_params:
+        from mixprec.doctor.runtime.fp8_layers import fp8_layers
+
+        layers = fp8_layers(model)
+        if layers:
+            recipes = sorted({la.recipe for la in layers})
+            fp8_scaling = f"torchao float8 {', '.join(recipes)} (current scaling)"
+            fp8_detail = f"{len(layers)} torchao Float8Linear layer(s)"
+            emulated = [la.name for la in layers if la.emulate]
+            fp8_emulated = bool(emulated)
+            where["fp8"] = f"model: {layers[0].name}"
+            if emulated:
+                where["fp8_emulated"] = f"model: {emulated[0]} (Float8LinearConfig(emulate=True))"
+
     reduce_dtype = pol.reduce_dtype if pol else None
     reduce_note = ""
     found = reductions(model) if model is not None else []
@@ -347,11 +364,11 @@ def facts_from_objects(
         reductions=tuple(found),
         norms_fp32=norms_fp32,
         norm_detail=tuple(norm_detail),
-        fp8_enabled=bool(fp8_params),
-        fp8_scaling=None,
-        fp8_detail=f"{len(fp8_params)} parameters stored in fp8 with no scale"
-        if fp8_params
-        else "",
+        fp8_enabled=bool(fp8_params) or fp8_scaling is not None,
+        fp8_scaling=fp8_scaling,
+        fp8_detail=fp8_detail,
+        fp8_emulated=fp8_emulated,
+        fp8_emulated_by="Float8LinearConfig(emulate=True)" if fp8_emulated else "",
         peft=bool(peft),
         steps=steps,
         device=caps,

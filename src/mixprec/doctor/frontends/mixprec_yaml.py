@@ -19,7 +19,8 @@ except inside ``precision``, which `mixprec.Policy.from_dict` validates)::
       scaling: tensorwise         # tensorwise | rowwise | rowwise_with_gw_hp | blockwise |
                                   # delayed | current | none
     device: cuda                  # a device name, or {type, name, bf16_fast, fp16_fast,
-                                  # bf16_supported, fp16_supported} for a target machine
+                                  # bf16_supported, fp16_supported, fp8_fast} for a target
+                                  # machine (fp8_fast: FP8 units; default false)
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ def _device(doc: ConfigDoc) -> DeviceCaps | None:
         return None  # not on this machine: describe it as a mapping to judge it
     if isinstance(raw, Mapping):
         flags: dict[str, bool] = {}
-        for key in ("bf16_supported", "fp16_supported", "bf16_fast", "fp16_fast"):
-            value = raw.get(key, True)
+        for key in ("bf16_supported", "fp16_supported", "bf16_fast", "fp16_fast", "fp8_fast"):
+            value = raw.get(key, key != "fp8_fast")  # fp8 units only when declared
             if not isinstance(value, bool):
                 raise ValueError(f"{doc.loc('device.' + key)}: must be true or false")
             flags[key] = value
@@ -155,7 +156,13 @@ def _device(doc: ConfigDoc) -> DeviceCaps | None:
             f"({declared})",
             fp16_reason=f"fp16 {'fast' if flags['fp16_fast'] else 'not fast'} on {name} "
             f"({declared})",
-            **flags,
+            fp8_reason=f"fp8 {'fast' if flags['fp8_fast'] else 'emulated (no FP8 units)'} on "
+            f"{name} ({declared}: fp8_fast)",
+            bf16_supported=flags["bf16_supported"],
+            fp16_supported=flags["fp16_supported"],
+            bf16_fast=flags["bf16_fast"],
+            fp16_fast=flags["fp16_fast"],
+            fp8_fast=flags["fp8_fast"],
         )
     raise ValueError(f"{doc.loc('device')}: device must be a name or a mapping, got {raw!r}")
 

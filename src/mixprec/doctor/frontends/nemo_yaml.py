@@ -36,6 +36,12 @@ from mixprec.doctor.facts import (
     TrainingFacts,
 )
 from mixprec.doctor.frontends.document import ConfigDoc
+from mixprec.doctor.frontends.fp8_recipes import (
+    AMAX_ALGOS,
+    TORCHAO_RECIPES,
+    check_choice,
+    describe_te_delayed,
+)
 from mixprec.doctor.frontends.frontend import FrontEnd
 from mixprec.doctor.frontends.nemo_values import (
     UnknownValueError,
@@ -55,7 +61,7 @@ from mixprec.doctor.frontends.optimizers import (
     config_dtype,
     optimizer_facts,
 )
-from mixprec.doctor.frontends.values import config_str
+from mixprec.doctor.frontends.values import config_int, config_str
 from mixprec.floats import is_16bit_name, is_fp8_name
 
 if TYPE_CHECKING:  # a device is probed only when asked for
@@ -63,6 +69,7 @@ if TYPE_CHECKING:  # a device is probed only when asked for
 
 __all__ = [
     "AUTO_MODEL_PREFIX",
+    "DIFFUSION_TE_RECIPES",
     "FLASHOPTIM_TARGETS",
     "FP32_DEFAULT_RECIPES",
     "FRONT_END",
@@ -201,6 +208,49 @@ def _strategy(doc: ConfigDoc) -> str | None:
     return "fsdp2"
 
 
+#: The diffusion recipe's ``model.transformer_engine_fp8_recipe`` spellings
+#: (``recipes/diffusion/train.py`` ``_build_transformer_engine_fp8_recipe``, after
+#: ``replace("-", "_").lower()``) -> the Transformer Engine recipe it builds.
+DIFFUSION_TE_RECIPES: dict[str, str] = {
+    "delayed": "DelayedScaling",
+    "delayed_scaling": "DelayedScaling",
+    "current": "Float8CurrentScaling",
+    "current_scaling": "Float8CurrentScaling",
+    "mxfp8": "MXFP8BlockScaling",
+    "mx": "MXFP8BlockScaling",
+    "mx_fp8": "MXFP8BlockScaling",
+}
+
+
+def _diffusion_te_recipe(doc: ConfigDoc) -> str:
+    """``model.transformer_engine_fp8_*`` of the diffusion recipe: its TE recipe, which
+    raises ValueError for an unknown name ("must be one of 'delayed', 'current', or
+    'mxfp8'"); delayed scaling takes the history length (default 1024) and the
+    compute algorithm (default ``max``)."""
+    key = "model.transformer_engine_fp8_recipe"
+    name = config_str(doc, key, "delayed, current or mxfp8") or "delayed"
+    kind = DIFFUSION_TE_RECIPES.get(name.replace("-", "_").lower())
+    if kind is None:
+        raise ValueError(
+            f"{doc.loc(key)}: unknown recipe {name!r}; the diffusion recipe accepts "
+            "delayed, current or mxfp8"
+        )
+    if kind != "DelayedScaling":
+        return f"Transformer Engine {kind} ({key}: {name})"
+    history = config_int(doc, "model.transformer_engine_fp8_amax_history_len")
+    algo_raw = config_str(doc, "model.transformer_engine_fp8_amax_compute_algo")
+    algo = (
+        "max"
+        if algo_raw is None
+        else check_choice(
+            doc, "model.transformer_engine_fp8_amax_compute_algo", algo_raw, AMAX_ALGOS
+        )
+    )
+    return describe_te_delayed(
+        fp8_format=None, history=1024 if history is None else history, algo=algo, margin=None
+    )
+
+
 def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> TrainingFacts:
     """Read a NeMo AutoModel recipe into `TrainingFacts`.
 
@@ -296,6 +346,7 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
         )
 
     fp8_enabled, fp8_scaling, fp8_detail = False, None, ""
+    fp8_emulated, fp8_emulated_by = False, ""
     fp8 = doc.mapping("fp8")
     fp8_on = fp8.get("enabled") if fp8 is not None else None
     if (
@@ -304,16 +355,42 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
         and config_bool(doc, "fp8.enabled", fp8_on, False)
     ):
         raw_recipe = fp8.get("recipe_name")
-        recipe = (
-            str(raw_recipe)  # a recipe the run's environment names: a recipe all the same
-            if isinstance(raw_recipe, Unresolved)
-            else config_str(doc, "fp8.recipe_name", "a recipe name (tensorwise...)")
-        )
-        fp8_enabled, fp8_scaling = True, recipe or "tensorwise (NeMo default)"
+        recipe: str | None
+        if isinstance(raw_recipe, Unresolved):
+            recipe = str(raw_recipe)  # a recipe the run's environment names: a recipe all the same
+        else:
+            name = config_str(doc, "fp8.recipe_name", "a recipe name (tensorwise...)")
+            # FP8Config.recipe_name reaches Float8LinearConfig.from_recipe_name, which
+            # asserts one of torchao's names (components/quantization/fp8.py).
+            recipe = (
+                None
+                if name is None
+                else check_choice(doc, "fp8.recipe_name", name, TORCHAO_RECIPES)
+            )
+        fp8_enabled = True
+        fp8_scaling = f"torchao float8 {recipe or 'tensorwise (NeMo default)'}"
+        emulate = fp8.get("emulate")
+        if emulate is not None and not isinstance(emulate, Unresolved):
+            fp8_emulated = config_bool(doc, "fp8.emulate", emulate, False)
+            fp8_emulated_by = "fp8.emulate: true" if fp8_emulated else ""
     te_fp8 = doc.mapping("model.backend.te_fp8")
     if te_fp8 is not None:
         fp8_enabled = True
-        fp8_scaling = str(te_fp8.get("recipe") or "Transformer Engine default recipe")
+        te_recipe = te_fp8.get("recipe")
+        if te_recipe is None or isinstance(te_recipe, Unresolved):
+            fp8_scaling = "Transformer Engine Float8CurrentScaling (TEFp8Config default)"
+        else:
+            # TEFp8Config.build_recipe: "mxfp8", "block", anything else current scaling.
+            word = config_str(doc, "model.backend.te_fp8.recipe", "a recipe name") or ""
+            fp8_scaling = {
+                "mxfp8": "Transformer Engine MXFP8BlockScaling",
+                "block": "Transformer Engine Float8BlockScaling",
+            }.get(word.strip(), f"Transformer Engine Float8CurrentScaling (recipe: {word})")
+    if doc.get("model.transformer_engine_fp8") is not None and config_bool(
+        doc, "model.transformer_engine_fp8", doc.get("model.transformer_engine_fp8"), False
+    ):
+        fp8_enabled = True
+        fp8_scaling = _diffusion_te_recipe(doc)
     if storage is not None and is_fp8_name(storage):
         fp8_enabled, fp8_scaling = True, None
         fp8_detail = f"model.torch_dtype {storage}: parameters stored in fp8 with no scale"
@@ -375,7 +452,14 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
             "ddp",
         ),
         "loss": doc.loc("loss_fn.fp32_upcast", "loss_fn"),
-        "fp8": doc.loc("fp8.recipe_name", "fp8", "model.torch_dtype"),
+        "fp8": doc.loc(
+            "fp8.recipe_name",
+            "fp8",
+            "model.backend.te_fp8",
+            "model.transformer_engine_fp8",
+            "model.torch_dtype",
+        ),
+        "fp8_emulated": doc.loc("fp8.emulate", "fp8"),
     }
     return TrainingFacts(
         source=doc.source,
@@ -391,6 +475,8 @@ def facts_from_nemo(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Trai
         fp8_enabled=fp8_enabled,
         fp8_scaling=fp8_scaling,
         fp8_detail=fp8_detail,
+        fp8_emulated=fp8_emulated,
+        fp8_emulated_by=fp8_emulated_by,
         peft=bool(peft),
         steps=steps,
         unknown=unknown,

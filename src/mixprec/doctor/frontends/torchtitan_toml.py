@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
 from mixprec.doctor.frontends.document import ConfigDoc
+from mixprec.doctor.frontends.fp8_recipes import TORCHAO_RECIPES, check_choice
 from mixprec.doctor.frontends.frontend import FrontEnd
-from mixprec.doctor.frontends.values import config_int, config_str
+from mixprec.doctor.frontends.values import config_int, config_str, config_value
 
 if TYPE_CHECKING:  # a device is probed only when asked for
     from mixprec.device import DeviceCaps
@@ -103,9 +104,14 @@ def _fp8(doc: ConfigDoc, converters: list[str]) -> tuple[bool, str | None, str]:
         return False, None, ""
     recipes: list[str] = []
     if float8:
-        recipe = config_str(doc, "quantize.linear.float8.recipe_name") or config_str(
-            doc, "float8.recipe_name"
+        key = (
+            "quantize.linear.float8.recipe_name"
+            if doc.has("quantize.linear.float8.recipe_name")
+            else "float8.recipe_name"
         )
+        recipe = config_str(doc, key)
+        if recipe is not None:  # Float8LinearConfig.from_recipe_name asserts a known name
+            recipe = check_choice(doc, key, recipe, TORCHAO_RECIPES)
         recipes.append(f"torchao float8 {recipe or 'tensorwise'} scaling")
     if mx:
         recipe = config_str(doc, "quantize.linear.mx.recipe_name") or config_str(
@@ -173,6 +179,13 @@ def facts_from_torchtitan(doc: ConfigDoc, *, device: DeviceCaps | None = None) -
         )
 
     fp8, scaling, detail = _fp8(doc, _converters(doc))
+    emulate_key = (
+        "quantize.linear.float8.emulate"
+        if doc.has("quantize.linear.float8.emulate")
+        else "float8.emulate"
+    )
+    emulated = config_value(doc, emulate_key, (bool,), "true or false") is True
+    emulated_by = f"[{emulate_key.rsplit('.', 1)[0]}] emulate = true"
     mp_where = doc.loc("training.mixed_precision_param", "parallelism", "training")
     where = {
         "param_dtype": doc.loc("training.dtype", "training"),
@@ -198,6 +211,8 @@ def facts_from_torchtitan(doc: ConfigDoc, *, device: DeviceCaps | None = None) -
         fp8_enabled=fp8,
         fp8_scaling=scaling,
         fp8_detail=detail,
+        fp8_emulated=fp8 and emulated,
+        fp8_emulated_by=emulated_by if fp8 and emulated else "",
         steps=steps if steps is not None else 10000,  # Training.steps' default
         device=device,
         where=where,

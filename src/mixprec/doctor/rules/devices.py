@@ -1,6 +1,7 @@
 """Rules about what the hardware does with the formats.
 
-16-bit gradient reduction across ranks, and formats the device does not accelerate.
+16-bit gradient reduction across ranks, and formats (16-bit, fp8) the device does not
+accelerate.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from mixprec.doctor.findings import Finding
 from mixprec.doctor.rules.common import (
     dtype_label,
 )
-from mixprec.doctor.rules.fixes import accelerated_fix, reduce_fix
+from mixprec.doctor.rules.fixes import accelerated_fix, fp8_speed_fix, reduce_fix
 from mixprec.doctor.rules.wrappers import wrapper_reduce_16bit
 from mixprec.floats import float_format, is_16bit_name
 
@@ -49,7 +50,52 @@ def reduce_dtype_16bit(facts: TrainingFacts) -> list[Finding]:
 
 
 def format_not_accelerated(facts: TrainingFacts) -> list[Finding]:
-    """The effective compute format is emulated or unsupported on the target device."""
+    """The effective compute format is emulated or unsupported on the target device; fp8
+    matmuls emulated (declared, or no FP8 units on the device)."""
+    return _fp8_not_accelerated(facts) + _16bit_not_accelerated(facts)
+
+
+def _fp8_not_accelerated(facts: TrainingFacts) -> list[Finding]:
+    """fp8 through a scaled recipe, emulated: declared so, or a device without FP8 units
+    (every CPU, CUDA capability below 8.9). Info: emulation is how fp8 numerics are
+    studied without such a GPU, but its step times say nothing of fp8's speed."""
+    if not facts.fp8_enabled or facts.fp8_scaling is None:
+        return []  # no fp8, or unscaled fp8 (fp8-without-scaling says what matters)
+    caps = facts.device
+    no_units = caps is not None and not caps.fast("fp8")
+    if not (facts.fp8_emulated or no_units):
+        return []
+    if facts.fp8_emulated:
+        reason = f"emulation is asked for ({facts.fp8_emulated_by or 'emulate: true'})"
+    else:
+        assert caps is not None
+        reason = caps.reason("fp8")
+    device = caps.name if caps is not None else "the target device"
+    return [
+        Finding(
+            rule="format-not-accelerated",
+            severity="info",
+            where=facts.locate("fp8_emulated", "fp8", "device"),
+            message=(
+                f"fp8 matmuls ({facts.fp8_scaling}) run emulated on {device}: {reason}. "
+                "Emulation measures fp8 numerics (scales, saturation, underflow, loss), not "
+                "fp8 speed: its steps are slower than bf16, not faster"
+            ),
+            evidence={
+                "requested": "fp8",
+                "effective": "emulated",
+                "device": caps.device_type if caps is not None else None,
+                "device_name": device,
+                "fp8_fast": None if caps is None else caps.fast("fp8"),
+                "emulate_declared": facts.fp8_emulated,
+                "reason": reason,
+            },
+            fix=fp8_speed_fix(facts),
+        )
+    ]
+
+
+def _16bit_not_accelerated(facts: TrainingFacts) -> list[Finding]:
     caps = facts.device
     dt = facts.compute_dtype
     if caps is None or dt is None or not is_16bit_name(dt):

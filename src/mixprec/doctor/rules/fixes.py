@@ -15,6 +15,7 @@ __all__ = [
     "accelerated_fix",
     "compute_in",
     "fp8_fix",
+    "fp8_speed_fix",
     "master_unneeded_fix",
     "moments_fix",
     "reduce_fix",
@@ -280,4 +281,16 @@ def fp8_fix(facts: TrainingFacts) -> str:
         facts.dialect,
         "use fp8 through a scaled recipe (torchao float8 'tensorwise'/'rowwise', Transformer "
         "Engine recipes) and keep parameters in bf16/fp32",
+    )
+
+
+def fp8_speed_fix(facts: TrainingFacts) -> str:
+    """`format-not-accelerated` for fp8: judge numerics here, measure speed on FP8 units."""
+    turn_off = {
+        "nemo": " with fp8.emulate: false",
+        "torchtitan": " with [quantize.linear.float8] emulate = false",
+    }.get(facts.dialect, " without emulation")
+    return (
+        "use this run for fp8 numerics only; measure fp8 speed on a GPU with FP8 units (CUDA "
+        f"capability 8.9+: Ada, Hopper, Blackwell){turn_off}"
     )

@@ -4,13 +4,27 @@ Observers (`StepObserver`s, each a module): `GradientObserver`
 (``gradient-underflow``, with the fp32 replay of `reference`), `UpdateObserver`
 (``vanishing-updates``), `LossScaleObserver` (``loss-scale-collapse``),
 `ClipObserver` (``clip-before-unscale``), `NonfiniteObserver`
-(``nonfinite-source``). Their thresholds are one `ProbeThresholds`; which steps
-they sample is one `SampleSchedule` (a step floor and a time budget); the
+(``nonfinite-source``), `Fp8Observer` (``fp8-saturation``, ``fp8-underflow``:
+the casts of torchao fp8 layers, `fp8_layers`, `fp8_measure`, `fp8_rules`). Their
+thresholds are one `ProbeThresholds`; which steps they sample is one
+`SampleSchedule` (a step floor and a time budget); the
 measurements (`measure`) and the wording of the findings (`rules`) are pure
 functions.
 """
 
 from mixprec.doctor.runtime.clipping import ClipObserver
+from mixprec.doctor.runtime.fp8 import Fp8Observer
+from mixprec.doctor.runtime.fp8_layers import CastPlan, Fp8Layer, fp8_layers, is_fp8_linear
+from mixprec.doctor.runtime.fp8_measure import (
+    Fp8CastRecord,
+    Fp8CastStats,
+    Fp8Limits,
+    Fp8TensorSample,
+    cast_counts,
+    current_scale,
+    delayed_scale,
+    fp8_limits,
+)
 from mixprec.doctor.runtime.gradients import GradientObserver, GradientSample
 from mixprec.doctor.runtime.hunter import NonfiniteHit, NonfiniteHunter
 from mixprec.doctor.runtime.ledger import FindingLedger
@@ -38,10 +52,17 @@ from mixprec.doctor.runtime.updates import UpdateObserver, UpdateSample
 __all__ = [
     "DEFAULT_EVERY",
     "DEFAULT_OVERHEAD_BUDGET",
+    "CastPlan",
     "ClipObserver",
     "FindingLedger",
     "ForwardCapture",
     "ForwardRecorder",
+    "Fp8CastRecord",
+    "Fp8CastStats",
+    "Fp8Layer",
+    "Fp8Limits",
+    "Fp8Observer",
+    "Fp8TensorSample",
     "GradientObserver",
     "GradientSample",
     "GradientStats",
@@ -62,7 +83,13 @@ __all__ = [
     "UpdateSample",
     "UpdateStats",
     "ZeroBreakdown",
+    "cast_counts",
+    "current_scale",
+    "delayed_scale",
+    "fp8_layers",
+    "fp8_limits",
     "gradient_stats",
+    "is_fp8_linear",
     "judge_loss_scale",
     "replay_fp32",
     "update_stats",

@@ -23,7 +23,10 @@ every step the loss scale
 (`LossScaleObserver`, ``loss-scale-collapse``), gradients changed in place
 while still scaled (`ClipObserver`, ``clip-before-unscale``), and after
 non-finite gradients the first module whose output turned inf/NaN
-(`NonfiniteObserver`, ``nonfinite-source``). Nothing global is changed.
+(`NonfiniteObserver`, ``nonfinite-source``); on sampled steps of a model with
+torchao fp8 layers, what their fp8 casts clip and flush, measured and under a
+delayed-scaling what-if (`Fp8Observer`, ``fp8-saturation``, ``fp8-underflow``,
+``format-not-accelerated``). Nothing global is changed.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from torch import nn
 
 from mixprec.doctor.findings import Finding
 from mixprec.doctor.runtime.clipping import ClipObserver
+from mixprec.doctor.runtime.fp8 import Fp8Observer
+from mixprec.doctor.runtime.fp8_measure import Fp8TensorSample
 from mixprec.doctor.runtime.gradients import GradientObserver
 from mixprec.doctor.runtime.ledger import FindingLedger
 from mixprec.doctor.runtime.loss_scale import LossScaleObserver
@@ -85,6 +90,8 @@ class ProbeSample:
             by an fp32 replay of the step (None when none ran; see `reference`).
         reference: ``"fp32 replay"``, or why the zeros were not split (empty when
             no split was needed: other compute dtypes, zeros below the threshold).
+        fp8: the fp8 layers' tensors (weight, input, output gradient) as their casts
+            treated them on this step (empty without fp8 layers).
     """
 
     step: int
@@ -96,6 +103,7 @@ class ProbeSample:
     applied: bool
     zero_breakdown: ZeroBreakdown | None = None
     reference: str = ""
+    fp8: tuple[Fp8TensorSample, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -113,6 +121,7 @@ class ProbeSample:
             if self.zero_breakdown is None
             else self.zero_breakdown.to_dict(),
             "reference": self.reference,
+            "fp8": [t.to_dict() for t in self.fp8],
         }
 
 
@@ -141,8 +150,10 @@ class Probe:
             forward and backward of the batch on those samples (within the budget).
         clock: the time source of the budget (``time.perf_counter``; tests inject one).
         underflow_threshold, zero_threshold, vanishing_threshold, window,
-            collapse_octaves, falling_run, min_skips, hunt_steps, max_hunts: the
-            fields of `ProbeThresholds` (see there), kept as `thresholds`.
+            collapse_octaves, falling_run, min_skips, hunt_steps, max_hunts,
+            fp8_saturation_threshold, fp8_underflow_threshold, fp8_amax_history_len,
+            fp8_margin, fp8_amax_compute_algo: the fields of `ProbeThresholds` (see
+            there), kept as `thresholds`.
         max_samples: how many `ProbeSample` records are kept (the latest).
         track_masters: for `mixprec.optim` optimizers with a master, take "the
             master value changed" as the intent of an update (exact, but it
@@ -168,6 +179,11 @@ class Probe:
         min_skips: int = _DEFAULTS.min_skips,
         hunt_steps: int = _DEFAULTS.hunt_steps,
         max_hunts: int = _DEFAULTS.max_hunts,
+        fp8_saturation_threshold: float = _DEFAULTS.fp8_saturation_threshold,
+        fp8_underflow_threshold: float = _DEFAULTS.fp8_underflow_threshold,
+        fp8_amax_history_len: int = _DEFAULTS.fp8_amax_history_len,
+        fp8_margin: int = _DEFAULTS.fp8_margin,
+        fp8_amax_compute_algo: str = _DEFAULTS.fp8_amax_compute_algo,
         max_samples: int = 1000,
         track_masters: bool = False,
     ) -> None:
@@ -183,6 +199,11 @@ class Probe:
             min_skips=min_skips,
             hunt_steps=hunt_steps,
             max_hunts=max_hunts,
+            fp8_saturation_threshold=fp8_saturation_threshold,
+            fp8_underflow_threshold=fp8_underflow_threshold,
+            fp8_amax_history_len=fp8_amax_history_len,
+            fp8_margin=fp8_margin,
+            fp8_amax_compute_algo=fp8_amax_compute_algo,
         )
         self._schedule = SampleSchedule(every=every, overhead_budget=overhead_budget, clock=clock)
         self._index = ModelIndex(model)
@@ -209,6 +230,9 @@ class Probe:
         )
         self._loss_scale = LossScaleObserver(ledger=self._ledger, thresholds=t)
         self._nonfinite = NonfiniteObserver(ledger=self._ledger, thresholds=t, index=self._index)
+        self._fp8 = Fp8Observer(
+            ledger=self._ledger, thresholds=t, index=self._index, schedule=self._schedule
+        )
 
     @property
     def model(self) -> nn.Module | None:
@@ -259,6 +283,7 @@ class Probe:
             prec.add_observer(self)
         self._see(prec)
         self._gradients.arm_next(prec, prec.stats.steps)
+        self._fp8.arm_next(prec, prec.stats.steps)
         return self
 
     def detach(self, prec: Precision | None = None) -> None:
@@ -269,6 +294,7 @@ class Probe:
                 p.remove_observer(self)
         self._nonfinite.stop()
         self._gradients.stop()
+        self._fp8.stop()
 
     @contextlib.contextmanager
     def watching(self, prec: Precision | None = None) -> Iterator[Probe]:
@@ -283,11 +309,13 @@ class Probe:
                 prec.add_observer(self)
             self._see(prec)
             self._gradients.arm_next(prec, prec.stats.steps)
+            self._fp8.arm_next(prec, prec.stats.steps)
         try:
             yield self
         finally:
             self._nonfinite.stop()
             self._gradients.stop()
+            self._fp8.stop()
             if prec is not None and added and self in prec.observers:
                 prec.remove_observer(self)
 
@@ -314,7 +342,10 @@ class Probe:
         elements non-zero in fp32) and ``grad_structural_zero_fraction`` (zeros
         zero in fp32 too, of all elements) when fp32 replays ran;
         ``vanishing_update_fraction`` and ``master_unchanged_fraction``
-        (``_mean``/``_max``) when such updates were measured.
+        (``_mean``/``_max``) when such updates were measured; with fp8 layers,
+        ``fp8_saturated_fraction``, ``fp8_underflow_fraction`` and
+        ``fp8_delayed_saturated_fraction`` (the what-if), each the worst tensor of
+        a sample (``_mean``/``_max`` over samples).
         """
         out: dict[str, float] = {"samples": float(len(self._samples))}
         series: dict[str, list[float]] = {
@@ -336,12 +367,27 @@ class Probe:
                 for s in self._samples
                 if s.master_updates and s.master_updates.intended
             ],
+            "fp8_saturated_fraction": [
+                max(t.saturated_fraction for t in s.fp8) for s in self._samples if s.fp8
+            ],
+            "fp8_underflow_fraction": [
+                max(t.underflow_fraction for t in s.fp8) for s in self._samples if s.fp8
+            ],
+            "fp8_delayed_saturated_fraction": [
+                max(t.delayed_saturated_fraction for t in s.fp8) for s in self._samples if s.fp8
+            ],
         }
         for name, values in series.items():
             if values:
                 out[f"{name}_mean"] = sum(values) / len(values)
                 out[f"{name}_max"] = max(values)
         return out
+
+    @property
+    def fp8_amax_history(self) -> dict[str, tuple[float, ...]]:
+        """The amax history of each fp8 tensor (``"layer (role)"``: weight, input,
+        grad_output), oldest first, at most ``fp8_amax_history_len`` samples."""
+        return self._fp8.amax_history
 
     def findings(self) -> list[Finding]:
         """Every runtime finding so far, errors first; each says when it was seen."""
@@ -375,6 +421,7 @@ class Probe:
         self._clip.before_step(prec, optimizers, step)
         self._gradients.before_step(prec, optimizers, step)
         self._updates.before_step(prec, optimizers, step)
+        self._fp8.before_step(prec, optimizers, step)
         self._schedule.charge(since)
 
     def after_step(
@@ -389,6 +436,7 @@ class Probe:
         self._updates.after_step(prec, optimizers, report)
         grads = self._gradients.take(report.step)
         updates = self._updates.take(report.step)
+        fp8 = self._fp8.take(report.step)
         if grads is not None:
             self._samples.append(
                 ProbeSample(
@@ -401,9 +449,11 @@ class Probe:
                     applied=report.applied,
                     zero_breakdown=grads.zero_breakdown,
                     reference=grads.reference,
+                    fp8=fp8,
                 )
             )
         self._nonfinite.after_step(prec, optimizers, report)
         self._schedule.charge(since)
         self._schedule.plan_next(report.step)
         self._gradients.arm_next(prec, report.step + 1)
+        self._fp8.arm_next(prec, report.step + 1)

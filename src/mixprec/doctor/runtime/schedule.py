@@ -141,6 +141,13 @@ class SampleSchedule:
         self._current_cost += spent
         self._latest = max(self._latest, now)
 
+    def charge_seconds(self, seconds: float) -> None:
+        """Count `seconds` the probe spent outside its step callbacks (hooks that ran
+        during the current step's forward and backward) against the current step."""
+        spent = max(seconds, 0.0)
+        self._probe_s += spent
+        self._current_cost += spent
+
     def plan_next(self, step: int) -> None:
         """`step` is over: decide whether ``step + 1`` is sampled."""
         if self.is_sampled(step):

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["ProbeThresholds", "check_count"]
+__all__ = ["AMAX_ALGOS", "ProbeThresholds", "check_count"]
+
+#: Transformer Engine's ``amax_compute_algo`` choices (``DelayedScaling``).
+AMAX_ALGOS: tuple[str, ...] = ("max", "most_recent")
 
 
 def check_count(name: str, value: object, least: int) -> None:
@@ -40,6 +43,17 @@ class ProbeThresholds:
             hooks after a step with non-finite gradients.
         max_hunts: ``nonfinite-source``: at most this many hunts per run (bounds
             the cost when overflow is routine, as under dynamic loss scaling).
+        fp8_saturation_threshold: ``fp8-saturation``: the share of a cast's elements
+            clipped at the fp8 format's max that is reported (in (0, 1]); measured
+            under the layer's own scaling, and as a what-if under delayed scaling.
+        fp8_underflow_threshold: ``fp8-underflow``: the share of a cast's non-zero
+            elements flushed to zero that is reported (in (0, 1]).
+        fp8_amax_history_len: the amax history the probe keeps per fp8 tensor, in
+            samples (TE's ``amax_history_len`` counts steps; see docs/doctor.md).
+        fp8_margin: the delayed-scaling what-if's ``margin`` (scale divided by
+            ``2**margin``, as Transformer Engine's ``DelayedScaling``).
+        fp8_amax_compute_algo: the what-if's ``amax_compute_algo``: ``"max"`` (the
+            history's largest amax, TE's default) or ``"most_recent"``.
     """
 
     underflow_threshold: float = 0.01
@@ -51,14 +65,27 @@ class ProbeThresholds:
     min_skips: int = 3
     hunt_steps: int = 3
     max_hunts: int = 3
+    fp8_saturation_threshold: float = 0.001
+    fp8_underflow_threshold: float = 0.01
+    fp8_amax_history_len: int = 16
+    fp8_margin: int = 0
+    fp8_amax_compute_algo: str = "max"
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "fp8_amax_compute_algo":
+                if value not in AMAX_ALGOS:
+                    raise ValueError(
+                        f"fp8_amax_compute_algo must be one of {', '.join(AMAX_ALGOS)}, "
+                        f"got {value!r}"
+                    )
+                continue
             if f.name.endswith("_threshold"):
                 if isinstance(value, bool) or not isinstance(value, int | float):
                     raise TypeError(f"{f.name} must be a number in (0, 1], got {value!r}")
                 if not 0.0 < value <= 1.0:
                     raise ValueError(f"{f.name} must be in (0, 1], got {value!r}")
             else:
-                check_count(f.name, value, 0 if f.name in ("min_skips", "max_hunts") else 1)
+                least = 0 if f.name in ("min_skips", "max_hunts", "fp8_margin") else 1
+                check_count(f.name, value, least)

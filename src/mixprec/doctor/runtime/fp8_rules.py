@@ -157,24 +157,29 @@ def fp8_saturation(
 
 
 def _underflow_fix(worst: Fp8TensorSample) -> str:
+    """The fix for the cast that flushes the most, by its role, format and granularity."""
     exclude = (
         f"or exclude {worst.layer} from fp8 conversion by name (module_filter_fn=lambda mod, "
         f"fqn: fqn != {worst.layer!r})"
     )
-    if worst.role == "grad_output":
-        if worst.format == "fp8_e4m3":
-            return (
-                "keep the gradients' grad-weight matmul in high precision (recipe "
-                "'rowwise_with_gw_hp'), or cast gradients to e5m2 (recipe 'tensorwise', TE "
-                f"HYBRID: 15 more binary orders below the max), {exclude}"
-            )
-        return f"a finer granularity (recipe 'rowwise': one scale per row), {exclude}"
-    if "axiswise" in {c.granularity for c in worst.casts}:
-        return f"keep this tensor in high precision: {exclude}"
-    return (
-        "a finer granularity (recipe 'rowwise': one scale per row, so one row's outlier no "
-        f"longer flushes the other rows), {exclude}"
-    )
+    cast = max(worst.casts, key=lambda c: c.stats.underflow_fraction)
+    if "grad_weight" in cast.gemms and cast.granularity == "axiswise":
+        return (
+            "keep the grad-weight matmul in high precision (recipe 'rowwise_with_gw_hp'): its "
+            f"per-column scales span the whole batch, {exclude}"
+        )
+    if worst.role == "grad_output" and worst.format == "fp8_e4m3":
+        return (
+            "keep the gradients' grad-weight matmul in high precision (recipe "
+            "'rowwise_with_gw_hp'), or cast gradients to e5m2 (recipe 'tensorwise', TE "
+            f"HYBRID: 15 more binary orders below the max), {exclude}"
+        )
+    if cast.granularity == "tensorwise":
+        return (
+            "a finer granularity (recipe 'rowwise': one scale per row, so one row's outlier "
+            f"no longer flushes the other rows), {exclude}"
+        )
+    return f"keep this tensor in high precision: {exclude}"
 
 
 def fp8_underflow(

@@ -21,7 +21,9 @@ def runs(policy: str, gaps: list[float], **kw: Any) -> list[RunRecord]:
     """`policy`'s records, `gaps` above fp32's `BASE` losses seed by seed."""
     if policy.startswith("fp8"):
         kw.setdefault("policy_fields", FP8)
-    return [rec(policy, i, b * (1 + g), **kw) for i, (b, g) in enumerate(zip(BASE, gaps))]
+    return [
+        rec(policy, i, b * (1 + g), **kw) for i, (b, g) in enumerate(zip(BASE, gaps, strict=True))
+    ]
 
 
 def fp32() -> list[RunRecord]:

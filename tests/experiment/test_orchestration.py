@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from mixprec.experiment import Contract, RunRecord
-from mixprec.experiment.summary import tail_start
 from mixprec.experiment.hardware import DeviceFacts
 from mixprec.experiment.orchestration import CONTRACT_FILE, run_all
 from mixprec.experiment.plan import RunSettings, settings_dict
+from mixprec.experiment.summary import tail_start
 from mixprec.workloads import DIGITS_SIZES, load_workload
 
 CONTRACT = Contract(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,10 @@ def test_resume_drops_points_logged_after_the_checkpoint(tmp_path: Path) -> None
     for step in range(1, 8):  # checkpoint at 5, stopped (crashed) at 7
         run.log_metrics({"loss": float(step)}, step=step)
     run.end("KILLED")
+    # Event files are read in name order, and a name is "<seconds>.<host>.<pid>.<counter>":
+    # within one second of one process a counter past 9 sorts "10" before "9". A real
+    # resume is a new process, seconds later; so is this one.
+    time.sleep(1.1)
     again = tracker.start_run("train-digits", resume=run.run_id, resume_step=5)
     assert again.run_id == run.run_id
     for step in range(6, 9):

@@ -103,6 +103,7 @@ def test_without_probe_auto_says_it_read_device_facts(capsys: pytest.CaptureFixt
         (["--shape", "8x8x8"], "--shape: only with --probe"),
         (["--workload", "digits", "--cache", "off"], "--workload, --cache: only with --probe"),
         (["--probe", "--repeats", "0"], "--repeats must be >= 1"),
+        (["--probe", "--repeats", "1001"], "--repeats must be >= 1 and <= 1000, got 1001"),
         (["--probe", "--shape", "-4x4x4"], "a value starting with '-' is written --option=VALUE"),
         (["--probe", "--shape=-4x4x4"], "bad matmul shape '-4x4x4'"),
         (["--probe", "--cache", "maybe"], "invalid choice: 'maybe'"),
@@ -143,3 +144,26 @@ def test_the_fp8_presets_are_listed_with_their_recipe(capsys: pytest.CaptureFixt
     assert rows["preset"][-1] == "fp8"
     assert rows["fp8_rowwise"][-1] == "rowwise" and rows["bf16_master"][-1] == "-"
     assert "fp8       the eligible nn.Linear layers train in FP8 through torchao" in out
+
+
+def test_the_first_ctrl_c_stops_the_probe_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], private_cache: Path
+) -> None:
+    from mixprec.cli.interrupt import INTERRUPTED
+
+    calls: list[str] = []
+
+    def factory(device: object = "cpu", **_: object) -> StepTimer:
+        def timer(name: str, step: Step) -> float:
+            calls.append(name)
+            INTERRUPTED.set()  # what the first Ctrl-C does (cooperative_sigint)
+            return 1.0
+
+        return timer
+
+    monkeypatch.setattr("mixprec.speed.measure.wall_clock_timer", factory)
+    assert main(["policies", "--probe", "--shape", "8x8x8", "--repeats", "50"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("mixprec: interrupted")
+    assert len(calls) == 1, "stopped at the next step, not after 100+ more"
+    assert not private_cache.exists() or not any(private_cache.iterdir())

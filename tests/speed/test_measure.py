@@ -241,3 +241,16 @@ def test_device_facts_fallback_says_nothing_was_measured() -> None:
 
 
 _ = DeviceCaps
+
+
+def test_an_interrupted_measurement_caches_nothing_and_counts_are_bounded(
+    fake_timer: Callable[..., FakeTimer], private_cache: Path
+) -> None:
+    timer = fake_timer(SLOW_BF16)
+    with pytest.raises(KeyboardInterrupt):
+        measure_speed(
+            shapes="8x8x8", formats=ALL, timer=timer, should_stop=lambda: len(timer.calls) >= 3
+        )
+    assert not private_cache.exists() or not any(private_cache.iterdir())
+    with pytest.raises(ValueError, match="repeats must be at most 1000, got 1001"):
+        measure_speed(shapes="8x8x8", repeats=1001, timer=fake_timer(SLOW_BF16))

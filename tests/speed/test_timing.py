@@ -66,3 +66,20 @@ def test_wall_clock_timer_reads_its_clock_around_one_step() -> None:
     timer = wall_clock_timer("cpu", clock=lambda: next(ticks))
     assert timer("bf16", lambda: ran.append("step")) == 2.5
     assert ran == ["step"]
+
+
+def test_progress_counts_every_step_and_a_stop_request_interrupts(
+    fake_timer: Callable[..., FakeTimer],
+) -> None:
+    seen: list[tuple[int, int]] = []
+    timer = fake_timer({"fp32": 1.0, "bf16": 2.0, "fp16": 3.0})
+    time_interleaved(
+        _steps([]), timer=timer, warmup=1, repeats=2, progress=lambda d, t: seen.append((d, t))
+    )
+    assert seen == [(d, 9) for d in range(1, 10)]
+    timer = fake_timer({"fp32": 1.0, "bf16": 2.0, "fp16": 3.0})
+    with pytest.raises(KeyboardInterrupt):
+        time_interleaved(
+            _steps([]), timer=timer, warmup=1, repeats=2, should_stop=lambda: len(timer.calls) >= 4
+        )
+    assert len(timer.calls) == 4, "stopped before the fifth step"

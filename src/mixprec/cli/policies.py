@@ -9,10 +9,13 @@ or of matmul shapes (``--shape``) on this device, through
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from mixprec.cli.common import UsageError, emit_json, table
+from mixprec.cli.interrupt import INTERRUPTED
 
 if TYPE_CHECKING:
     from mixprec.speed import SpeedMeasurement
@@ -77,8 +80,13 @@ def _check_args(args: argparse.Namespace) -> None:
         return
     if args.shape is not None and (args.workload is not None or args.size is not None):
         raise UsageError("mixprec policies: give --shape or --workload/--size, not both")
-    if args.repeats is not None and args.repeats < 1:
-        raise UsageError(f"mixprec policies: --repeats must be >= 1, got {args.repeats}")
+    from mixprec.speed import MAX_STEPS_PER_FORMAT
+
+    if args.repeats is not None and not 1 <= args.repeats <= MAX_STEPS_PER_FORMAT:
+        raise UsageError(
+            f"mixprec policies: --repeats must be >= 1 and <= {MAX_STEPS_PER_FORMAT}, "
+            f"got {args.repeats}"
+        )
 
 
 def _measure(args: argparse.Namespace) -> SpeedMeasurement:
@@ -92,7 +100,15 @@ def _measure(args: argparse.Namespace) -> SpeedMeasurement:
         shapes = parse_shapes(args.shape)  # bad shapes: ValueError, one line, exit 2
         device = resolve_device(args.device) if args.device is not None else None
         _progress(args, f"timing matmuls {','.join(map(str, shapes))}")
-        return measure_speed(shapes=shapes, device=device, repeats=repeats, cache=args.cache)
+        with _bar(args) as progress:
+            return measure_speed(
+                shapes=shapes,
+                device=device,
+                repeats=repeats,
+                cache=args.cache,
+                should_stop=INTERRUPTED.is_set,
+                progress=progress,
+            )
     from mixprec.workloads import load_workload
 
     name = args.workload or "shakespeare"
@@ -109,15 +125,35 @@ def _measure(args: argparse.Namespace) -> SpeedMeasurement:
     def loss_fn(output: Any) -> torch.Tensor:
         return workload.loss(output, y)
 
-    return measure_speed(
-        model,
-        x,
-        loss_fn=loss_fn,
-        device=device,
-        repeats=repeats,
-        label=label,
-        cache=args.cache,
-    )
+    with _bar(args) as progress:
+        return measure_speed(
+            model,
+            x,
+            loss_fn=loss_fn,
+            device=device,
+            repeats=repeats,
+            label=label,
+            cache=args.cache,
+            should_stop=INTERRUPTED.is_set,
+            progress=progress,
+        )
+
+
+@contextlib.contextmanager
+def _bar(args: argparse.Namespace) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar of the timed steps on stderr (none with --json)."""
+    if args.json:
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(desc="timing steps", unit="step", file=sys.stderr, leave=False) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        yield progress
 
 
 def _progress(args: argparse.Namespace, what: str) -> None:

@@ -22,7 +22,12 @@ from mixprec.speed.decide import (
     choose_format,
     ratios,
 )
-from mixprec.speed.measure import CacheStatus, SpeedMeasurement, measure_speed
+from mixprec.speed.measure import (
+    MAX_STEPS_PER_FORMAT,
+    CacheStatus,
+    SpeedMeasurement,
+    measure_speed,
+)
 from mixprec.speed.targets import (
     LossFn,
     MatmulShape,
@@ -38,6 +43,7 @@ __all__ = [
     "CACHE_MODES",
     "CANDIDATE_FORMATS",
     "DEFAULT_MARGIN",
+    "MAX_STEPS_PER_FORMAT",
     "CacheMode",
     "CacheStatus",
     "LossFn",

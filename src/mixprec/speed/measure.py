@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,7 +38,7 @@ from mixprec.speed.timing import (
     wall_clock_timer,
 )
 
-__all__ = ["CacheStatus", "SpeedMeasurement", "measure_speed"]
+__all__ = ["MAX_STEPS_PER_FORMAT", "CacheStatus", "SpeedMeasurement", "measure_speed"]
 
 #: Where a measurement's numbers came from: ``hit`` (the cache), ``miss`` (measured,
 #: stored), ``corrupt`` (a bad entry was ignored; measured, stored), ``refresh``
@@ -184,9 +184,16 @@ def _candidates(
     return measured, skipped
 
 
+#: Most warm-up or timed steps per format a measurement takes (a guard against typos:
+#: the median of a few interleaved steps is already stable).
+MAX_STEPS_PER_FORMAT = 1000
+
+
 def _check_count(name: str, value: int, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if value > MAX_STEPS_PER_FORMAT:
+        raise ValueError(f"{name} must be at most {MAX_STEPS_PER_FORMAT}, got {value!r}")
 
 
 def measure_speed(
@@ -203,6 +210,8 @@ def measure_speed(
     cache: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     timer: StepTimer | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SpeedMeasurement:
     """Time a training step (forward and backward) in fp32, bf16 and fp16 autocast here.
 
@@ -230,11 +239,15 @@ def measure_speed(
         cache_dir: the cache folder (default: ``speed/`` in mixprec's cache folder).
         timer: runs one step and returns its seconds (default `wall_clock_timer`);
             tests pass a fake.
+        should_stop: polled before each step (the CLI passes its Ctrl-C flag); when
+            it returns True the measurement stops with `KeyboardInterrupt` and
+            nothing is cached.
+        progress: called after each step with (steps done, steps in all).
 
     Raises:
         ValueError: neither or both of model and shapes, a model without an example
             input, a model on another device than `device`, bad shapes, formats,
-            counts or cache mode.
+            counts (at most `MAX_STEPS_PER_FORMAT`) or cache mode.
     """
     _check_count("warmup", warmup, 0)
     _check_count("repeats", repeats, 1)
@@ -298,7 +311,12 @@ def measure_speed(
             ) as steps,
         ):
             samples = time_interleaved(
-                steps, timer=timer or wall_clock_timer(dev), warmup=warmup, repeats=repeats
+                steps,
+                timer=timer or wall_clock_timer(dev),
+                warmup=warmup,
+                repeats=repeats,
+                should_stop=should_stop,
+                progress=progress,
             )
         if mode != "off":
             written = write_entry(key, samples, cache_dir)

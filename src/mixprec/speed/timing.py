@@ -66,7 +66,13 @@ def wall_clock_timer(
 
 
 def time_interleaved(
-    steps: Mapping[str, Step], *, timer: StepTimer, warmup: int, repeats: int
+    steps: Mapping[str, Step],
+    *,
+    timer: StepTimer,
+    warmup: int,
+    repeats: int,
+    should_stop: Callable[[], bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, tuple[float, ...]]:
     """Each format's step times (seconds), `repeats` samples each, taken interleaved.
 
@@ -75,10 +81,14 @@ def time_interleaved(
         timer: runs one step and returns its duration in seconds.
         warmup: untimed steps of each format first (all formats, round by round).
         repeats: timed rounds; round ``r`` starts at the ``r``-th format (rotation).
+        should_stop: polled before each step (e.g. a Ctrl-C flag); when it returns
+            True the timing stops by raising `KeyboardInterrupt`.
+        progress: called after each step with (steps done, steps in all).
 
     Raises:
         ValueError: no steps, ``warmup < 0``, ``repeats < 1``, or a timer that
             returns a time that is not positive and finite.
+        KeyboardInterrupt: `should_stop` returned True.
     """
     if not steps:
         raise ValueError("no formats to time")
@@ -87,14 +97,27 @@ def time_interleaved(
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats!r}")
     names = list(steps)
+    total = (warmup + repeats) * len(names)
+    done = 0
+
+    def run(name: str) -> float:
+        nonlocal done
+        if should_stop is not None and should_stop():
+            raise KeyboardInterrupt
+        seconds = float(timer(name, steps[name]))
+        done += 1
+        if progress is not None:
+            progress(done, total)
+        return seconds
+
     for _ in range(warmup):
         for name in names:
-            timer(name, steps[name])
+            run(name)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            seconds = float(timer(name, steps[name]))
+            seconds = run(name)
             if not (seconds > 0 and seconds != float("inf")):
                 raise ValueError(f"timer returned {seconds!r} s for a {name} step")
             samples[name].append(seconds)

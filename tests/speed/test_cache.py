@@ -10,7 +10,14 @@ import pytest
 from mixprec.speed import cache_mode, speed_cache_dir
 from mixprec.speed.cache import SCHEMA, entry_path, read_entry, write_entry
 
-KEY = {"device": {"name": "test cpu"}, "torch": "2.13", "threads": 2, "target": "m:1x2x3"}
+KEY = {
+    "device": {"name": "test cpu"},
+    "torch": "2.13",
+    "threads": 2,
+    "target": "m:1x2x3",
+    "formats": ["fp32", "bf16"],
+    "repeats": 2,
+}
 SAMPLES = {"fp32": (1.0, 1.5), "bf16": (2.0, 2.5)}
 
 
@@ -52,7 +59,7 @@ def _entry(**changes: object) -> str:
     data: dict[str, object] = {
         "schema": SCHEMA,
         "key": KEY,
-        "samples": {"fp32": [1.0], "bf16": [2.0]},
+        "samples": {"fp32": [1.0, 1.5], "bf16": [2.0, 2.5]},
     }
     data.update(changes)
     return json.dumps(data)
@@ -67,7 +74,13 @@ def _entry(**changes: object) -> str:
         _entry(schema=SCHEMA + 1),
         _entry(key={**KEY, "threads": 8}),  # a digest collision or a hand-edited file
         _entry(samples={"bf16": [2.0]}),  # no fp32
-        _entry(samples={"fp32": [1.0], "fp8": [0.5]}),
+        _entry(samples={"fp32": [1.0, 1.5], "fp8": [0.5, 0.5]}),
+        # edited by hand: a format the key did not measure, one it did left out, a sample
+        # more or fewer than its repeats (auto would pick from them)
+        _entry(samples={"fp32": [1.0, 1.5], "bf16": [2.0, 2.5], "fp16": [1e-3, 1e-3]}),
+        _entry(samples={"fp32": [1.0, 1.5]}),
+        _entry(samples={"fp32": [1.0, 1.5], "bf16": [2.0]}),
+        _entry(samples={"fp32": [1.0, 1.5, 1.6], "bf16": [2.0, 2.5, 2.6]}),
         _entry(samples={"fp32": [-1.0]}),
         _entry(samples={"fp32": [True]}),
         _entry(samples={"fp32": []}),

@@ -197,6 +197,16 @@ def test_steps_run_with_gradients_on_under_no_grad(fake_timer: Callable[..., Fak
         ({"shapes": "2x2x2", "repeats": 0}, ValueError, "repeats must be an int >= 1"),
         ({"shapes": "2x2x2", "warmup": -1}, ValueError, "warmup"),
         ({"shapes": "2x2x2", "cache": "maybe"}, ValueError, "not a cache mode"),
+        (
+            {"model": lambda x: x, "example_input": torch.ones(2)},
+            TypeError,
+            "model must be a torch.nn.Module, got function",
+        ),
+        (
+            {"model": nn.Linear(2, 2, device="meta"), "example_input": torch.ones(1, 2)},
+            ValueError,
+            "the model is on the meta device",
+        ),
     ],
 )
 def test_bad_requests_are_refused(kwargs: dict[str, object], error: type, match: str) -> None:
@@ -254,3 +264,26 @@ def test_an_interrupted_measurement_caches_nothing_and_counts_are_bounded(
     assert not private_cache.exists() or not any(private_cache.iterdir())
     with pytest.raises(ValueError, match="repeats must be at most 1000, got 1001"):
         measure_speed(shapes="8x8x8", repeats=1001, timer=fake_timer(SLOW_BF16))
+
+
+class _Detached(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).detach()
+
+
+@pytest.mark.parametrize(
+    "model",
+    [nn.ReLU(), nn.Linear(2, 2).requires_grad_(False), _Detached()],
+    ids=["no parameters", "all frozen", "detached output"],
+)
+def test_a_model_without_a_training_step_is_refused_in_one_line(
+    model: nn.Module, fake_timer: Callable[..., FakeTimer]
+) -> None:
+    with pytest.raises(ValueError, match="the loss does not depend on any trainable parameter"):
+        measure_speed(
+            model, torch.ones(1, 2), formats=ALL, timer=fake_timer(SLOW_BF16), cache="off"
+        )

@@ -107,8 +107,9 @@ def read_entry(
     key: Mapping[str, Any], root: str | os.PathLike[str] | None = None
 ) -> tuple[Literal["hit", "miss", "corrupt"], dict[str, tuple[float, ...]] | None]:
     """The samples stored for `key`: ``("hit", samples)``; ``("miss", None)`` when there
-    is no entry; ``("corrupt", None)`` when the file is unreadable, not JSON, or does
-    not hold an entry for exactly this key (it is ignored, never an error)."""
+    is no entry; ``("corrupt", None)`` when the file is unreadable, not JSON, does
+    not hold an entry for exactly this key, or its samples are not the key's
+    formats with the key's repeats each (it is ignored, never an error)."""
     path = entry_path(key, root)
     try:
         text = path.read_text(encoding="utf-8")
@@ -123,7 +124,19 @@ def read_entry(
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("key") != key:
         return "corrupt", None
     samples = _valid_samples(data.get("samples"))
-    return ("corrupt", None) if samples is None else ("hit", samples)
+    if samples is None or not _samples_fit(samples, key):
+        return "corrupt", None
+    return "hit", samples
+
+
+def _samples_fit(samples: Mapping[str, tuple[float, ...]], key: Mapping[str, Any]) -> bool:
+    """The samples are what the key says was measured: its formats, no more and no
+    fewer, with its number of repeats each (an edited file can hold anything)."""
+    formats = key.get("formats")
+    if formats is not None and sorted(samples) != sorted(formats):
+        return False
+    repeats = key.get("repeats")
+    return repeats is None or all(len(v) == repeats for v in samples.values())
 
 
 def write_entry(

@@ -256,9 +256,19 @@ def measure_speed(
         raise ValueError("give a model (with example_input) or matmul shapes, not both or neither")
     matmuls: tuple[MatmulShape, ...] = ()
     if model is not None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"model must be a torch.nn.Module, got {type(model).__name__}: wrap the "
+                "function in a Module, or time matmul shapes instead"
+            )
         if example_input is None:
             raise ValueError("a model is timed on an example input: pass example_input")
         where = _device_of(model)
+        if where.type == "meta":
+            raise ValueError(
+                "the model is on the meta device (it has no data to time): materialize it "
+                "first (model.to_empty(device=...) and initialize its weights)"
+            )
         asked = torch.device(device) if device is not None else where
         if asked.type != where.type or asked.index not in (None, where.index):
             raise ValueError(f"the model is on {where}, but device={str(asked)!r} was asked for")

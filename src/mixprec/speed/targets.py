@@ -273,6 +273,12 @@ def model_steps(
             ):
                 out = functional_call(model, state, args, kwargs)
                 value = loss(out)
+            if not value.requires_grad:
+                raise ValueError(
+                    "the loss does not depend on any trainable parameter (none, all frozen, "
+                    "or the output detached): a training step cannot be timed; give a model "
+                    "with trainable parameters, or time matmul shapes instead"
+                )
             if scale is None:
                 torch.autograd.backward(value)
                 return

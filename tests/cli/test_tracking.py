@@ -128,8 +128,10 @@ def test_compare_json_says_where_it_was_tracked(
     pytest.importorskip("tensorboard")
     out = tmp_path / "cmp"
     argv = ["compare", *TINY, "--policies", "bf16_master", "--steps", "4", "--out", str(out)]
-    assert main([*argv, "--quiet", "--json", "--track", "tensorboard"]) in (0, 1)
-    data = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--json", "--track", "tensorboard"]) in (0, 1)
+    captured = capsys.readouterr()
+    assert captured.err == "", "--json is quiet on stderr, as train's is"
+    data = json.loads(captured.out)
     assert data["tracked"].startswith(f"TensorBoard log dir {out / 'tensorboard'} (run compare-")
     on_disk = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert {k: v for k, v in data.items() if k != "tracked"} == on_disk

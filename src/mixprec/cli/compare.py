@@ -89,7 +89,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help='print results.json to stdout, with where --track logged it ("tracked")',
+        help='no progress; print results.json to stdout, with where --track logged it ("tracked")',
     )
     p.set_defaults(handler=run)
 
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     )
     check_out_dir(args.out)  # after the workload: a refused one leaves no folder behind
     out: Path = args.out
-    stream = None if args.quiet else sys.stderr
+    stream = None if args.quiet or args.json else sys.stderr  # as train: --json is quiet
     started = time.perf_counter()
 
     def on_record(record: Any, reused: bool) -> None:

@@ -46,10 +46,10 @@ def terminal_table(
 
 
 def render_summary(view: ReportView) -> str:
-    """What `mixprec compare` and `mixprec report` print: the headline (the
-    recommendation, or why there is none, pending a target included) and the hardware
-    first, then the objective, the table with every reason, and the choice."""
-    lines = [_plain(view.headline), _plain(view.hardware_line), _plain(view.objective_line), ""]
+    """What `mixprec compare` and `mixprec report` print: the hardware and the headline
+    (the recommendation, or why there is none, pending a target included) first, in
+    the report's order, then the objective, the table with every reason, and the choice."""
+    lines = [_plain(view.hardware_line), _plain(view.headline), _plain(view.objective_line), ""]
     lines.append(render_table(view.table))
     if view.choice:
         lines += ["", f"{CHOICE_HEADING.lower()}: {_plain(view.choice[0])}"]

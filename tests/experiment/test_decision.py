@@ -512,8 +512,9 @@ def test_max_slowdown_rejects_with_the_figures_and_below_one_excludes_the_baseli
     d = decide(demo(), demo_contract(objective="memory", max_slowdown=2.0), higher_is_better=False)
     v = d.verdicts["bf16_lean"]
     assert v.status == "rejected" and v.gate == "slowdown"
-    assert v.reason == (
-        "step time 2.40x fp32's (seeds 2.40-2.40; 50.0 vs 120.0 steps/s) > max_slowdown 2.00"
+    assert v.reason.startswith("step time 2.40x fp32's (mean of ")
+    assert v.reason.endswith(
+        "paired seeds, 2.40-2.40; 50.0 vs 120.0 steps/s on those seeds) > max_slowdown 2"
     )
     assert d.recommended == "bf16_master"  # 2.0x: at the limit, within it
     d = decide(demo(), demo_contract(max_slowdown=0.9), higher_is_better=False)
@@ -559,3 +560,16 @@ def test_step_times_from_several_machines_rank_nothing_but_memory() -> None:
     assert "2 different setups" in d.speed_note and len(d.hardware) == 2
     d = decide(mixed, demo_contract(objective="memory"), higher_is_better=False)
     assert d.recommended == "bf16_lean" and not d.speed_note.startswith("no ")
+
+
+def test_a_slowdown_reason_pairs_its_throughputs_and_shows_the_excess() -> None:
+    base = [rec("fp32", k, 1.0, speed=v) for k, v in enumerate([100.0, 100.0, 40.0])]
+    cand = [rec("amp_bf16", k, 1.0, speed=v) for k, v in enumerate([80.0, 82.0])]
+    ratio = (100 / 80 + 100 / 82) / 2  # 1.2348: seeds 0 and 1, the ones both ran
+    c = contract(candidates=("amp_bf16",), max_slowdown=1.23)
+    v = decide(base + cand, c, higher_is_better=False).verdicts["amp_bf16"]
+    assert v.gate == "slowdown"
+    assert v.reason == (
+        f"step time {ratio:.4f}x fp32's (mean of 2 paired seeds, 1.22-1.25; 81.0 vs 100.0 "
+        "steps/s on those seeds) > max_slowdown 1.23"
+    )

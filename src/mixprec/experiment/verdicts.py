@@ -160,12 +160,30 @@ def _cost_gate(
         if not math.isfinite(ratio.mean):
             return "slowdown", "no step time measured: max_slowdown cannot be checked"
         if ratio.mean > limit:
+            # Enough digits that the figure visibly exceeds the limit (1.194 > 1.19).
+            digits = 2 if f"{ratio.mean:.2f}" != f"{limit:.2f}" else 4
+            mine, theirs = _paired_speeds(s, base.policy, records)
             return "slowdown", (
-                f"step time {ratio.mean:.2f}x {contract.baseline}'s (seeds {ratio.low:.2f}-"
-                f"{ratio.high:.2f}; {s.steps_per_s:.1f} vs {base.steps_per_s:.1f} steps/s) > "
-                f"max_slowdown {limit:.2f}"
+                f"step time {ratio.mean:.{digits}f}x {contract.baseline}'s (mean of "
+                f"{len(ratio.values)} paired seeds, {ratio.low:.2f}-{ratio.high:.2f}; "
+                f"{mine:.1f} vs {theirs:.1f} steps/s on those seeds) > max_slowdown {limit:g}"
             )
     return "", ""
+
+
+def _paired_speeds(
+    s: PolicySummary, baseline: str, records: Sequence[RunRecord]
+) -> tuple[float, float]:
+    """Mean steps/s of `s` and of the baseline over the seeds both ran (the seeds
+    its step-time ratio is paired on)."""
+    ok = {(r.policy, r.seed): r for r in records if r.ok}
+    seeds = [k for k in s.seeds if (s.policy, k) in ok and (baseline, k) in ok]
+
+    def speed(policy: str) -> float:
+        values = [float(ok[policy, k].throughput.get("steps_per_s", math.nan)) for k in seeds]
+        return sum(values) / len(values) if values else math.nan
+
+    return speed(s.policy), speed(baseline)
 
 
 def judge(

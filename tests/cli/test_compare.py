@@ -182,3 +182,41 @@ def test_bad_decision_keys_in_a_file_exit_2_with_one_line(
     assert main(["compare", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "objective 'cheapest' is not one of" in err
+
+
+@pytest.mark.usefixtures("scripted")
+def test_an_interrupted_rerun_is_what_report_and_policy_from_see(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(_compare(tmp_path, "--objective", "memory")) == 0
+    capsys.readouterr()
+    runner = importlib.import_module("mixprec.experiment.runner")
+    scripted = runner.run_one
+
+    def interrupted(workload: Any, name: str, seed: int, settings: Any, **kw: Any) -> RunRecord:
+        if name == "bf16_kahan":
+            raise KeyboardInterrupt  # Ctrl-C while the new candidate trains
+        return scripted(workload, name, seed, settings, **kw)
+
+    monkeypatch.setattr(runner, "run_one", interrupted)
+    argv = _compare(tmp_path, "--objective", "speed")
+    argv[argv.index("--policies") + 1] = POLICIES + ",bf16_kahan"
+    assert main(argv) == 130
+    capsys.readouterr()
+    # report judges the stored runs under the contract of the latest compare, not the
+    # finished one before it, and lists the candidate that never ran
+    main(["report", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "objective speed" in out and "objective memory" not in out
+    assert "bf16_kahan" in out and "not run" in out
+    # ... and train --policy-from refuses a results.json judged under another contract
+    monkeypatch.setattr(runner, "run_one", scripted)
+    assert main(_compare(tmp_path, "--objective", "memory")) == 0
+    capsys.readouterr()
+    contract = json.loads((tmp_path / "contract.json").read_text())
+    contract["contract"]["objective"] = "speed"  # a later compare started, then stopped
+    (tmp_path / "contract.json").write_text(json.dumps(contract))
+    argv = ["train", "--policy-from", str(tmp_path), "--out", str(tmp_path / "t")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "was judged under another contract than" in err and "did not finish" in err

@@ -230,27 +230,32 @@ def compare(
 
 
 def stored_experiment(folder: Path) -> dict[str, Any]:
-    """What an experiment folder says it is: results.json, else contract.json (written
-    first, so an interrupted run has it).
+    """What an experiment folder says it is: contract.json (written when a compare
+    starts, so it is the latest contract, also of an interrupted rerun), else
+    results.json (folders written before contract.json existed).
 
     Raises:
         FileNotFoundError: neither file exists.
         ValueError: the file is not JSON or holds no contract object.
     """
-    for name in ("results.json", CONTRACT_FILE):
+    for name in (CONTRACT_FILE, "results.json"):
         path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path} is not valid JSON: {str(exc).splitlines()[0]}") from None
-        if not isinstance(data, dict) or not isinstance(data.get("contract"), dict):
-            raise ValueError(f"{path} holds no contract object; is it a mixprec compare folder?")
-        return data
+        if path.is_file():
+            return _contract_file(path)
     raise FileNotFoundError(
         f"{folder} has neither results.json nor contract.json (is it a mixprec compare folder?)"
     )
+
+
+def _contract_file(path: Path) -> dict[str, Any]:
+    """The JSON object of `path`, which holds a ``contract`` object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("contract"), dict):
+        raise ValueError(f"{path} holds no contract object; is it a mixprec compare folder?")
+    return data
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,6 +293,13 @@ def recommendation(folder: str | Path) -> Recommendation:
     contract = data.get("contract") if isinstance(data, dict) else None
     if not isinstance(decision, dict) or not isinstance(contract, dict):
         raise ValueError(f"{path} holds no decision; is it a mixprec compare folder?")
+    latest = Path(folder) / CONTRACT_FILE
+    if latest.is_file() and _contract_file(latest)["contract"] != contract:
+        raise ValueError(
+            f"{path} was judged under another contract than {latest} (a later compare into "
+            f"{folder} did not finish): rerun that compare to finish it, or run mixprec "
+            f"report {folder} to judge the stored runs under it"
+        )
     policy = decision.get("recommended")
     if policy is not None and not isinstance(policy, str):
         raise ValueError(f"{path}: recommended must be a policy name, got {policy!r}")

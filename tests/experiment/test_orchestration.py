@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -116,3 +117,11 @@ def test_a_stored_run_is_reused_only_on_the_hardware_it_was_measured_on(tmp_path
     again: list[tuple[str, int, int | None]] = []
     run_all(CONTRACT, bare, workload, SETTINGS, run=_scripted(again), hardware=HERE, **kw)
     assert again == []
+    # ... unless the contract names a target: then where they ran decides, so they rerun
+    # (a reused record "measured on hardware not recorded" kept the decision pending).
+    targeted = dataclasses.replace(CONTRACT, target_device="cpu")
+    run_all(targeted, bare, workload, SETTINGS, run=_scripted(again), hardware=HERE, **kw)
+    assert len(again) == 6
+    once_more: list[tuple[str, int, int | None]] = []
+    run_all(targeted, bare, workload, SETTINGS, run=_scripted(once_more), hardware=HERE, **kw)
+    assert once_more == [], "the rerun records say where they ran: reused from now on"

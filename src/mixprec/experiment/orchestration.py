@@ -100,7 +100,8 @@ def run_all(
         should_stop: passed to each run (the command line's Ctrl-C).
         hardware: the facts of `device` here (default: `device_facts(device)`); a stored
             record measured elsewhere is redone. Records written before mixprec
-            recorded hardware carry none and are reused.
+            recorded hardware carry none and are reused, unless the contract names a
+            `target_device` (then they are redone: where they ran decides).
 
     Returns:
         The records, in the order they ran (baseline first per seed).
@@ -132,14 +133,19 @@ def run_all(
                 fingerprint = contract.run_fingerprint(name, seed, run_steps)
                 old = existing.get((name, seed))
                 if old is not None and old.fingerprint == fingerprint and old.ok:
-                    if old.device is None or old.device.key == here.key:
+                    # A record that does not say where it ran is reused, unless the
+                    # contract names a target: then its hardware decides, and only a
+                    # run here can say it.
+                    unknown = old.device is None and contract.target_device is not None
+                    if not unknown and (old.device is None or old.device.key == here.key):
                         records.append(old)
                         if on_record is not None:
                             on_record(old, True)
                         continue
                     if stream is not None:
+                        where = "not recorded" if old.device is None else old.device.key
                         print(
-                            f"  {name} seed {seed} was measured on {old.device.key}, not "
+                            f"  {name} seed {seed} was measured on {where}, not "
                             f"{here.key}: running it again here",
                             file=stream,
                         )

@@ -252,6 +252,7 @@ def test_the_contract_is_logged_flat_on_the_parent(tmp_path: Path, file_store: s
         max_seeds=1,
         train={"steps": 6},
         step_caps={},
+        target_device="cuda",
     )
     results = mixprec.experiment.run_contract(
         contract,
@@ -267,6 +268,8 @@ def test_the_contract_is_logged_flat_on_the_parent(tmp_path: Path, file_store: s
     assert params["settings.steps"] == "6"
     tags = parent.data.tags
     assert tags["mixprec.recommended"] == str(results.recommended or "none")
+    assert tags["mixprec.status"] == results.decision.status  # pending_target is not "none"
+    assert (tags["mixprec.objective"], tags["mixprec.target_device"]) == ("balanced", "cuda")
     verdict = results.decision.verdicts["amp_bf16"]
     assert (tags["verdict.amp_bf16"], tags["verdict.amp_bf16.gate"]) == (
         verdict.status,

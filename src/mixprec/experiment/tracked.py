@@ -1,7 +1,9 @@
 """What `compare` and `train` log to a tracker (`mixprec.tracking`): MLflow or TensorBoard.
 
 compare: one parent run per experiment, holding the contract and the resolved
-training settings as params, the decision (``mixprec.recommended`` and per
+training settings as params, the decision (``mixprec.recommended``,
+``mixprec.status`` (recommended, stay, pending_target, none), the objective and
+why nothing was promoted when that is so, and per
 candidate ``verdict.<policy>``, ``verdict.<policy>.gate`` and ``.reason`` as tags;
 every number of each policy's summary as a ``<policy>.<figure>`` metric, with
 ``<policy>.memory_ratio`` and ``<policy>.speed_ratio`` against the baseline) and
@@ -190,11 +192,22 @@ class CompareTracking:
         tags: dict[str, str] = {
             "mixprec.recommended": str(data.get("recommended") or "none"),
             "mixprec.success": str(decision.success).lower(),
+            "mixprec.status": decision.status,
+            "mixprec.objective": decision.objective,
+            "mixprec.ranked_by": decision.ranked_by,
         }
-        if data.get("too_short"):
-            tags["mixprec.too_short"] = str(data["too_short"])
-        if data.get("baseline_reason"):
-            tags["mixprec.baseline_reason"] = str(data["baseline_reason"])
+        for key in (
+            "too_short",
+            "baseline_reason",
+            "pending",
+            "speed_note",
+            "baseline_note",
+            "target_device",
+            "fp8_reference",
+            "fp8_note",
+        ):
+            if data.get(key):
+                tags[f"mixprec.{key}"] = str(data[key])
         policies: Mapping[str, Any] = data.get("policies") or {}
         base = policies.get(self.contract.baseline) or {}
         metrics: dict[str, Any] = {}

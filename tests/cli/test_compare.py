@@ -178,10 +178,15 @@ def test_bad_decision_keys_in_a_file_exit_2_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "c.yaml"
-    config.write_text("objective: cheapest\n")
+    config.write_text("objective: cheapest\nmemory_budget: 6 GiB\n")
     assert main(["compare", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "objective 'cheapest' is not one of" in err
+    assert err.count("\n") == 1 and f"{config}: objective 'cheapest' is not one of" in err
+    # A bad flag over a good file is the flag's, not the file's.
+    argv = ["compare", "--config", str(config), "--memory-budget", "6 G"]
+    assert main([*argv, "--objective", "memory", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mixprec: error: memory_budget '6 G' is not a size"), err
 
 
 @pytest.mark.usefixtures("scripted")

@@ -95,6 +95,8 @@ def test_track_uri_without_track_is_refused(
     assert "--track-uri needs --track mlflow or --track tensorboard" in err
     err = _one_line_exit_2(["compare", "--track", "wandb"], capsys)
     assert "invalid choice: 'wandb'" in err
+    err = _one_line_exit_2(["compare", "--track", "tensorboard", "--track-uri", " "], capsys)
+    assert "--track-uri is empty" in err
 
 
 @pytest.mark.slow

@@ -141,6 +141,8 @@ def test_a_bad_memory_budget_names_the_value_and_the_forms(bad: object) -> None:
         ({"max_slowdown": float("inf")}, r"max_slowdown inf is not a number > 0"),
         ({"target_device": " "}, r"target_device ' ' is empty: give a device class"),
         ({"target_device": "--"}, r"target_device '--' is empty: give a device class"),
+        ({"target_device": "cpu:abc"}, r"target_device 'cpu:abc': a device index is a number"),
+        ({"target_device": "H100" * 60}, r"target_device is 240 characters long"),
         ({"memory_budget": "6 G"}, r"memory_budget '6 G' is not a size"),
     ],
 )

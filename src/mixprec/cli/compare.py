@@ -106,6 +106,7 @@ def _contract_from_args(args: argparse.Namespace) -> Any:
     from mixprec.experiment.contract import Contract, candidates_from
 
     data: dict[str, Any] = _load_yaml_contract(args.config) if args.config else {}
+    flagged: set[str] = set()  # keys given by flags (they override the file's)
     if args.workload is None and "workload" in data and ":" in str(data["workload"]):
         raise ValueError(
             f"contract file names workload {data['workload']!r}: files may only name built-in "
@@ -131,9 +132,17 @@ def _contract_from_args(args: argparse.Namespace) -> Any:
         value = getattr(args, flag)
         if value is not None:
             data[key] = value
+            flagged.add(key)
     if args.policies is not None:
         data["candidates"] = candidates_from(args.policies, data.get("baseline", "fp32"))
-    return Contract.from_dict(data)
+        flagged.add("candidates")
+    try:
+        return Contract.from_dict(data)
+    except ValueError as exc:
+        # Name the file when the bad value came from it (errors start with the key).
+        if args.config is not None and str(exc).split(" ", 1)[0] not in flagged:
+            raise ValueError(f"{args.config}: {exc}") from None
+        raise
 
 
 def run(args: argparse.Namespace) -> int:

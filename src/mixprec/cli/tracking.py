@@ -36,6 +36,10 @@ def check_track(args: argparse.Namespace) -> None:
         if args.track_uri is not None:
             raise ValueError("--track-uri needs --track mlflow or --track tensorboard")
         return
+    if args.track_uri is not None and not args.track_uri.strip():
+        raise ValueError(
+            "--track-uri is empty: give a tracking URI or log dir, or leave it out for the default"
+        )
     check_available(args.track)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mixprec.experiment.hardware import DEVICE_TYPES
 from mixprec.policy import policy as get_policy
 from mixprec.workloads.settings import TrainSettings
 
@@ -322,6 +323,17 @@ class Contract:
             named = isinstance(self.target_device, str) and any(
                 ch.isalnum() for ch in self.target_device
             )
+            if named and len(self.target_device) > _MAX_TARGET_CHARS:
+                raise ValueError(
+                    f"target_device is {len(self.target_device)} characters long: give a device "
+                    f"class or words of a device name (at most {_MAX_TARGET_CHARS} characters)"
+                )
+            kind, colon, index = str(self.target_device).strip().partition(":")
+            if named and colon and kind.lower() in DEVICE_TYPES and not index.isdigit():
+                raise ValueError(
+                    f"target_device {self.target_device!r}: a device index is a number "
+                    f"({kind}:0), or give the device class alone ({kind})"
+                )
             if not named:
                 what = "is empty" if isinstance(self.target_device, str) else "is not a device"
                 raise ValueError(
@@ -453,6 +465,9 @@ _POLICY_KEYS_HASHED_WHEN_SET = ("fp8",)
 
 #: Most seeds a contract may ask for (a guard against typos: each seed is a run).
 _MAX_SEEDS = 100
+
+#: Longest `target_device` accepted (device names are short; a long string is a mistake).
+_MAX_TARGET_CHARS = 200
 
 
 def canonical_policy(name: str) -> str:

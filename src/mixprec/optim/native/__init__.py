@@ -52,18 +52,25 @@ __all__ = [
     "DTYPES",
     "MAX_BLOCK",
     "PLAIN_TYPES",
+    "STREAM_MIN_BYTES",
     "NativeLibrary",
     "NativeUnavailableError",
     "cache_dir",
     "enabled",
     "kernel_enums",
     "library",
+    "streams_params",
 ]
 
 #: Largest int8 block the kernel handles (its per-block buffers live on the stack).
 MAX_BLOCK = 4096
 #: Must equal ``mixprec_abi_version()`` in the source.
-ABI_VERSION = 6
+ABI_VERSION = 7
+#: A group whose step moves at least this many bytes (`streams_params`) writes the
+#: fp32 master's bf16 parameters with streaming stores: twice the 32 MiB L3 of the
+#: AMD EPYC measured in docs/benchmarks.md, so the parameters of a model whose step
+#: fits in the cache stay there for the next forward pass.
+STREAM_MIN_BYTES = 64 * 2**20
 
 SOURCE = Path(__file__).with_name("adamw_cpu.cpp")
 
@@ -172,6 +179,7 @@ class NativeLibrary:
             ctypes.c_void_p,  # hyper (double[5])
             ctypes.c_int64,  # block
             ctypes.c_int,  # threads
+            ctypes.c_int,  # stream (`streams_params`)
         ]
         self._fn = fn
         self._lib = lib
@@ -329,6 +337,7 @@ class NativeLibrary:
         # array.array fills the table in C (a ctypes array from Python ints costs
         # about 90 ns an entry: 2 us a parameter).
         table = array.array("q", itertools.chain.from_iterable(columns))
+        stream = codes.streams and sum(columns[2]) * codes.moved_bytes >= STREAM_MIN_BYTES
         rc = self._fn(
             codes.master_code,
             codes.moments_code,
@@ -338,6 +347,7 @@ class NativeLibrary:
             (ctypes.c_double * 5)(*map(float, hyper)),
             block_size,
             torch.get_num_threads(),
+            int(stream),
         )
         if rc != 0:
             why = {
@@ -395,6 +405,8 @@ class _FamilyCodes:
     master_dtypes: tuple[torch.dtype, ...]
     moment_dtypes: tuple[torch.dtype, ...]
     uses_noise: bool
+    streams: bool  # the kernel can stream this family's parameter stores
+    moved_bytes: int  # bytes one step moves per element, counting bf16 params and grads
 
 
 @functools.cache
@@ -406,7 +418,30 @@ def _family(master: str, moments: str) -> _FamilyCodes:
         tuple(t.torch_dtype for t in mspec.state),
         tuple(t.torch_dtype for t in mospec.state),
         mspec.uses_noise,
+        # The fp32 master writes the parameter without reading it (the others
+        # decode it); the int8 moments' block loops do not stream.
+        mspec.kernel_enum == "M_FP32" and not mospec.blockwise,
+        2 + 2 + mspec.bytes_per_element + mospec.nbytes(1),
     )
+
+
+def streams_params(*, master: str, moments: str, numel: int) -> bool:
+    """Whether `NativeLibrary.step_many` writes the parameters of a group of `numel`
+    elements in all with streaming (non-temporal) stores.
+
+    Only the ``fp32`` master with dense moments writes its bf16 parameter without
+    reading it; a plain store of such a line first reads it (a read for
+    ownership: 2 bytes per element that nothing uses, 30 bytes moved per element
+    instead of 28 with fp32 moments). Streaming stores skip that read but leave
+    the lines out of the cache, so they are used only when the step moves at
+    least `STREAM_MIN_BYTES` (``numel`` times the bytes per element of the
+    formats, the parameter and a bf16 gradient), far more than the cache holds.
+
+    Raises:
+        ValueError: `master` or `moments` is not a registered format.
+    """
+    codes = _family(master, moments)
+    return codes.streams and numel * codes.moved_bytes >= STREAM_MIN_BYTES
 
 
 _lock = threading.Lock()

@@ -6,7 +6,9 @@
 // masters/*, moments/*) so results are bitwise identical to it for finite
 // values (tests/optim/test_native.py checks every family; NaN payloads, and
 // int8 codes computed from NaN moments, may differ: callers never apply a
-// non-finite step). Plain C++ that GCC vectorizes: no intrinsics, so it
+// non-finite step). Plain C++ that GCC vectorizes; the one intrinsic, the
+// streaming store of the fp32 master's bf16 parameter (stream_lines), sits
+// behind __AVX512F__ / __AVX__ / __SSE2__ guards with a memcpy fallback, so it
 // builds on any CPU the compiler targets.
 //
 // Layout of the pointers (see mixprec/optim/native/__init__.py):
@@ -17,6 +19,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -51,7 +56,7 @@ struct Args {
   void* s0; void* s1;
   void* mo0; void* mo1; void* mo2; void* mo3;
   float scalars[7];
-  int64_t n; int64_t block; uint32_t key; float grad_sign;
+  int64_t n; int64_t block; uint32_t key; float grad_sign; bool stream;
 };
 
 template <int PDT> inline float load_p(const void* p, int64_t i) {
@@ -135,11 +140,10 @@ struct Math {
 // moments/int8.py U_MAX: the largest sqrt(v) stored, so a decoded v stays finite.
 constexpr float kUMax = 9223372036854775808.0f;  // 2**63
 
-// Elements [lo, hi) of one tensor with dense moments.
-template <int MASTER, int PDT, int MO, int GDT>
-void dense_range(const Args& args, int64_t lo, int64_t hi) {
-  const Args a = args;  // a private copy: stores through the data pointers cannot alias it
-  const Math k(a.scalars);
+// Elements [lo, hi) of one tensor with dense moments. TO_BUF (fp32 master only):
+// the bf16 parameter of element i goes to buf[i - lo] instead of the parameter.
+template <int MASTER, int PDT, int MO, int GDT, bool TO_BUF>
+inline void dense_loop(const Args& a, const Math& k, int64_t lo, int64_t hi, uint16_t* buf) {
 #pragma GCC ivdep
   for (int64_t i = lo; i < hi; ++i) {
     float p = decode_master<MASTER, PDT>(a, i);
@@ -153,7 +157,12 @@ void dense_range(const Args& args, int64_t lo, int64_t hi) {
       v = bf2f(static_cast<const uint16_t*>(a.mo1)[i]);
     }
     k.apply(p, g, m, v, u);
-    encode_master<MASTER, PDT>(a, i, p);
+    if constexpr (TO_BUF) {
+      buf[i - lo] = f2bf(p);
+      static_cast<float*>(a.s0)[i] = p;
+    } else {
+      encode_master<MASTER, PDT>(a, i, p);
+    }
     if constexpr (MO == MO_FP32) {
       static_cast<float*>(a.mo0)[i] = m;
       static_cast<float*>(a.mo1)[i] = v;
@@ -162,6 +171,63 @@ void dense_range(const Args& args, int64_t lo, int64_t hi) {
       static_cast<uint16_t*>(a.mo1)[i] = f2bf(v);
     }
   }
+}
+
+constexpr int64_t kLine = 64;        // bytes per cache line
+constexpr int64_t kStreamRun = 1024;  // bf16 elements staged in L1 between streamed writes
+
+// Copies whole 64-byte lines from src to the line-aligned dst with non-temporal stores.
+inline void stream_lines(void* dst, const void* src, int64_t lines) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+#if defined(__AVX512F__)
+  for (int64_t l = 0; l < lines; ++l)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + l * kLine),
+                        _mm512_load_si512(reinterpret_cast<const void*>(s + l * kLine)));
+#elif defined(__AVX__)
+  for (int64_t l = 0; l < 2 * lines; ++l)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + l * 32),
+                        _mm256_load_si256(reinterpret_cast<const __m256i*>(s + l * 32)));
+#elif defined(__SSE2__)
+  for (int64_t l = 0; l < 4 * lines; ++l)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + l * 16),
+                     _mm_load_si128(reinterpret_cast<const __m128i*>(s + l * 16)));
+#else
+  std::memcpy(d, s, static_cast<size_t>(lines * kLine));
+#endif
+}
+
+template <int MASTER, int PDT, int MO, int GDT>
+void dense_range(const Args& args, int64_t lo, int64_t hi) {
+  const Args a = args;  // a private copy: stores through the data pointers cannot alias it
+  const Math k(a.scalars);
+  if constexpr (MASTER == M_FP32) {
+    if (a.stream) {
+      // The bf16 parameter is written, never read: a plain store first reads each
+      // line (read for ownership), 2 bytes per element that nothing uses. Whole lines
+      // are computed into an L1 buffer and streamed out; the unaligned head and the
+      // partial tail line take plain stores.
+      uint16_t* const param = static_cast<uint16_t*>(a.param);
+      const uintptr_t addr = reinterpret_cast<uintptr_t>(param + lo);
+      const int64_t per_line = kLine / 2;
+      int64_t head = static_cast<int64_t>(((kLine - addr % kLine) % kLine) / 2);
+      if (addr % 2 != 0 || head > hi - lo) head = hi - lo;
+      const int64_t body_end = lo + head + (hi - lo - head) / per_line * per_line;
+      dense_loop<MASTER, PDT, MO, GDT, false>(a, k, lo, lo + head, nullptr);
+      alignas(64) uint16_t buf[kStreamRun];
+      for (int64_t s = lo + head; s < body_end; s += kStreamRun) {
+        const int64_t e = body_end - s < kStreamRun ? body_end : s + kStreamRun;
+        dense_loop<MASTER, PDT, MO, GDT, true>(a, k, s, e, buf);
+        stream_lines(param + s, buf, (e - s) / per_line);
+      }
+      dense_loop<MASTER, PDT, MO, GDT, false>(a, k, body_end, hi, nullptr);
+#if defined(__SSE2__)
+      _mm_sfence();  // streamed stores are weakly ordered: drain them before returning
+#endif
+      return;
+    }
+  }
+  dense_loop<MASTER, PDT, MO, GDT, false>(a, k, lo, hi, nullptr);
 }
 
 // moments/int8.py: m as 127*sqrt(|m|/absmax) with sign, v through u = sqrt(v)
@@ -277,7 +343,7 @@ inline uint32_t step_key(int64_t seed, double step) {
 extern "C" {
 
 // ABI version: bump with any change of the signature below.
-int mixprec_abi_version() { return 6; }
+int mixprec_abi_version() { return 7; }
 
 // The columns of the table (native/__init__.py TABLE_COLUMNS), count entries each.
 enum Column {
@@ -318,12 +384,18 @@ inline bool sizes_fit(const int64_t* table, int64_t count, int64_t t, bool int8,
 // from the step count exactly as functional.adamw_scalars computes them
 // (float64, then rounded to fp32). hyper: lr, beta1, beta2, eps, weight_decay.
 //
+// stream != 0 (fp32 master, dense moments; the caller decides from the group's
+// size, native/__init__.py STREAM_MIN_BYTES): the bf16 parameters are written
+// with non-temporal stores, which skip the read for ownership of a plain store
+// and leave the lines out of the cache.
+//
 // Everything is checked before anything is written. Returns 0: done; 1: a
 // combination this source does not build; 2: a bad block size; 3: a state
 // tensor whose size does not fit its parameter; 4: a step counter that is not a
 // count (negative, fractional, NaN or infinite).
 int mixprec_adamw_multi(int master, int moments, int maximize, int64_t count,
-                        const int64_t* table, const double* hyper, int64_t block, int threads) {
+                        const int64_t* table, const double* hyper, int64_t block, int threads,
+                        int stream) {
   if (count <= 0) return 0;
   auto col = [&](int c, int64_t t) { return table[c * count + t]; };
   auto ptr = [&](int c, int64_t t) { return reinterpret_cast<void*>(col(c, t)); };
@@ -376,6 +448,7 @@ int mixprec_adamw_multi(int master, int moments, int maximize, int64_t count,
     const int64_t* const seed = static_cast<const int64_t*>(ptr(C_SEED, t));
     a.key = seed ? step_key(*seed, step) + static_cast<uint32_t>(col(C_OFFSET, t)) : 0u;
     a.grad_sign = maximize ? -1.0f : 1.0f;
+    a.stream = stream != 0 && master == M_FP32 && !int8;
     const int64_t units = int8 ? a.n / block : a.n;
     first[t + 1] = first[t] + (units + per_item - 1) / per_item;
   }

@@ -11,6 +11,9 @@ One module per concept:
 * `estimation`: the analytic prediction (`estimate`), with communication per step;
 * `state_layout`: optimizer-state bytes per tensor from the formats' layout;
 * `activations`: bytes saved for backward (`saved_activation_bytes`);
+* `fp8`: FP8 linears: what torchao saves, the casts' temporaries replayed per layer
+  (`fp8_layer_transients`) and measured (`fp8_transient_windows`);
+* `transients`: memory allocated and freed inside windows of a real step (`LiveBytes`);
 * `transformer`: `TransformerShape`, a decoder-only transformer from its config;
 * `measurement`: real tensors (`measure`, `optimizer_state_bytes`, `training_state_bytes`).
 """
@@ -19,11 +22,13 @@ from mixprec.memory.activations import saved_activation_bytes
 from mixprec.memory.breakdown import (
     COMPONENTS,
     Components,
+    Fp8Memory,
     MemoryBreakdown,
     Sharding,
     format_gib,
 )
 from mixprec.memory.estimation import estimate
+from mixprec.memory.fp8 import FP8_RECIPE_CASTS, fp8_layer_transients, fp8_transient_windows
 from mixprec.memory.measurement import (
     MASTER_STATE_KEYS,
     MOMENT_STATE_KEYS,
@@ -34,19 +39,25 @@ from mixprec.memory.measurement import (
 )
 from mixprec.memory.state_layout import INT8_BLOCK_SIZE, INT8_MIN_NUMEL, state_nbytes
 from mixprec.memory.transformer import TransformerShape
+from mixprec.memory.transients import LiveBytes
 
 __all__ = [
     "COMPONENTS",
+    "FP8_RECIPE_CASTS",
     "INT8_BLOCK_SIZE",
     "INT8_MIN_NUMEL",
     "MASTER_STATE_KEYS",
     "MOMENT_STATE_KEYS",
     "Components",
+    "Fp8Memory",
+    "LiveBytes",
     "MemoryBreakdown",
     "Sharding",
     "TransformerShape",
     "estimate",
     "format_gib",
+    "fp8_layer_transients",
+    "fp8_transient_windows",
     "measure",
     "optimizer_state_bytes",
     "optimizer_state_nbytes",

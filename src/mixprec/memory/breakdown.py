@@ -9,7 +9,10 @@ Components (bytes):
   (fp32 copy, int16/int8 remainders, Kahan compensation);
 * ``moments``: optimizer moments, including int8 block scales;
 * ``activations``: tensors saved for backward (autocast's 16-bit weight copies
-  included, parameters themselves excluded).
+  included, parameters themselves excluded);
+* ``fp8_cast_temporaries``: under an FP8 policy, the most memory one converted
+  layer's casts and FP8 GEMMs allocate and free again within its forward or its
+  backward (`mixprec.memory.fp8`); 0 without FP8.
 
 `estimate` (predicted) and `measure` (walked on a real step) both answer with a
 `MemoryBreakdown` of these components, so the two can be compared field by field.
@@ -24,6 +27,7 @@ from typing import Any, Literal
 __all__ = [
     "COMPONENTS",
     "Components",
+    "Fp8Memory",
     "MemoryBreakdown",
     "Sharding",
     "format_gib",
@@ -39,6 +43,7 @@ COMPONENTS: tuple[str, ...] = (
     "master",
     "moments",
     "activations",
+    "fp8_cast_temporaries",
 )
 
 _GiB = 2.0**30
@@ -54,6 +59,7 @@ class Components:
     master: int = 0
     moments: int = 0
     activations: int = 0
+    fp8_cast_temporaries: int = 0
 
     @property
     def total(self) -> int:
@@ -70,6 +76,43 @@ class Components:
         return Components(
             **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fp8Memory:
+    """What FP8 linear layers add to a step, per rank (`MemoryBreakdown.fp8`).
+
+    Attributes:
+        recipe: torchao's recipe name.
+        emulate: whether the figures are for emulated GEMMs (fp32 dequantized operands:
+            every CPU) or for FP8 units (``torch._scaled_mm``, CUDA sm_89+).
+        emulate_reason: why, in one phrase.
+        converted: layers that run as ``Float8Linear`` (None: unknown without a module).
+        forward: the largest forward transient of one converted layer, in bytes (None:
+            not estimated: it needs the layers' shapes and tokens per micro-batch).
+        backward: the same for backward.
+        layer: the layer with the largest transient (a qualified name, or a shape
+            such as ``"768x3072"`` for a `TransformerShape`).
+        estimated: False when nothing said how large the layers' inputs are.
+    """
+
+    recipe: str
+    emulate: bool
+    emulate_reason: str
+    converted: int | None = None
+    forward: int | None = None
+    backward: int | None = None
+    layer: str | None = None
+    estimated: bool = True
+
+    @property
+    def peak(self) -> int:
+        """``fp8_cast_temporaries``: the larger of `forward` and `backward` (0 unknown)."""
+        return max(self.forward or 0, self.backward or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +143,8 @@ class MemoryBreakdown:
             are (a bare count without activation values, a module without
             inputs): ``activations`` is then 0, not a figure.
         notes: assumptions worth reading next to the numbers.
+        fp8: under an FP8 policy, what its linear layers add (`Fp8Memory`); None
+            without FP8.
     """
 
     policy: str
@@ -112,6 +157,7 @@ class MemoryBreakdown:
     measured: bool = False
     activations_estimated: bool = True
     notes: tuple[str, ...] = ()
+    fp8: Fp8Memory | None = None
 
     @property
     def all_ranks(self) -> Components:
@@ -125,10 +171,12 @@ class MemoryBreakdown:
 
     @property
     def state_bytes_per_param(self) -> float:
-        """Training-state bytes (everything but activations) of one model replica per
-        parameter: all ranks together under FSDP2 (padding included), one rank otherwise."""
+        """Training-state bytes (everything but activations and FP8 cast temporaries) of
+        one model replica per parameter: all ranks together under FSDP2 (padding
+        included), one rank otherwise."""
         held = self.bytes if self.sharding == "fsdp" else self.per_rank
-        return (held.total - held.activations) / self.params if self.params else 0.0
+        state = held.total - held.activations - held.fp8_cast_temporaries
+        return state / self.params if self.params else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON contract of `mixprec budget --json` (one object per policy):
@@ -148,6 +196,7 @@ class MemoryBreakdown:
             "activations_estimated": self.activations_estimated,
             "measured": self.measured,
             "notes": list(self.notes),
+            "fp8": None if self.fp8 is None else self.fp8.to_dict(),
         }
 
 

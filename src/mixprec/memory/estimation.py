@@ -19,7 +19,14 @@ from torch import nn
 
 from mixprec.islands import island_param_names
 from mixprec.memory.activations import saved_activation_bytes
-from mixprec.memory.breakdown import Components, MemoryBreakdown, Sharding
+from mixprec.memory.breakdown import Components, Fp8Memory, MemoryBreakdown, Sharding
+from mixprec.memory.fp8 import (
+    Fp8Layer,
+    fp8_layers,
+    layer_transients,
+    resolve_emulate,
+    transformer_fp8_layers,
+)
 from mixprec.memory.state_layout import int8_eligible, state_nbytes
 from mixprec.memory.transformer import TransformerShape
 from mixprec.optim.sharding import dim0_rows
@@ -120,7 +127,15 @@ def estimate(
             are then predicted by a fake-tensor forward (no memory used).
         activation_values: for a parameter count, the number of activation values
             saved for backward; bytes follow the compute dtype (fp32 without autocast).
-        device_type: the device type autocast would run on.
+        device_type: the device type autocast would run on; under an FP8 policy it
+            also picks the GEMM path the cast temporaries are replayed for (emulated
+            on every device but ``cuda``; see `mixprec.memory.fp8.resolve_emulate`).
+
+    Under an FP8 policy (`Policy.fp8`) the training state is the 16-bit policy's, the
+    activations are a 16-bit linear's (torchao saves the high-precision input and
+    weight), and ``fp8_cast_temporaries`` is the largest transient of one converted
+    layer (the engine's own layer choice), known from a module with inputs or a
+    `TransformerShape`; `MemoryBreakdown.fp8` says which path and which layer.
     """
     pol = get_policy(policy)
     if world_size < 1:
@@ -145,14 +160,22 @@ def estimate(
         if any(not t.trainable for t in tensors):
             frozen = sum(t.numel for t in tensors if not t.trainable)
             notes.append(f"{frozen:,} frozen parameters: stored, no gradients or optimizer state")
-        if inputs is not None:
-            act_rank = saved_activation_bytes(
-                model, inputs, policy=pol, loss_fn=loss_fn, targets=targets, device_type=device_type
-            )
-        elif activation_values is None:
+        with fp8_layers(model, pol) as layers:
+            if inputs is not None:
+                act_rank = saved_activation_bytes(
+                    model,
+                    inputs,
+                    policy=pol,
+                    loss_fn=loss_fn,
+                    targets=targets,
+                    device_type=device_type,
+                )
+        fp8 = _fp8_memory(pol, layers, device_type, converted=len(layers), notes=notes)
+        if inputs is None and activation_values is None:
             act_known = False
             notes.append("activations not estimated: pass inputs= (and loss_fn=) to include them")
     elif isinstance(model, TransformerShape):
+        fp8 = _fp8_memory(pol, transformer_fp8_layers(model, pol), device_type, notes=notes)
         matrices, norms = model.param_counts()
         tensors = [
             _Tensor(matrices, (matrices,), False, aggregate=True),
@@ -170,6 +193,7 @@ def estimate(
             raise ValueError(f"a parameter count must be a non-negative integer, got {model!r}")
         tensors = [_Tensor(n, (n,), False, aggregate=True)]
         notes.append("a bare parameter count: no fp32 islands, every tensor large")
+        fp8 = _fp8_memory(pol, None, device_type, notes=notes)
     if activation_values is not None:
         act_rank = round(activation_values) * compute_bytes
         act_known = True
@@ -180,8 +204,9 @@ def estimate(
 
     # Rank 0's bytes (the largest share under FSDP2; every rank's under DDP) and
     # the sum over all ranks; each rank runs its own micro-batch.
-    rank0 = Components(activations=act_rank)
-    whole = Components(activations=act_rank * world_size)
+    casts = fp8.peak if fp8 is not None else 0
+    rank0 = Components(activations=act_rank, fp8_cast_temporaries=casts)
+    whole = Components(activations=act_rank * world_size, fp8_cast_temporaries=casts * world_size)
     for t in tensors:
         one, every = _tensor_bytes(t, pol, world_size, sharded)
         rank0, whole = rank0 + one, whole + every
@@ -221,7 +246,51 @@ def estimate(
         measured=False,
         activations_estimated=act_known,
         notes=tuple(notes),
+        fp8=fp8,
     )
+
+
+def _fp8_memory(
+    pol: Policy,
+    layers: list[Fp8Layer] | None,
+    device_type: str,
+    *,
+    converted: int | None = None,
+    notes: list[str],
+) -> Fp8Memory | None:
+    """What the policy's FP8 linears add: `layers` None when no shape is known (a bare
+    count); a layer with ``tokens`` None saw no forward (a module without inputs)."""
+    settings = pol.fp8
+    if settings is None:
+        return None
+    emulate, why = resolve_emulate(settings, device_type)
+    path = "emulated GEMMs" if emulate else "FP8 GEMM units"
+    notes.append(
+        f"fp8 {settings.recipe}: training state and activations as the 16-bit policy's "
+        "(torchao saves the 16-bit input and weight for backward); cast temporaries for "
+        f"{path} ({why}), eager (torch.compile fuses the casts: less)"
+    )
+    if converted == 0:
+        notes.append(f"fp8 {settings.recipe}: no nn.Linear of the model converts: no FP8 memory")
+        return Fp8Memory(
+            recipe=settings.recipe, emulate=emulate, emulate_reason=why, converted=0,
+            forward=0, backward=0,
+        )  # fmt: skip
+    fwd, bwd, where = layer_transients(layers or [], settings.recipe, emulate=emulate)
+    if fwd is None:
+        need = (
+            "inputs="
+            if converted is not None
+            else "a module with inputs= or a TransformerShape (mixprec budget --config)"
+        )
+        notes.append(
+            f"fp8 cast temporaries not estimated: they scale with the converted layers' "
+            f"shapes and tokens per micro-batch; pass {need}"
+        )
+    return Fp8Memory(
+        recipe=settings.recipe, emulate=emulate, emulate_reason=why, converted=converted,
+        forward=fwd, backward=bwd, layer=where, estimated=fwd is not None,
+    )  # fmt: skip
 
 
 def _times(c: Components, k: int) -> Components:

@@ -15,10 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from mixprec.engine.fp8 import is_float8_linear
 from mixprec.formats import master_state_keys, moment_state_keys
 from mixprec.islands import island_param_names
 from mixprec.memory.activations import count_saved, storage_key
-from mixprec.memory.breakdown import Components, MemoryBreakdown
+from mixprec.memory.breakdown import Components, Fp8Memory, MemoryBreakdown
+from mixprec.memory.fp8 import fp8_transient_windows, measured_transients
 from mixprec.policy import Policy
 from mixprec.policy import policy as get_policy
 
@@ -148,6 +150,12 @@ def measure(
     optimizer state (`optimizer_state_bytes`) are walked (unique storages). On
     CUDA the peak allocated memory of the step is added to the notes.
 
+    A model with torchao ``Float8Linear`` layers (an FP8 policy, prepared) also gets
+    ``fp8_cast_temporaries``: the most memory one such layer allocates and frees again
+    within its forward or its backward, recorded by a dispatch mode on only inside
+    those layers (`mixprec.memory.fp8.fp8_transient_windows`); `MemoryBreakdown.fp8`
+    holds the forward and backward figures and the layer.
+
     Args:
         model: the prepared model.
         optimizer: its optimizer (state is created lazily at the first step, so
@@ -175,7 +183,7 @@ def measure(
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     try:
-        with count_saved(param_keys) as saved:
+        with count_saved(param_keys) as saved, fp8_transient_windows(model) as windows:
             step_fn()
     finally:
         for h in handles:
@@ -190,6 +198,8 @@ def measure(
         else:
             params_bytes += size
     state = optimizer_state_bytes(optimizer)
+    fwd, bwd, where = measured_transients(windows)
+    fp8 = _fp8_memory(model, fwd, bwd, where, pol)
     comps = Components(
         params=params_bytes,
         fp32_islands=islands_bytes,
@@ -197,6 +207,7 @@ def measure(
         master=state["master"],
         moments=state["moments"],
         activations=sum(saved.values()),
+        fp8_cast_temporaries=max(fwd or 0, bwd or 0),
     )
     notes = [f"optimizer other state: {state['other']} bytes (step counters, RNG)"]
     if cuda:
@@ -210,4 +221,27 @@ def measure(
         per_rank=comps,
         measured=True,
         notes=tuple(notes),
+        fp8=fp8,
+    )
+
+
+def _fp8_memory(
+    model: nn.Module, fwd: int | None, bwd: int | None, where: str | None, pol: Policy | None
+) -> Fp8Memory | None:
+    """The measured `Fp8Memory` of a model with ``Float8Linear`` layers (else None)."""
+    layers = [m for m in model.modules() if is_float8_linear(m)]
+    if not layers and (pol is None or pol.fp8 is None):
+        return None
+    config = getattr(layers[0], "config", None) if layers else None
+    emulate = bool(getattr(config, "emulate", True))
+    recipe = pol.fp8.recipe if pol is not None and pol.fp8 is not None else "unknown"
+    return Fp8Memory(
+        recipe=recipe,
+        emulate=emulate,
+        emulate_reason="as the converted layers run" if layers else "no layer converted",
+        converted=len(layers),
+        forward=fwd if layers else 0,
+        backward=bwd if layers else 0,
+        layer=where,
+        estimated=True,
     )

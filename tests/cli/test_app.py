@@ -35,6 +35,7 @@ PINNED: dict[str, set[str]] = {
         "--seq-len",
         "--micro-batch",
         "--activations",
+        "--device",
         "--json",
     },
     "compare": {

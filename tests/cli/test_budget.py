@@ -119,3 +119,54 @@ def test_budget_model_is_built_on_meta_and_bad_specs_exit_2(
     for spec in ("nocolon", "no_such_module_xyz:f", "json:no_such_function", "json:dumps"):
         assert main(["budget", "--model", spec]) == 2, spec
     assert main(["budget", "--model", "torch.nn:Linear", "--params", "7B"]) == 2
+
+
+def test_budget_fp8_from_a_count_says_the_state_and_not_the_casts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["budget", "--params", "7B", "--policy", "bf16_master,fp8_tensorwise"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    assert rows["fp8_cast_temporaries"] == ["0.00", "n/a"]
+    assert rows["total"][0] == rows["total"][1]
+    assert "fp8 cast temporaries not estimated" in out and "--config" in out
+    assert main([*argv, "--json"]) == 0
+    bf16, fp8 = json.loads(capsys.readouterr().out)
+    assert fp8["per_rank"] == bf16["per_rank"]
+    assert bf16["fp8"] is None
+    assert fp8["fp8"]["estimated"] is False and fp8["fp8"]["emulate"] is True
+    assert main(["budget", "--params", "7B", "--policy", "bf16_master"]) == 0
+    assert "fp8_cast_temporaries" not in capsys.readouterr().out  # no fp8 policy: no row
+
+
+def test_budget_fp8_from_a_config_sizes_the_casts_for_the_device(
+    capsys: pytest.CaptureFixture[str], tmp_path: object
+) -> None:
+    import pathlib
+
+    config = pathlib.Path(str(tmp_path)) / "gpt2.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "gpt2",
+                "n_layer": 12,
+                "n_embd": 768,
+                "n_head": 12,
+                "vocab_size": 50257,
+                "block_size": 1024,
+            }
+        )
+    )
+    got = {}
+    for device in ("cpu", "cuda"):
+        argv = ["budget", "--config", str(config), "--policy", "fp8_rowwise", "--json"]
+        assert main([*argv, "--device", device]) == 0
+        got[device] = json.loads(capsys.readouterr().out)
+    cpu, cuda = got["cpu"], got["cuda"]
+    assert cpu["fp8"]["emulate"] is True and cpu["fp8"]["estimated"] is True
+    if not torch.cuda.is_available():  # assumed: a GPU with FP8 units
+        assert cuda["fp8"]["emulate"] is False
+    assert 0 < cuda["per_rank"]["fp8_cast_temporaries"] < cpu["per_rank"]["fp8_cast_temporaries"]
+    assert cpu["fp8"]["layer"] == "3072x768"  # the MLP's down projection, backward
+    assert main(["budget", "--config", str(config), "--device", "tpu"]) == 2

@@ -35,6 +35,13 @@ def add_parser(sub: Any) -> None:
         "--micro-batch", type=int, default=None, help="sequences per rank (with --config)"
     )
     p.add_argument("--activations", default=None, help="activation values saved for backward")
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="the device type trained on: autocast's, and for fp8 policies the GEMM path "
+        "(cpu: emulated; cuda: FP8 units, sm_89+) the cast temporaries are sized for",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=run)
 
@@ -121,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
             world_size=args.world_size,
             sharding=sharding,
             activation_values=activations,
+            device_type=args.device,
         )
         for n in names
     ]
@@ -200,10 +208,14 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
     for r in results:
         headers += [r.policy, f"(all {world_size})"] if world_size > 1 else [r.policy]
     rows = []
+    fp8 = any(r.fp8 is not None for r in results)
     for comp in COMPONENTS:
+        if comp == "fp8_cast_temporaries" and not fp8:
+            continue  # no fp8 policy asked: a row of zeros says nothing
         row = [comp]
         for r in results:
-            if comp == "activations" and not r.activations_estimated:
+            unknown = comp == "fp8_cast_temporaries" and r.fp8 is not None and not r.fp8.estimated
+            if (comp == "activations" and not r.activations_estimated) or unknown:
                 row += cols("n/a", "n/a")
             else:
                 row += cols(_gib(getattr(r.per_rank, comp)), _gib(getattr(r.bytes, comp)))
@@ -245,6 +257,11 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
         "bytes/param: training state (params, grads, master, moments) of one model copy per "
         "parameter"
     )
+    if fp8:
+        lines.append(
+            "fp8_cast_temporaries: the most one converted linear allocates and frees again in "
+            "its forward or backward (eager torchao casts; see docs/memory.md, FP8)"
+        )
     if world_size > 1:
         lines.append(
             "<comm>/step: each rank's collective buffer per step; a ring sends about "

@@ -216,6 +216,15 @@ def test_a_bare_count_says_the_state_and_not_the_casts() -> None:
         assert d["fp8"]["estimated"] is False and d["per_rank"]["fp8_cast_temporaries"] == 0
 
 
+def test_a_transformer_shape_without_eligible_dims_has_no_fp8_memory() -> None:
+    from mixprec.memory import TransformerShape
+
+    shape = TransformerShape(n_layer=2, hidden=40, n_head=2, vocab=100, seq_len=8)
+    b = estimate(shape, "fp8_tensorwise")
+    assert b.fp8 is not None and b.fp8.estimated and b.fp8.peak == 0
+    assert b.bytes == estimate(shape, "bf16_master").bytes
+
+
 def test_a_module_without_inputs_counts_its_converted_layers_only() -> None:
     b = estimate(_Mlp(), "fp8_rowwise")
     assert b.fp8 is not None and b.fp8.converted == 2 and not b.fp8.estimated

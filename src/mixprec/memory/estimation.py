@@ -270,10 +270,10 @@ def _fp8_memory(
         "(torchao saves the 16-bit input and weight for backward); cast temporaries for "
         f"{path} ({why}), eager (torch.compile fuses the casts: less)"
     )
-    if converted == 0:
-        notes.append(f"fp8 {settings.recipe}: no nn.Linear of the model converts: no FP8 memory")
+    if layers is not None and not layers:  # nothing converts: known to be nothing
+        notes.append(f"fp8 {settings.recipe}: no linear layer converts: no FP8 memory")
         return Fp8Memory(
-            recipe=settings.recipe, emulate=emulate, emulate_reason=why, converted=0,
+            recipe=settings.recipe, emulate=emulate, emulate_reason=why, converted=converted,
             forward=0, backward=0,
         )  # fmt: skip
     fwd, bwd, where = layer_transients(layers or [], settings.recipe, emulate=emulate)

@@ -182,6 +182,41 @@ def test_prepare_twice_keeps_the_conversion() -> None:
         Precision("fp8_tensorwise").prepare(model)
 
 
+@pytest.mark.parametrize("other", ["bf16_master", "amp_bf16", "fp32"])
+def test_a_policy_without_fp8_refuses_a_model_an_fp8_policy_converted(other: str) -> None:
+    model = Net()
+    Precision("fp8_tensorwise").prepare(model)
+    with pytest.raises(PrecisionError, match=r"has no fp8 settings, but the model holds torchao"):
+        Precision(other).prepare(model)
+
+
+class Shared(nn.Module):
+    """One eligible Linear registered under two names (b and c), between two ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+        self.b = nn.Linear(32, 32)
+        self.c = self.b
+        self.d = nn.Linear(32, 32)
+        self.e = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.e(self.d(self.c(self.b(self.a(x)))))
+
+
+def test_a_module_under_two_names_is_kept_whole_with_its_reason() -> None:
+    model = Shared()
+    prec = Precision("fp8_tensorwise")
+    prec.prepare(model)
+    assert model.c is model.b and type(model.b) is nn.Linear, "not converted under one name"
+    assert prec.fp8 is not None and prec.fp8.converted == ("d",)
+    reasons = {k.name: k.reason for k in prec.fp8.kept}
+    assert reasons["b"] == (
+        "one module under 2 names (b, c): converting one name would leave the others in 16 bits"
+    )
+
+
 def test_real_fp8_gemms_are_refused_where_there_are_none() -> None:
     assert fp8_hardware("cpu") == (False, "cpu has no FP8 GEMM units: torchao emulates them")
     prec = Precision(policy("fp8_tensorwise").replace(fp8=Float8Training(emulate=False)))

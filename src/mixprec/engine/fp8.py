@@ -195,6 +195,10 @@ def fp8_layer_choice(
         names, in ``named_modules`` order; each kept layer with its reason.
     """
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    names: dict[int, list[str]] = {}
+    for n, m in model.named_modules(remove_duplicate=False):
+        if isinstance(m, nn.Linear):
+            names.setdefault(id(m), []).append(n)
     ends: dict[str, str] = {}
     if settings.skip_first_last and linears:
         ends[linears[-1][0]] = "last nn.Linear (skip_first_last)"
@@ -208,8 +212,14 @@ def fp8_layer_choice(
         island = _in_island(name, islands)
         pattern = settings.excludes(name)
         reason: str | None
+        shared = names[id(module)]
         if is_float8_linear(module):
             reason = None  # converted by an earlier prepare: it stays so
+        elif len(shared) > 1:
+            reason = (
+                f"one module under {len(shared)} names ({', '.join(shared)}): converting "
+                "one name would leave the others in 16 bits"
+            )
         elif island is not None:
             reason = f"inside fp32 island {island or '<model>'!r}"
         elif type(module) is not nn.Linear:

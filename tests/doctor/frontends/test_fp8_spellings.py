@@ -168,3 +168,38 @@ def test_torchtitan_float8_emulation_and_recipe_names(tmp_path: Path) -> None:
 def test_fp8_without_a_recipe_still_fires() -> None:
     assert _rules(FIXTURES / "mixprec" / "fp8-without-scaling.yaml")[F8] == "error"
     assert _rules(FIXTURES / "nemo" / "fp8-without-scaling.yaml")[F8] == "error"
+
+
+def test_a_mixprec_config_reads_its_policys_fp8(tmp_path: Path) -> None:
+    """The spelling docs/fp8.md teaches (an fp8 preset, or precision.fp8) is FP8 with a
+    recipe: emulated on a CPU, never fp8-without-scaling; a top-level fp8 section that
+    contradicts it is refused."""
+    preset = write(tmp_path, "precision:\n  preset: fp8_tensorwise\ndevice: cpu\n", "a.yaml")
+    found = {f.rule: f for f in check_file(preset)}
+    assert set(found) == {FNA} and found[FNA].severity == "info"
+    assert "torchao float8 tensorwise" in found[FNA].message
+    assert found[FNA].where.endswith("precision.preset")
+    field = write(
+        tmp_path,
+        "precision:\n  preset: bf16_master\n  fp8: rowwise\n"
+        "device: {type: cuda, name: A100, fp8_fast: false}\n",
+        "b.yaml",
+    )
+    assert {f.rule: f.where for f in check_file(field)} == {FNA: f"{field}:3 precision.fp8"}
+    agreeing = write(tmp_path, "precision:\n  preset: fp8_rowwise\nfp8:\n  enabled: true\n")
+    assert F8 not in _rules(agreeing)
+    facts = load_config(agreeing)
+    assert facts.fp8_enabled and facts.fp8_scaling == "torchao float8 rowwise (current scaling)"
+    contradicting = write(
+        tmp_path, "precision:\n  preset: fp8_rowwise\nfp8:\n  enabled: true\n  scaling: delayed\n"
+    )
+    with pytest.raises(ValueError, match=r"says scaling 'delayed', but .* trains fp8 'rowwise'"):
+        load_config(contradicting)
+
+
+def test_a_live_check_of_an_fp8_policy_without_a_model() -> None:
+    from mixprec import doctor
+
+    found = {f.rule: f for f in doctor.check(policy="fp8_tensorwise", device="cpu")}
+    assert set(found) == {FNA} and "torchao float8 tensorwise" in found[FNA].message
+    assert doctor.check(policy="bf16_master", device="cpu") == []

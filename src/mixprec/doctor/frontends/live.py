@@ -336,6 +336,15 @@ def facts_from_objects(
             if emulated:
                 where["fp8_emulated"] = f"model: {emulated[0]} (Float8LinearConfig(emulate=True))"
 
+    if fp8_scaling is None and not fp8_params and pol is not None and pol.fp8 is not None:
+        # The policy's FP8 layers, before (or without) a model prepared under it.
+        fp8_scaling = f"torchao float8 {pol.fp8.recipe} (current scaling)"
+        fp8_detail = f"policy {pol.name!r} fp8 {pol.fp8.recipe!r}"
+        fp8_emulated = pol.fp8.emulate is True
+        where["fp8"] = f"policy {pol.name!r} (fp8)"
+        if fp8_emulated:
+            where["fp8_emulated"] = f"policy {pol.name!r} (fp8 emulate=True)"
+
     reduce_dtype = pol.reduce_dtype if pol else None
     reduce_note = ""
     found = reductions(model) if model is not None else []
@@ -368,7 +377,11 @@ def facts_from_objects(
         fp8_scaling=fp8_scaling,
         fp8_detail=fp8_detail,
         fp8_emulated=fp8_emulated,
-        fp8_emulated_by="Float8LinearConfig(emulate=True)" if fp8_emulated else "",
+        fp8_emulated_by=(
+            ("Float8LinearConfig(emulate=True)" if model is not None else "fp8 emulate=True")
+            if fp8_emulated
+            else ""
+        ),
         peft=bool(peft),
         steps=steps,
         device=caps,

@@ -285,6 +285,24 @@ def facts_from_mixprec(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
             )
         if scaling == "none":
             scaling = None
+    fp8_detail = "fp8.enabled with no fp8.scaling" if fp8_enabled and scaling is None else ""
+    fp8_emulated = False
+    if pol.fp8 is not None:  # the policy's own fp8 settings (precision.fp8 or an fp8 preset)
+        recipe = pol.fp8.recipe
+        if fp8 and (fp8_enabled is False or scaling not in (None, recipe)):
+            raise ValueError(
+                f"{doc.loc('fp8.scaling', 'fp8.enabled', 'fp8')}: the fp8 section says "
+                f"{'enabled: false' if fp8_enabled is False else f'scaling {scaling!r}'}, but "
+                f"{prec_loc('fp8')} trains fp8 {recipe!r}: remove the fp8 section (the "
+                "policy's fp8 settings are what runs)"
+            )
+        fp8_enabled = True
+        scaling = f"torchao float8 {recipe} (current scaling)"
+        fp8_detail = f"policy {pol.name!r} fp8 {recipe!r}"
+        fp8_emulated = pol.fp8.emulate is True
+        where["fp8"] = prec_loc("fp8")
+        if fp8_emulated:
+            where["fp8_emulated"] = prec_loc("fp8")
 
     norms_fp32: bool | None = None
     norm_detail: tuple[str, ...] = ()
@@ -305,7 +323,9 @@ def facts_from_mixprec(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
         norm_detail=norm_detail,
         fp8_enabled=fp8_enabled,
         fp8_scaling=scaling,
-        fp8_detail="fp8.enabled with no fp8.scaling" if fp8_enabled and scaling is None else "",
+        fp8_detail=fp8_detail,
+        fp8_emulated=fp8_emulated,
+        fp8_emulated_by="precision.fp8.emulate: true" if fp8_emulated else "",
         peft=peft,
         steps=steps,
         device=device if device is not None else _device(doc),

@@ -116,3 +116,12 @@ def test_baseline_for_fp8_is_a_decision_key_and_an_alias_resolves() -> None:
     assert c.run_fingerprint("fp32", 0) == contract().run_fingerprint("fp32", 0)
     assert Contract.from_dict(c.to_dict()) == c
     assert "baseline_for_fp8" not in contract().to_dict()
+
+
+def test_baseline_for_fp8_without_any_16bit_candidate_offers_no_empty_list() -> None:
+    with pytest.raises(ValueError) as info:
+        contract(candidates=("fp8_rowwise",), baseline_for_fp8="amp_bf16")
+    assert str(info.value) == (
+        "baseline_for_fp8 'amp_bf16' is not a 16-bit candidate of this contract: add it to "
+        "the candidates"
+    )

@@ -355,9 +355,10 @@ class Contract:
         name = canonical_policy(name)
         sixteen = [c for c in self.candidates if not get_policy(c).to_dict().get("fp8")]
         if name not in sixteen:
+            choose = f"name one of {sixteen}, or " if sixteen else ""
             raise ValueError(
                 f"baseline_for_fp8 {name!r} is not a 16-bit candidate of this contract: "
-                f"name one of {sixteen}, or add it to the candidates"
+                f"{choose}add it to the candidates"
             )
         object.__setattr__(self, "baseline_for_fp8", name)
 

@@ -289,3 +289,24 @@ def test_emulated_fp8_layers_are_format_not_accelerated() -> None:
     rules = {f.rule: f for f in static}
     assert rules["format-not-accelerated"].severity == "info"
     assert "fp8-without-scaling" not in rules  # torchao's recipes scale
+
+
+def test_a_fake_tensor_forward_before_a_sampled_step_is_not_measured() -> None:
+    # compare's runner predicts memory (a fake-tensor forward through the model) after
+    # the probe has armed step 0: the hooks must skip it, or step 0's counts come back fake.
+    _torchao()
+    model = _fp8_mlp("tensorwise")
+    probe = Probe(every=1, overhead_budget=None)
+    prec = mixprec.Precision("fp32")
+    probe.attach(prec, model)
+    x = _uniform(0)
+    mixprec.memory.estimate(model, "fp32", inputs=x, loss_fn=lambda out, _: (out**2).mean())
+    weight_amax = float(model[0].weight.detach().abs().amax())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    prec.backward((model(x) ** 2).mean())
+    prec.step(opt)
+    probe.detach()
+    entries = {(t.layer, t.role): t for t in probe.samples[0].fp8}
+    assert entries[("0", "weight")].amax == weight_amax
+    assert entries[("0", "input")].amax == 1.0  # the real batch, measured once
+    assert entries[("0", "input")].casts[0].stats.elements == x.numel()

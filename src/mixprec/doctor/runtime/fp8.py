@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 from mixprec.doctor.runtime.fp8_layers import CastPlan, Fp8Layer, Role, fp8_layers
 from mixprec.doctor.runtime.fp8_measure import (
@@ -177,7 +178,9 @@ class Fp8Observer:
 
     def _take(self, layer: Fp8Layer, role: Role, x: torch.Tensor) -> None:
         pending = self._pending.get((layer.name, role))
-        if pending is None:
+        # A fake-tensor pass (memory.estimate's forward, torch.compile tracing) has no
+        # values: it is not the run, and reading its counts back would raise.
+        if pending is None or is_fake(x):
             return
         with torch.no_grad():
             for plan, rows in zip(layer.casts_of(role), pending.rows, strict=True):
@@ -192,6 +195,8 @@ class Fp8Observer:
             return
         since = self.schedule.clock()
         x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if x is not None and is_fake(x):
+            return  # the weight too: under fake mode its counts would come back fake
         if x is not None:
             # What Float8Linear.forward does before casting (torchao 0.18).
             if torch.is_autocast_enabled():

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mixprec.experiment.fp8_trace import Fp8Trace
 from mixprec.experiment.hardware import DeviceFacts
 
 __all__ = [
@@ -63,6 +64,11 @@ class RunRecord:
         effective: requested vs effective precision on this device.
         device: where the run was measured (CPU model and flags or GPU, torch
             version, threads); None in records written before mixprec recorded it.
+        fp8_trace: runs with fp8 layers: each tensor's amax, scale, saturated and
+            underflow fractions and the delayed-scaling what-if over the probe's
+            sampled steps, worst tensors in full and the rest aggregated
+            (`mixprec.experiment.fp8_trace`); None without fp8 layers and in
+            records written before mixprec stored it (nothing is judged on it).
         error: why a failed run stopped.
     """
 
@@ -93,6 +99,7 @@ class RunRecord:
     doctor: Sequence[Mapping[str, Any]] = ()
     effective: Mapping[str, Any] = field(default_factory=dict)
     device: DeviceFacts | None = None
+    fp8_trace: Fp8Trace | None = None
     error: str = ""
 
     @property
@@ -127,6 +134,7 @@ class RunRecord:
                 out[key] = list(value)
         out["policy_fields"] = dict(self.policy_fields)
         out["device"] = None if self.device is None else self.device.to_dict()
+        out["fp8_trace"] = None if self.fp8_trace is None else self.fp8_trace.to_dict()
         return out
 
     @classmethod
@@ -177,6 +185,8 @@ class RunRecord:
                 values[key] = dict(_mapping(key, values[key]))
         if values.get("device") is not None:
             values["device"] = DeviceFacts.from_dict(values["device"])
+        if values.get("fp8_trace") is not None:
+            values["fp8_trace"] = Fp8Trace.from_dict(values["fp8_trace"])
         if "doctor" in values:
             doctor = values["doctor"]
             if not isinstance(doctor, list) or not all(isinstance(f, Mapping) for f in doctor):

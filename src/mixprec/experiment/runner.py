@@ -31,6 +31,7 @@ from mixprec.device import resolve_device
 from mixprec.engine import Precision, StepReport
 from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
 from mixprec.experiment.contract import Contract
+from mixprec.experiment.fp8_trace import build_fp8_trace
 from mixprec.experiment.hardware import device_facts
 from mixprec.experiment.orchestration import CONTRACT_FILE, RunFn, check_out_dir, run_all
 from mixprec.experiment.plan import (
@@ -312,6 +313,8 @@ def run_one(
     tail = [v for _, v in losses[-max(1, len(losses) // 10) :] if math.isfinite(v)]
     findings = static + ([f.to_dict() for f in probe.findings()] if probe is not None else [])
     probes = probe.summary() if probe is not None and hasattr(probe, "summary") else {}
+    sampled = getattr(probe, "samples", ()) if probe is not None else ()
+    fp8_trace = build_fp8_trace([t for s in sampled for t in getattr(s, "fp8", ())])
     return RunRecord(
         **base,
         status="failed" if error else "ok",
@@ -338,6 +341,7 @@ def run_one(
         doctor=findings,
         effective=prec.describe(),
         device=device_facts(device),
+        fp8_trace=fp8_trace,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -125,3 +126,77 @@ def test_baseline_for_fp8_without_any_16bit_candidate_offers_no_empty_list() -> 
         "baseline_for_fp8 'amp_bf16' is not a 16-bit candidate of this contract: add it to "
         "the candidates"
     )
+
+
+# ------------------------------------------------------- emulated FP8 step times
+
+EMULATED = {"fp8": {"recipe": "tensorwise", "emulate": True}}
+REAL = {"fp8": {"recipe": "tensorwise", "emulate": False}}
+
+
+def fp8_speed_records(fp8_effective: dict[str, Any]) -> list[RunRecord]:
+    """fp32 at 10 steps/s; amp_bf16 (0.8 of its memory) at 9; fp8 (0.6) at 4: emulated,
+    2.5x fp32's step time."""
+    records = fp32() + runs("amp_bf16", [0.0, 0.001, 0.0], total=800, speed=9.0)
+    records += runs(
+        "fp8_tensorwise", [0.001, 0.002, 0.001], total=600, speed=4.0, effective=fp8_effective
+    )
+    return records
+
+
+def two(objective: str, **kw: Any) -> Contract:
+    return contract(candidates=("amp_bf16", "fp8_tensorwise"), objective=objective, **kw)
+
+
+@pytest.mark.parametrize("objective", ["speed", "balanced"])
+def test_emulated_fp8_is_not_ranked_on_its_step_time(objective: str) -> None:
+    d = decide(fp8_speed_records(EMULATED), two(objective), higher_is_better=False)
+    v = d.verdicts["fp8_tensorwise"]
+    assert v.status == "eligible" and v.gate == FP8_GATE  # the quality verdict stands
+    assert d.speed_pending == ("fp8_tensorwise",) and d.emulated == ("fp8_tensorwise",)
+    assert [st.policy for st in d.ranking] == (
+        ["fp32", "amp_bf16"] if objective == "speed" else ["amp_bf16", "fp32"]
+    )
+    assert d.recommended == ("fp32" if objective == "speed" else "amp_bf16")
+    note = d.notes["fp8_tensorwise"]
+    assert note.startswith("speed pending a run on FP8 hardware (CUDA capability 8.9+)")
+    assert d.to_dict()["speed_pending"] == ["fp8_tensorwise"]
+    # Measured on FP8 hardware, the same figures rank (balanced: 0.6 x 2.5 = 1.5, behind
+    # amp_bf16's 0.8 x 1.11 = 0.89 and fp32's 1.0)
+    real = decide(fp8_speed_records(REAL), two(objective), higher_is_better=False)
+    assert real.speed_pending == () and real.emulated == ()
+    assert [st.policy for st in real.ranking][-1] == "fp8_tensorwise"
+
+
+def test_emulated_fp8_is_not_rejected_by_max_slowdown() -> None:
+    c = two("balanced", max_slowdown=1.5)
+    d = decide(fp8_speed_records(EMULATED), c, higher_is_better=False)
+    assert d.verdicts["fp8_tensorwise"].status == "eligible"
+    assert d.verdicts["amp_bf16"].status == "eligible"  # 1.25x <= 1.5
+    real = decide(fp8_speed_records(REAL), c, higher_is_better=False)
+    v = real.verdicts["fp8_tensorwise"]
+    assert v.status == "rejected" and v.gate == "slowdown" and "step time 2.50x" in v.reason
+
+
+def test_under_the_memory_objective_emulated_fp8_ranks_on_memory() -> None:
+    d = decide(fp8_speed_records(EMULATED), two("memory"), higher_is_better=False)
+    assert d.speed_pending == () and d.emulated == ("fp8_tensorwise",)
+    assert d.recommended == "fp8_tensorwise"
+    assert "fp8_tensorwise" not in d.notes
+
+
+def test_budgets_judge_emulated_fp8_and_its_reference_as_usual() -> None:
+    records = fp32() + runs("fp8_tensorwise", [0.001, 0.002, 0.001], total=600, speed=4.0)
+    records = [
+        r if r.policy != "fp8_tensorwise" else dataclasses.replace(r, effective=EMULATED)
+        for r in records
+    ]
+    records += runs("amp_bf16", [0.0, 0.001, 0.0], total=900, speed=8.0)
+    c = two("speed", memory_budget=850)  # fp32 (1000) and amp_bf16 (900) over it
+    d = decide(records, c, higher_is_better=False)
+    assert d.verdicts["amp_bf16"].gate == "memory-budget"
+    assert d.fp8_reference is None  # no eligible 16-bit policy: fp8 is not judged
+    c = two("speed", memory_budget=950)  # only fp32 over it
+    d = decide(records, c, higher_is_better=False)
+    assert d.fp8_reference == "amp_bf16" and d.recommended == "amp_bf16"
+    assert d.speed_pending == ("fp8_tensorwise",)

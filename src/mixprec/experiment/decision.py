@@ -13,7 +13,10 @@ The recommendation is then made among the baseline and the eligible candidates
 by the contract's objective (`rank`): least memory, shortest step time, or the
 least product of the two relative to the baseline. When the runs were not
 measured on the contract's `target_device`, nothing is promoted: the decision
-is pending a run on the target. See docs/compare.md.
+is pending a run on the target. FP8 candidates that ran emulated keep their
+quality verdict, but their step times measure emulation: ``max_slowdown`` does
+not judge them, and under ``speed`` or ``balanced`` they are left out of the
+ranking, speed pending a run on FP8 hardware. See docs/compare.md.
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from mixprec.experiment.contract import Contract, format_bytes
-from mixprec.experiment.fp8_gate import fp8_policies, judge_fp8, reference_for_fp8
+from mixprec.experiment.fp8_gate import (
+    SPEED_PENDING,
+    emulated_fp8,
+    fp8_policies,
+    judge_fp8,
+    reference_for_fp8,
+)
 from mixprec.experiment.hardware import DeviceFacts, distinct, matches_target
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.summary import PolicySummary, summarize
@@ -177,6 +186,11 @@ class Decision:
             (`mixprec.experiment.fp8_gate`), or None (no FP8 candidate, or no
             eligible 16-bit one: then `fp8_note` says why).
         fp8_note: why the FP8 candidates had no 16-bit reference, or empty.
+        speed_pending: eligible FP8 candidates left out of a ranking on step time
+            (objective ``speed`` or ``balanced``) because they ran emulated: their
+            step times measure numerics, not FP8 speed (`fp8_gate.SPEED_PENDING`).
+        emulated: the FP8 candidates that ran emulated (whatever the objective);
+            ``max_slowdown`` does not judge them.
     """
 
     baseline: str
@@ -200,6 +214,8 @@ class Decision:
     max_slowdown: float | None = None
     fp8_reference: str | None = None
     fp8_note: str = ""
+    speed_pending: tuple[str, ...] = ()
+    emulated: tuple[str, ...] = ()
 
     def _with(self, status: VerdictStatus) -> dict[str, str]:
         return {n: v.reason for n, v in self.verdicts.items() if v.status == status}
@@ -226,12 +242,18 @@ class Decision:
 
     @property
     def notes(self) -> dict[str, str]:
-        """Candidate -> remarks beside the verdict (acknowledged doctor errors)."""
-        return {
-            n: "acknowledged (allow): " + ", ".join(v.acknowledged)
-            for n, v in self.verdicts.items()
-            if v.acknowledged
-        }
+        """Candidate -> remarks beside the verdict (acknowledged doctor errors; speed
+        pending FP8 hardware)."""
+        notes: dict[str, list[str]] = {}
+        for n, v in self.verdicts.items():
+            if v.acknowledged:
+                notes.setdefault(n, []).append("acknowledged (allow): " + ", ".join(v.acknowledged))
+            if n in self.speed_pending:
+                notes.setdefault(n, []).append(
+                    f"{SPEED_PENDING}: its step times were measured under torchao's FP8 "
+                    "emulation, which measures numerics, not speed; not ranked on them"
+                )
+        return {n: "; ".join(parts) for n, parts in notes.items()}
 
     @property
     def success(self) -> bool:
@@ -271,6 +293,8 @@ class Decision:
             "max_slowdown": self.max_slowdown,
             "fp8_reference": self.fp8_reference,
             "fp8_note": self.fp8_note,
+            "speed_pending": list(self.speed_pending),
+            "emulated": list(self.emulated),
             "target_device": self.target_device,
             "pending": self.pending,
             "speed_note": self.speed_note,
@@ -343,7 +367,9 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
     recommended when the baseline fails, the full-length runs are too short, no
     candidate is eligible, the step times the objective needs are not comparable,
     or the runs were measured off the contract's target device (then the status is
-    ``pending_target`` and `ranking` orders the contenders by memory alone).
+    ``pending_target`` and `ranking` orders the contenders by memory alone). Eligible
+    FP8 candidates that ran emulated are left out of a ranking on step time
+    (`Decision.speed_pending`); under ``memory`` they rank as usual.
     """
     gates = contract.gates
     base_records = [r for r in records if r.policy == contract.baseline]
@@ -356,6 +382,8 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
     speed_note = _speed_note(bool(pending), contract.target_device, hardware)
     summaries = [base]
     verdicts: dict[str, Verdict] = {}
+    # Emulated FP8 step times measure torchao's emulation: max_slowdown does not judge them.
+    emulated = emulated_fp8(records, contract.candidates)
     for name in contract.candidates:
         s = summarize(records, name, base_records, confidence=gates.confidence)
         summaries.append(s)
@@ -367,7 +395,13 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
             )
             continue
         verdicts[name] = judge(
-            s, contract, higher_is_better, records, base_ok, base, not speed_note
+            s,
+            contract,
+            higher_is_better,
+            records,
+            base_ok,
+            base,
+            not speed_note and name not in emulated,
         )
     fp8 = fp8_policies(records, contract.candidates)
     fp8_reference, fp8_note = None, ""
@@ -398,10 +432,16 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
     recommended = None
     ranking: tuple[Standing, ...] = ()
     ranked_by = contract.objective
+    speed_pending: tuple[str, ...] = ()
     if eligible and not base_gate and not too_short:
         by_name = {s.policy: s for s in summaries}
-        contenders = ([] if baseline_note else [base]) + [by_name[n] for n in eligible]
-        if pending or (speed_note and contract.objective != "memory"):
+        by_memory = bool(pending or (speed_note and contract.objective != "memory"))
+        if contract.objective != "memory" and not by_memory:
+            # Eligible on quality; their speed needs FP8 hardware: not ranked on step time.
+            speed_pending = tuple(n for n in eligible if n in emulated)
+        ranked = [n for n in eligible if n not in speed_pending]
+        contenders = ([] if baseline_note else [base]) + [by_name[n] for n in ranked]
+        if by_memory:
             # Only memory figures hold here: order by them, promote nothing.
             ranked_by = "memory"
             ranking = rank(contenders, ranked_by, contract.baseline)
@@ -439,4 +479,6 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
         max_slowdown=contract.max_slowdown,
         fp8_reference=fp8_reference,
         fp8_note=fp8_note,
+        speed_pending=speed_pending,
+        emulated=emulated,
     )

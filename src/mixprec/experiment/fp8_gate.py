@@ -9,21 +9,36 @@ and then its paired held-out gap to a 16-bit reference must be within the same
 default the best eligible 16-bit candidate under the objective (the one the
 decision would recommend among 16-bit policies). With no eligible 16-bit
 candidate, FP8 is not judged: nothing says what it would replace.
+
+An FP8 candidate that ran emulated (its records' ``effective.fp8.emulate``: every
+CPU, and GPUs below CUDA capability 8.9) has step times that measure torchao's
+emulation, not FP8 speed: `emulated_fp8` names them, and the decision neither
+ranks them on step time nor rejects them by ``max_slowdown`` (`SPEED_PENDING`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from mixprec.experiment.contract import Contract
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.summary import summarize
 from mixprec.experiment.verdicts import Verdict, gap_verdict
 
-__all__ = ["FP8_GATE", "fp8_policies", "judge_fp8", "reference_for_fp8"]
+__all__ = [
+    "FP8_GATE",
+    "SPEED_PENDING",
+    "emulated_fp8",
+    "fp8_policies",
+    "judge_fp8",
+    "reference_for_fp8",
+]
 
 #: The gate name of a verdict decided against the 16-bit reference.
 FP8_GATE = "fp8-reference"
+
+#: What an eligible FP8 candidate that ran emulated is, under a speed objective.
+SPEED_PENDING = "speed pending a run on FP8 hardware (CUDA capability 8.9+)"
 
 
 def fp8_policies(records: Sequence[RunRecord], names: Sequence[str]) -> tuple[str, ...]:
@@ -31,6 +46,18 @@ def fp8_policies(records: Sequence[RunRecord], names: Sequence[str]) -> tuple[st
     recorded policy fields hold `fp8` settings)."""
     fp8 = {r.policy for r in records if r.policy_fields.get("fp8")}
     return tuple(n for n in names if n in fp8)
+
+
+def emulated_fp8(records: Sequence[RunRecord], names: Sequence[str]) -> tuple[str, ...]:
+    """The policies among `names` with a finished run whose FP8 linears ran emulated
+    (``effective.fp8.emulate`` of its record): their step times measure numerics, not
+    speed."""
+    emulated = set()
+    for r in records:
+        fp8 = r.effective.get("fp8") if r.ok else None
+        if isinstance(fp8, Mapping) and fp8.get("emulate") is True:
+            emulated.add(r.policy)
+    return tuple(n for n in names if n in emulated)
 
 
 def reference_for_fp8(

@@ -294,7 +294,8 @@ def decision_table(
             memory_mib=_fmt(s.total_bytes / _MiB, ".2f"),
             memory_saved=memory_saved_cell(s.memory_ratio, s.policy == decision.baseline),
             steps_per_s=_fmt(s.steps_per_s, ".1f"),
-            step_time=step_time_cell(s.time_ratio, s.policy == decision.baseline),
+            step_time=step_time_cell(s.time_ratio, s.policy == decision.baseline)
+            + (" emulated" if s.policy in decision.emulated else ""),
             frozen=_fmt(s.frozen_fraction * 100, ".1f") + "%",
             doctor=_doctor_cell(s.policy, records),
             label=verdict_label(s.policy, decision),

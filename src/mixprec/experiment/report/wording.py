@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from mixprec.experiment.contract import Contract, format_bytes
 from mixprec.experiment.decision import TIE, Decision, Standing
+from mixprec.experiment.fp8_gate import SPEED_PENDING
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.summary import Ratio, format_interval, tail_start
 
@@ -57,6 +58,8 @@ def verdict_label(name: str, decision: Decision) -> str:
     word = _STATUS_WORDS[v.status]
     if v.status == "eligible" and decision.status == "pending_target":
         return "eligible, pending target"
+    if v.status == "eligible" and name in decision.speed_pending:
+        return "eligible, speed pending FP8 hardware"
     return f"{word} ({v.gate})" if v.status == "rejected" else word
 
 
@@ -89,13 +92,18 @@ def headline(decision: Decision) -> str:
     if decision.too_short:
         return f"No recommendation, too short to judge: {decision.too_short}."
     why = f"objective {decision.objective}: the {OBJECTIVE_WORDS[decision.objective]}"
+    fp8 = (
+        f". Eligible on quality, {SPEED_PENDING}: {', '.join(decision.speed_pending)}"
+        if decision.speed_pending
+        else ""
+    )
     if decision.status == "stay":
         return (
             f"Recommended: stay on **{decision.baseline}** ({why}; no eligible candidate beats "
-            "it, see the choice below)"
+            f"it, see the choice below){fp8}"
         )
     if decision.recommended:
-        return f"Recommended: **{decision.recommended}** ({why}; see the choice below)"
+        return f"Recommended: **{decision.recommended}** ({why}; see the choice below){fp8}"
     if decision.status == "pending_target":
         return (
             f"Pending a run on the target {decision.target_device}: nothing is promoted. "
@@ -154,6 +162,11 @@ def objective_sentence(decision: Decision) -> str:
         parts.append(f"memory_budget {format_bytes(decision.memory_budget)}")
     if decision.max_slowdown is not None:
         judged = "" if not decision.speed_note else " (not judged: " + decision.speed_note + ")"
+        if decision.emulated and not decision.speed_note:
+            judged = (
+                f" (not judged for {', '.join(decision.emulated)}: emulated FP8 step times "
+                "measure numerics, not speed)"
+            )
         parts.append(f"max_slowdown {decision.max_slowdown:.2f}x {decision.baseline}{judged}")
     return "; ".join(parts) + "."
 
@@ -229,6 +242,22 @@ def choice_lines(decision: Decision) -> tuple[str, ...]:
         )
     elif not by_memory and decision.speed_note:
         lines.append(f"Nothing is recommended: {decision.speed_note}.")
+    if decision.speed_pending:
+        lines.append(
+            f"Left out of this ranking: {', '.join(f'`{n}`' for n in decision.speed_pending)}, "
+            f"eligible, {SPEED_PENDING}: their step times were measured under torchao's FP8 "
+            "emulation, which measures numerics, not speed. Rerun this contract there to rank "
+            f"them by {decision.objective}."
+        )
+    elif objective == "memory" and len(decision.ranking) > 1:
+        first, second = decision.ranking[:2]
+        tied = max(first.score, second.score) <= min(first.score, second.score) * (1 + TIE)
+        emulated = [st.policy for st in (first, second) if st.policy in decision.emulated]
+        if tied and emulated:
+            lines.append(
+                f"The tie was broken on step times of {', '.join(f'`{n}`' for n in emulated)} "
+                "measured under FP8 emulation: they measure emulation overhead, not FP8 speed."
+            )
     if objective != "memory":
         unsteady = _unsteady(decision)
         if unsteady:

@@ -10,6 +10,7 @@ from mixprec.experiment.report.view import (
     CHOICE_HEADING,
     DECISION_HEADING,
     DOCTOR_HEADING,
+    FP8_HEADING,
     NO_FINDINGS,
     OBSERVATIONS_HEADING,
     PLOTS_HEADING,
@@ -79,6 +80,10 @@ def render_html(view: ReportView, images: Mapping[str, bytes]) -> str:
     if view.observations:
         out.append(f"<h2>{OBSERVATIONS_HEADING}</h2><ul>")
         out += [f"<li>{_inline(o)}</li>" for o in view.observations]
+        out.append("</ul>")
+    if view.fp8:
+        out.append(f"<h2>{FP8_HEADING}</h2><ul>")
+        out += [f"<li>{_inline(line)}</li>" for line in view.fp8]
         out.append("</ul>")
     out.append(f"<h2>{PLOTS_HEADING}</h2>")
     for plot in view.plots:

@@ -8,6 +8,7 @@ from mixprec.experiment.report.view import (
     CHOICE_HEADING,
     DECISION_HEADING,
     DOCTOR_HEADING,
+    FP8_HEADING,
     NO_FINDINGS,
     OBSERVATIONS_HEADING,
     PLOTS_HEADING,
@@ -39,6 +40,8 @@ def render_markdown(view: ReportView) -> str:
         md += [f"- {line}" for line in view.choice[1:]] + [""]
     if view.observations:
         md += [f"## {OBSERVATIONS_HEADING}", ""] + [f"- {o}" for o in view.observations] + [""]
+    if view.fp8:
+        md += [f"## {FP8_HEADING}", ""] + [f"- {line}" for line in view.fp8] + [""]
     md += [f"## {PLOTS_HEADING}", ""]
     md += [f"![{p.title}]({p.path})" for p in view.plots] + [""]
     md += [f"## {DOCTOR_HEADING}", ""]

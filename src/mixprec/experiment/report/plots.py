@@ -16,6 +16,7 @@ from typing import Any
 
 from mixprec.experiment.decision import Decision
 from mixprec.experiment.records import RunRecord
+from mixprec.experiment.report.fp8_plot import plot_fp8
 
 __all__ = ["PLOT_KEYS", "POLICY_COLORS", "draw", "policy_color"]
 
@@ -335,7 +336,7 @@ def _png(fig: Any, plt: Any) -> bytes:
 
 
 #: Every plot a report can hold, by key, in report order.
-PLOT_KEYS = ("loss", "heldout", "loss_scale", "memory", "throughput")
+PLOT_KEYS = ("loss", "heldout", "loss_scale", "fp8", "memory", "throughput")
 
 
 def draw(
@@ -355,7 +356,8 @@ def draw(
 
     Raises:
         ImportError: matplotlib is not installed (``pip install 'mixprec[report]'``).
-        ValueError: an unknown key, or ``loss_scale`` without a scaled run.
+        ValueError: an unknown key, ``loss_scale`` without a scaled run, or ``fp8``
+            without an FP8 trace.
     """
     plt = _pyplot()
     colors = _policy_colors([*(s.policy for s in decision.summaries), *(r.policy for r in records)])
@@ -363,6 +365,7 @@ def draw(
         "loss": lambda: _plot_loss(records, colors, plt),
         "heldout": lambda: _plot_heldout(records, decision, colors, gap_limit, plt),
         "loss_scale": lambda: _plot_scale(records, colors, plt),
+        "fp8": lambda: plot_fp8(records, decision, colors, plt),
         "memory": lambda: _plot_memory(records, decision, colors, plt),
         "throughput": lambda: _plot_throughput(decision, colors, plt),
     }
@@ -372,6 +375,7 @@ def draw(
             raise ValueError(f"unknown plot {key!r}; valid plots: {list(PLOT_KEYS)}")
         fig = makers[key]()
         if fig is None:
-            raise ValueError(f"plot {key!r} has nothing to draw (no run traced a loss scale)")
+            what = "an FP8 trace" if key == "fp8" else "a loss scale"
+            raise ValueError(f"plot {key!r} has nothing to draw (no run traced {what})")
         out[key] = _png(fig, plt)
     return out

@@ -9,6 +9,7 @@ from mixprec.experiment.records import RunRecord
 from mixprec.experiment.report.view import (
     CHOICE_HEADING,
     COLUMNS,
+    FP8_HEADING,
     DecisionTable,
     ReportView,
     decision_table,
@@ -48,10 +49,14 @@ def terminal_table(
 def render_summary(view: ReportView) -> str:
     """What `mixprec compare` and `mixprec report` print: the hardware and the headline
     (the recommendation, or why there is none, pending a target included) first, in
-    the report's order, then the objective, the table with every reason, and the choice."""
+    the report's order, then the objective, the table with every reason, the choice, and
+    the FP8 section when FP8 candidates ran."""
     lines = [_plain(view.hardware_line), _plain(view.headline), _plain(view.objective_line), ""]
     lines.append(render_table(view.table))
     if view.choice:
         lines += ["", f"{CHOICE_HEADING.lower()}: {_plain(view.choice[0])}"]
         lines += [f"  {_plain(line)}" for line in view.choice[1:]]
+    if view.fp8:
+        lines += ["", f"{FP8_HEADING.lower()}: {_plain(view.fp8[0])}"]
+        lines += [f"  {_plain(line)}" for line in view.fp8[1:]]
     return "\n".join(lines)

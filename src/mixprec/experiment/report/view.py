@@ -17,6 +17,8 @@ from typing import Any
 from mixprec.experiment.contract import Contract
 from mixprec.experiment.decision import Decision
 from mixprec.experiment.records import RunRecord
+from mixprec.experiment.report.fp8 import FP8_HEADING, fp8_lines
+from mixprec.experiment.report.fp8_plot import has_fp8_trace
 from mixprec.experiment.report.wording import (
     choice_lines,
     gates_sentence,
@@ -36,6 +38,7 @@ __all__ = [
     "COLUMNS",
     "DECISION_HEADING",
     "DOCTOR_HEADING",
+    "FP8_HEADING",
     "NO_FINDINGS",
     "OBSERVATIONS_HEADING",
     "PLOTS_HEADING",
@@ -89,6 +92,7 @@ _PLOT_TITLES = {
     "loss": "Training loss",
     "heldout": "Held-out loss",
     "loss_scale": "Loss scale",
+    "fp8": "FP8 casts: amax, scale, saturation and underflow",
     "memory": "Memory by component",
     "throughput": "Throughput",
 }
@@ -222,6 +226,9 @@ class ReportView:
             (the balanced arithmetic written out), the outcome; empty when no
             policy was in the running.
         observations: notes, then what the data show, one statement each.
+        fp8: the FP8 section (empty without FP8 candidates): each candidate's gap to
+            its 16-bit reference and to the baseline, by how much a failing one
+            fails, its worst tensors from the FP8 traces, the doctor's fp8 findings.
         plots: the plots, in report order.
         doctor: doctor findings by policy (policies without findings left out).
     """
@@ -239,6 +246,7 @@ class ReportView:
     choice: tuple[str, ...]
     observations: tuple[str, ...]
     plots: tuple[PlotRef, ...]
+    fp8: tuple[str, ...] = ()
     doctor: tuple[DoctorSection, ...]
 
 
@@ -339,10 +347,13 @@ def _doctor_sections(
 
 
 def _plots(records: Sequence[RunRecord]) -> tuple[PlotRef, ...]:
-    """The plots this report holds: the loss-scale trace only when a run scaled its loss."""
+    """The plots this report holds: the loss-scale trace only when a run scaled its loss,
+    the FP8 panel only when a run stored an FP8 trace."""
     keys = ["loss", "heldout"]
     if any(r.loss_scale_trace for r in records):
         keys.append("loss_scale")
+    if has_fp8_trace(records):
+        keys.append("fp8")
     keys += ["memory", "throughput"]
     return tuple(PlotRef(key=k, title=_PLOT_TITLES[k], path=f"plots/{k}.png") for k in keys)
 
@@ -389,5 +400,11 @@ def build_view(
         choice=choice_lines(decision),
         observations=(*notes, *observations(records, decision)),
         plots=_plots(records),
+        fp8=fp8_lines(
+            records,
+            decision,
+            limit=contract.gates.max_rel_loss_gap,
+            confidence=contract.gates.confidence,
+        ),
         doctor=_doctor_sections(records, [s.policy for s in decision.summaries]),
     )

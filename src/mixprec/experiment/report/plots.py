@@ -375,7 +375,7 @@ def draw(
             raise ValueError(f"unknown plot {key!r}; valid plots: {list(PLOT_KEYS)}")
         fig = makers[key]()
         if fig is None:
-            what = "an FP8 trace" if key == "fp8" else "a loss scale"
-            raise ValueError(f"plot {key!r} has nothing to draw (no run traced {what})")
+            what = "stored an FP8 trace" if key == "fp8" else "traced a loss scale"
+            raise ValueError(f"plot {key!r} has nothing to draw (no run {what})")
         out[key] = _png(fig, plt)
     return out

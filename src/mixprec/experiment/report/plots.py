@@ -35,7 +35,7 @@ POLICY_COLORS: Mapping[str, str] = {
     "bf16_pure": "#8c564b",
     "fp8_tensorwise": "#e377c2",
     "fp8_rowwise": "#7f7f7f",
-    "fp8_rowwise_gw_hp": "#f7b6d2",
+    "fp8_rowwise_gw_hp": "#393b79",
     "auto": "#98df8a",
 }
 _SPARE_COLORS = ("#aec7e8", "#ffbb78", "#ff9896", "#c5b0d5", "#c49c94", "#9edae5", "#dbdb8d")

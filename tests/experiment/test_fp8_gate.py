@@ -76,9 +76,16 @@ def test_without_an_eligible_16bit_policy_fp8_is_not_judged() -> None:
     d = decide(records, contract(candidates=("amp_bf16", "fp8_tensorwise")), higher_is_better=False)
     v = d.verdicts["fp8_tensorwise"]
     assert v.status == "rejected" and v.gate == FP8_GATE
-    assert "no 16-bit candidate passed the gates" in v.reason
+    assert "no 16-bit candidate passed the gates (amp_bf16 rejected)" in v.reason
+    assert "add amp_bf16" not in v.reason, "it is a candidate already"
     assert d.fp8_reference is None and d.fp8_note
     assert d.status == "none" and d.recommended is None  # no candidate is eligible
+    only = decide(
+        fp32() + runs("fp8_tensorwise", [0.0, 0.001, 0.0]),
+        contract(candidates=("fp8_tensorwise",)),
+        higher_is_better=False,
+    )
+    assert "the contract has no 16-bit candidate" in only.verdicts["fp8_tensorwise"].reason
 
 
 def test_a_named_reference_that_failed_says_so() -> None:

@@ -416,7 +416,7 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
             contract.baseline,
         )
         fp8_reference, fp8_note = reference_for_fp8(
-            contract, verdicts, [st.policy for st in ranked_16bit]
+            contract, verdicts, [st.policy for st in ranked_16bit], fp8
         )
         for name in fp8:
             verdicts[name] = judge_fp8(

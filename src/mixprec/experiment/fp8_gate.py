@@ -61,7 +61,10 @@ def emulated_fp8(records: Sequence[RunRecord], names: Sequence[str]) -> tuple[st
 
 
 def reference_for_fp8(
-    contract: Contract, verdicts: dict[str, Verdict], ranked_16bit: Sequence[str]
+    contract: Contract,
+    verdicts: dict[str, Verdict],
+    ranked_16bit: Sequence[str],
+    fp8: Sequence[str] = (),
 ) -> tuple[str | None, str]:
     """The 16-bit policy FP8 candidates are judged against, or None and why.
 
@@ -69,6 +72,7 @@ def reference_for_fp8(
         contract: the contract (its `baseline_for_fp8`, when set, is the reference).
         verdicts: every candidate's verdict against the baseline.
         ranked_16bit: the eligible 16-bit candidates, best first under the objective.
+        fp8: the FP8 candidates (the others are the 16-bit ones).
     """
     named = contract.baseline_for_fp8
     if named is not None:
@@ -78,9 +82,16 @@ def reference_for_fp8(
             return None, f"baseline_for_fp8 {named} is {status}"
         return named, ""
     if not ranked_16bit:
+        sixteen = [n for n in contract.candidates if n not in fp8 and n in verdicts]
+        if not sixteen:
+            return None, (
+                "the contract has no 16-bit candidate: FP8 is judged against the best 16-bit "
+                "policy it would replace; add amp_bf16 or bf16_master to the candidates"
+            )
+        how = ", ".join(f"{n} {verdicts[n].status}" for n in sixteen)
         return None, (
-            "no 16-bit candidate passed the gates: FP8 is judged against the best 16-bit "
-            "policy it would replace; add amp_bf16 or bf16_master to the candidates"
+            f"no 16-bit candidate passed the gates ({how}): FP8 is judged against the best "
+            "16-bit policy it would replace"
         )
     return ranked_16bit[0], ""
 

@@ -130,7 +130,7 @@ def test_a_record_round_trips_its_trace_through_strict_json(tmp_path: Path) -> N
     write_json_atomic(record_path(tmp_path, r.policy, 0), r.to_dict())
     stored = json.loads(record_path(tmp_path, r.policy, 0).read_text())
     assert stored["fp8_trace"]["tensors"][0]["delayed_saturated"] == [None, 0.02]  # NaN: null
-    (back,), skipped = load_records(tmp_path)
+    (back,), skipped, _ = load_records(tmp_path)
     assert not skipped
     assert back.fp8_trace is not None
     assert strict_json(back.fp8_trace.to_dict()) == strict_json(_trace().to_dict())
@@ -169,6 +169,18 @@ def test_a_record_without_a_trace_still_loads() -> None:
         (
             lambda t: t["tensors"][0].update(tensors=0),
             r"'fp8_trace.tensors\[0\].tensors' must be an int >= 1",
+        ),
+        # impossible values, not only wrong types (an edited record)
+        (
+            lambda t: t["tensors"][0].update(saturated=[0.0, 7.0]),
+            r"saturated holds 7.0, not a fraction in \[0, 1\]",
+        ),
+        (lambda t: t["tensors"][0].update(amax=[-2.0, 1.0]), r"amax holds -2.0, not >= 0"),
+        (lambda t: t["tensors"][0].update(format="fp4"), r"format 'fp4' is not an fp8 format"),
+        (lambda t: t["tensors"][0].update(role="bias"), r"role must be one of weight, input"),
+        (
+            lambda t: t.update(tensors=t["tensors"] * 51),
+            r"holds 51 tensors, more than a trace keeps \(11\)",
         ),
     ],
 )
@@ -235,3 +247,17 @@ def test_a_real_fp8_run_stores_the_probes_samples(tmp_path: Path) -> None:
     (stored,) = (r for r in load_records(tmp_path)[0] if r.policy == "fp8_rowwise")
     assert stored.fp8_trace is not None
     assert strict_json(stored.fp8_trace.to_dict()) == strict_json(trace.to_dict())
+
+
+def test_a_record_with_a_bad_trace_keeps_its_run_and_says_why(tmp_path: Path) -> None:
+    """Nothing is judged on the trace: a bad one is left out, the losses still count."""
+    r = rec("fp8_tensorwise", 0, 1.25, fp8_trace=_trace())
+    data = strict_json(r.to_dict())
+    data["fp8_trace"]["tensors"][0]["amax"] = [1.0]  # 1 value for 2 steps
+    record_path(tmp_path, r.policy, 0).parent.mkdir(parents=True, exist_ok=True)
+    record_path(tmp_path, r.policy, 0).write_text(json.dumps(data))
+    (back,), skipped, notes = load_records(tmp_path)
+    assert not skipped and back.heldout_loss == 1.25 and back.fp8_trace is None
+    (note,) = notes
+    assert "its fp8 trace was left out (field 'fp8_trace.tensors[0]'" in note
+    assert note.endswith("the run is kept")

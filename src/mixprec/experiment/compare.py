@@ -333,7 +333,7 @@ def records_of(contract: Contract, folder: Path) -> tuple[list[RunRecord], list[
     A rerun with other settings that was interrupted can leave records of both side by
     side; only those whose fingerprint matches the contract are used.
     """
-    found, skipped = load_records(folder)
+    found, skipped, trace_notes = load_records(folder)
     order = {name: i for i, name in enumerate(contract.policies)}
     records = sorted(
         (
@@ -345,7 +345,7 @@ def records_of(contract: Contract, folder: Path) -> tuple[list[RunRecord], list[
         ),
         key=lambda r: (r.seed, order[r.policy]),
     )
-    notes = [f"skipped a bad record: {line}" for line in skipped]
+    notes = [f"skipped a bad record: {line}" for line in skipped] + trace_notes
     ignored = len(found) - len(records)
     if ignored:
         notes.append(f"ignored {ignored} record(s) of other policies or settings")

@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mixprec.floats import FP8_NAMES
+
 if TYPE_CHECKING:
     from mixprec.doctor.runtime.fp8_measure import Fp8TensorSample
 
@@ -120,6 +122,22 @@ class Fp8TensorTrace:
                 )
         if self.tensors < 1:
             raise ValueError(f"fp8 trace of {self.layer}: tensors={self.tensors} must be >= 1")
+        what = f"fp8 trace of {self.layer} ({self.role})"
+        if self.role not in TRACE_ROLES:
+            raise ValueError(f"{what}: role must be one of {', '.join(TRACE_ROLES)}")
+        if self.format != "mixed" and self.format not in FP8_NAMES:
+            raise ValueError(
+                f"{what}: format {self.format!r} is not an fp8 format "
+                f"({', '.join(sorted(FP8_NAMES))}, or mixed)"
+            )
+        for name in ("saturated", "underflow", "delayed_saturated"):
+            bad = [v for v in getattr(self, name) if not (0.0 <= v <= 1.0 or math.isnan(v))]
+            if bad:
+                raise ValueError(f"{what}: {name} holds {bad[0]!r}, not a fraction in [0, 1]")
+        for name in ("amax", "scale"):
+            bad = [v for v in getattr(self, name) if not (v >= 0.0 or math.isnan(v))]
+            if bad:
+                raise ValueError(f"{what}: {name} holds {bad[0]!r}, not >= 0")
 
     @property
     def aggregated(self) -> bool:
@@ -250,6 +268,12 @@ class Fp8Trace:
         tensors = data.get("tensors")
         if not isinstance(tensors, list):
             raise ValueError(f"field 'fp8_trace.tensors' must be a list, got {tensors!r}")
+        most = MAX_TRACE_TENSORS + len(TRACE_ROLES)  # the worst in full, one aggregate a role
+        if len(tensors) > most:
+            raise ValueError(
+                f"field 'fp8_trace.tensors' holds {len(tensors)} tensors, more than a trace "
+                f"keeps ({most})"
+            )
         return cls(
             layers=data["layers"],
             samples=data["samples"],

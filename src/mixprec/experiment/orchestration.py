@@ -120,10 +120,12 @@ def run_all(
                 "settings": settings_dict(settings),
             },
         )
-        found, skipped = load_records(out_dir)
-        for line in skipped:
-            if stream is not None:
+        found, skipped, trace_notes = load_records(out_dir)
+        if stream is not None:
+            for line in skipped:
                 print(f"  skipping a bad run record (its run is redone): {line}", file=stream)
+            for line in trace_notes:
+                print(f"  {line}", file=stream)
         existing = {(r.policy, r.seed): r for r in found}
         records: list[RunRecord] = []
 

@@ -282,18 +282,28 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def load_records(out_dir: Path) -> tuple[list[RunRecord], list[str]]:
-    """The valid run records in `out_dir/runs`, and one line for each file skipped.
+def load_records(out_dir: Path) -> tuple[list[RunRecord], list[str], list[str]]:
+    """The valid run records in `out_dir/runs`, a line for each file skipped, and a
+    note for each record kept without its fp8 trace.
 
     A file is skipped when it is not valid JSON, is not a valid record, or names
-    a policy and seed other than its file name says (a stray or edited file).
+    a policy and seed other than its file name says (a stray or edited file). A
+    record whose only fault is its `fp8_trace` is kept without it: nothing is judged
+    on the trace, so its losses still count (the note says which field was bad).
     """
     records: list[RunRecord] = []
     skipped: list[str] = []
+    notes: list[str] = []
     for path in sorted((out_dir / "runs").glob("*.json")):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            record = RunRecord.from_dict(data)
+            try:
+                record = RunRecord.from_dict(data)
+            except ValueError as exc:
+                if not (isinstance(data, dict) and str(exc).startswith("field 'fp8_trace")):
+                    raise
+                record = RunRecord.from_dict({**data, "fp8_trace": None})
+                notes.append(f"{path}: its fp8 trace was left out ({exc}); the run is kept")
         except json.JSONDecodeError as exc:
             skipped.append(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})")
             continue
@@ -308,7 +318,7 @@ def load_records(out_dir: Path) -> tuple[list[RunRecord], list[str]]:
             )
             continue
         records.append(record)
-    return records, skipped
+    return records, skipped, notes
 
 
 def read_records(out_dir: Path) -> list[RunRecord]:
@@ -317,7 +327,7 @@ def read_records(out_dir: Path) -> list[RunRecord]:
     Raises:
         ValueError: a record that is not valid, naming the file.
     """
-    records, skipped = load_records(out_dir)
+    records, skipped, _ = load_records(out_dir)
     if skipped:
         raise ValueError(f"run record {skipped[0]}")
     return records

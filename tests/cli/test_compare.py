@@ -210,9 +210,10 @@ def test_an_interrupted_rerun_is_what_report_and_policy_from_see(
     capsys.readouterr()
     # report judges the stored runs under the contract of the latest compare, not the
     # finished one before it, and lists the candidate that never ran
-    main(["report", str(tmp_path)])
+    assert main(["report", str(tmp_path)]) == 1, "incomplete evidence recommends nothing"
     out = capsys.readouterr().out
-    assert "objective speed" in out and "objective memory" not in out
+    assert "No recommendation, the experiment is incomplete:" in out
+    assert "Objective: speed" in out and "objective memory" not in out.lower()
     assert "bf16_kahan" in out and "not run" in out
     # ... and train --policy-from refuses a results.json judged under another contract
     monkeypatch.setattr(runner, "run_one", scripted)

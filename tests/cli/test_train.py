@@ -244,6 +244,9 @@ def test_policy_from_takes_the_recommendation_and_refuses_none(
     summary = json.loads(captured.out)
     assert summary["policy"] == "bf16_master"
     assert summary["workload"] == "digits" and summary["recipe"]["size"] == "tiny"  # as compared
+    edited = _compare_folder(tmp_path / "edited", "fp8_rowwise")  # never a candidate
+    err = _one_line_exit_2(["train", "--policy-from", str(edited), "--out", str(out)], capsys)
+    assert "recommends 'fp8_rowwise', which its contract did not compare" in err
     nothing = _compare_folder(tmp_path / "none", None)
     err = _one_line_exit_2(["train", "--policy-from", str(nothing), "--out", str(out)], capsys)
     assert f"{nothing}: compare recommended no policy" in err

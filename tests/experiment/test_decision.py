@@ -573,3 +573,19 @@ def test_a_slowdown_reason_pairs_its_throughputs_and_shows_the_excess() -> None:
         f"step time {ratio:.4f}x fp32's (mean of 2 paired seeds, 1.22-1.25; 81.0 vs 100.0 "
         "steps/s on those seeds) > max_slowdown 1.23"
     )
+
+
+def test_a_decision_with_runs_missing_recommends_nothing() -> None:
+    """An interrupted experiment re-judged by `mixprec report`: seed 1 of amp_bf16 never
+    ran, so the choice could still change."""
+    records = paired("amp_bf16", [1.0, 1.01, 0.99], [0.0, 0.0005, 0.0], total=500)
+    c = contract(candidates=("amp_bf16",), seeds=3)
+    assert decide(records, c, higher_is_better=False).recommended == "amp_bf16"
+    partial = [r for r in records if not (r.policy == "amp_bf16" and r.seed == 1)]
+    d = decide(partial, c, higher_is_better=False)
+    assert d.recommended is None and d.status == "none" and not d.success
+    assert d.incomplete == (
+        "1 run(s) of the contract's seeds have no record (amp_bf16 seed 1): rerun compare "
+        "to train them"
+    )
+    assert d.to_dict()["incomplete"] == d.incomplete

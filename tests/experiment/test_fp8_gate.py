@@ -110,6 +110,7 @@ def test_fp8_that_fails_against_fp32_keeps_that_verdict() -> None:
         ("bf16_lean", r"baseline_for_fp8 'bf16_lean' is not a 16-bit candidate"),
         ("fp8_tensorwise", r"baseline_for_fp8 'fp8_tensorwise' is not a 16-bit candidate"),
         ("", r"baseline_for_fp8 '' is not a policy name"),
+        ("nosuch", r"baseline_for_fp8 'nosuch': unknown precision policy 'nosuch'"),
         (3, r"baseline_for_fp8 3 is not a policy name"),
     ],
 )

@@ -303,10 +303,17 @@ def recommendation(folder: str | Path) -> Recommendation:
     policy = decision.get("recommended")
     if policy is not None and not isinstance(policy, str):
         raise ValueError(f"{path}: recommended must be a policy name, got {policy!r}")
+    compared = [contract.get("baseline"), *(contract.get("candidates") or [])]
+    if policy is not None and policy not in compared:
+        raise ValueError(
+            f"{path}: recommends {policy!r}, which its contract did not compare "
+            f"({', '.join(map(str, compared))}); an edited file? rerun compare"
+        )
     why = ""
     if policy is None:
         why = str(
-            decision.get("too_short")
+            decision.get("incomplete")
+            or decision.get("too_short")
             or decision.get("baseline_reason")
             or (
                 f"pending a run on the target: {decision['pending']}"

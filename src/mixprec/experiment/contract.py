@@ -352,7 +352,10 @@ class Contract:
                 f"baseline_for_fp8 {name!r} is not a policy name: name a 16-bit candidate "
                 "(e.g. amp_bf16), or leave it out for the best eligible one"
             )
-        name = canonical_policy(name)
+        try:
+            name = canonical_policy(name)
+        except ValueError as exc:
+            raise ValueError(f"baseline_for_fp8 {name!r}: {exc}") from None
         sixteen = [c for c in self.candidates if not get_policy(c).to_dict().get("fp8")]
         if name not in sixteen:
             choose = f"name one of {sixteen}, or " if sixteen else ""

@@ -186,6 +186,9 @@ class Decision:
             (`mixprec.experiment.fp8_gate`), or None (no FP8 candidate, or no
             eligible 16-bit one: then `fp8_note` says why).
         fp8_note: why the FP8 candidates had no 16-bit reference, or empty.
+        incomplete: the runs of the contract's seeds that have no record (an
+            interrupted experiment re-judged by `mixprec report`), or empty; when
+            set, nothing is recommended (the missing runs could change the choice).
         speed_pending: eligible FP8 candidates left out of a ranking on step time
             (objective ``speed`` or ``balanced``) because they ran emulated: their
             step times measure numerics, not FP8 speed (`fp8_gate.SPEED_PENDING`).
@@ -214,6 +217,7 @@ class Decision:
     max_slowdown: float | None = None
     fp8_reference: str | None = None
     fp8_note: str = ""
+    incomplete: str = ""
     speed_pending: tuple[str, ...] = ()
     emulated: tuple[str, ...] = ()
 
@@ -293,6 +297,7 @@ class Decision:
             "max_slowdown": self.max_slowdown,
             "fp8_reference": self.fp8_reference,
             "fp8_note": self.fp8_note,
+            "incomplete": self.incomplete,
             "speed_pending": list(self.speed_pending),
             "emulated": list(self.emulated),
             "target_device": self.target_device,
@@ -457,6 +462,9 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
                     f"no {what.get(contract.objective, 'memory or step time')} measured for "
                     f"{', '.join(st.policy for st in ranking)} (a run of one step is not timed)"
                 )
+    incomplete = _missing_runs(records, contract)
+    if incomplete and status in ("recommended", "stay"):
+        recommended, status = None, "none"  # the missing runs could change the choice
     return Decision(
         baseline=contract.baseline,
         baseline_ok=not base_gate,
@@ -481,4 +489,22 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
         fp8_note=fp8_note,
         speed_pending=speed_pending,
         emulated=emulated,
+        incomplete=incomplete,
+    )
+
+
+def _missing_runs(records: Sequence[RunRecord], contract: Contract) -> str:
+    """The runs of the contract's seeds with no record (finished or failed), or empty."""
+    have = {(r.policy, r.seed) for r in records}
+    missing = [
+        f"{p} seed {k}"
+        for k in range(contract.seeds)
+        for p in contract.policies
+        if (p, k) not in have
+    ]
+    if not missing:
+        return ""
+    return (
+        f"{len(missing)} run(s) of the contract's seeds have no record ({', '.join(missing)}): "
+        "rerun compare to train them"
     )

@@ -89,6 +89,8 @@ def headline(decision: Decision) -> str:
     """One sentence: the recommendation, or why there is none."""
     if not decision.baseline_ok:
         return f"The baseline failed its own gates: {decision.baseline_reason}"
+    if decision.incomplete:
+        return f"No recommendation, the experiment is incomplete: {decision.incomplete}."
     if decision.too_short:
         return f"No recommendation, too short to judge: {decision.too_short}."
     why = f"objective {decision.objective}: the {OBJECTIVE_WORDS[decision.objective]}"

@@ -30,6 +30,7 @@ from mixprec.optim.kernels import KernelMode, resolve_mode
 from mixprec.optim.layout import flat_view, like_param
 from mixprec.optim.options import check_hyper, refuse_unsupported, scalar
 from mixprec.optim.param_plan import ParamPlan, check_param, fresh_state, plan_param
+from mixprec.optim.replay import PreparedGroup, prepare_group
 from mixprec.optim.resync import reset_master, resync_master
 from mixprec.optim.state_dicts import StateConversion, read_state_dict, to_torch
 
@@ -200,6 +201,9 @@ class AdamW(torch.optim.Optimizer):
         # Marked by steps traced by torch.compile (see `_adopt_traced_writes`).
         self._traced_writes: set[bool] = set()
         self._kernels: dict[tuple[str, str, bool, KernelMode], StepKernel] = {}
+        # Each group's native step prepared for replay (`mixprec.optim.replay`), by the
+        # group's id; whatever changes what a step reads retires them all (`_retire_all`).
+        self._prepared: dict[int, PreparedGroup] = {}
         #: What the last `load_state_dict` converted (a torch or older state dict).
         self.last_conversion: StateConversion | None = None
         defaults = {
@@ -325,7 +329,14 @@ class AdamW(torch.optim.Optimizer):
             self._adopt_traced_writes()
         plans, versions, restored = self._plans, self._versions, self._restored
         state_get = self.state.get
+        replayable = not tracing and not ops.observed()
         for group in self.param_groups:
+            if replayable:
+                prepared = self._prepared.get(id(group))
+                if prepared is not None:
+                    if prepared.group is group and prepared.replay(group, self.state):
+                        continue
+                    self._retire(prepared)
             # One batch per family, kernel mode and device: (a plan of it, the batch).
             batches: dict[tuple[tuple[str, str, str], torch.device], tuple[ParamPlan, StepBatch]]
             batches = {}
@@ -393,7 +404,33 @@ class AdamW(torch.optim.Optimizer):
             if not tracing:
                 for p in stepped:
                     versions[p] = p._version if type(p) in _PLAIN else sharding.write_version(p)
+            if replayable:
+                maximize = bool(group["maximize"])
+                prepared = prepare_group(
+                    group,
+                    plans=plans,
+                    state=self.state,
+                    kernel_of=lambda plan: self._kernel(plan, maximize),  # noqa: B023
+                )
+                if prepared is not None:
+                    self._prepared[id(group)] = prepared
         return loss
+
+    def _retire(self, prepared: PreparedGroup) -> None:
+        """Drop a prepared group, recording the versions its replays left (the full path
+        reads them from `_versions`)."""
+        del self._prepared[id(prepared.group)]
+        self._versions.update(prepared.versions())
+
+    def _settle_versions(self) -> None:
+        """Record in `_versions` the versions the prepared groups' replays left."""
+        for prepared in self._prepared.values():
+            self._versions.update(prepared.versions())
+
+    def _retire_all(self) -> None:
+        """Drop every prepared group (their state or versions are about to be rewritten)."""
+        self._settle_versions()
+        self._prepared.clear()
 
     def _adopt_traced_writes(self) -> None:
         """After steps run inside ``torch.compile``, take the parameters' version counters
@@ -434,6 +471,7 @@ class AdamW(torch.optim.Optimizer):
         # `mixprec.optim.resync`): after a load of this optimizer's state the write is the
         # resume's model checkpoint (keep the masters that fit); otherwise the master
         # becomes the written value.
+        self._retire_all()  # the state is rewritten (and may be replaced)
         lp = sharding.local(p.detach())
         if not sharding.is_dtensor(p):
             _follow_layout(lp, state, plan)
@@ -458,6 +496,7 @@ class AdamW(torch.optim.Optimizer):
         weights keeps the loaded masters (see `mixprec.optim.resync`).
         """
         self._adopt_traced_writes()
+        self._settle_versions()
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state.get(p)
@@ -590,9 +629,11 @@ class AdamW(torch.optim.Optimizer):
         self._traced_writes = set()
         self.last_conversion = None
         self._kernels = {}
+        self._prepared = {}
         self._record_versions()
 
     def _record_versions(self) -> None:
+        self._prepared.clear()  # state or versions rewritten: prepared steps are retired
         self._versions = {
             p: sharding.write_version(p) for g in self.param_groups for p in g["params"]
         }

@@ -177,6 +177,31 @@ class StepKernel:
         whole = len(rest) == len(batch.params)
         self.run_portable(batch if whole else _select(batch, rest, self), hyper)
 
+    def prepare_native(self, batch: StepBatch) -> native.PreparedStep | None:
+        """`batch`'s native call prepared to be run again (`native.PreparedStep`, its state
+        retained), or None when the native kernel would not take every parameter of it."""
+        if self._native is None or not batch.params:
+            return None
+        if len(self._native_indices(batch)) != len(batch.params):
+            return None
+        try:
+            return self._native.prepare(
+                master=self._master_name,
+                moments=self._moments_name,
+                maximize=self.family.maximize,
+                params=batch.params,
+                grads=batch.grads,
+                master_state=batch.master_state,
+                moment_state=batch.moment_state,
+                steps=batch.steps,
+                seeds=batch.seeds,
+                offsets=batch.offsets,
+                block_size=self._block_size,
+                retain=True,
+            )
+        except ValueError:  # what the full step would refuse: left to it
+            return None
+
     def _native_indices(self, batch: StepBatch) -> Sequence[int]:
         """Which parameters of `batch` the native kernel takes (usually all: checked at
         once, with C-level loops, before the per-parameter rule)."""

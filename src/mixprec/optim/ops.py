@@ -28,7 +28,7 @@ import torch
 from mixprec.optim.batches import GroupHyper, StepBatch, kernel_for
 from mixprec.optim.kernels import KERNEL_MODES
 
-__all__ = ["OP_NAME", "adamw_step_"]
+__all__ = ["OP_NAME", "adamw_step_", "observed"]
 
 #: The operator's qualified name.
 OP_NAME = "mixprec::adamw_step_"
@@ -121,13 +121,13 @@ def adamw_step_(
         block_size,
         mode,
     )
-    if _observed():
+    if observed():
         torch.ops.mixprec.adamw_step_(*args)
     else:
         _adamw_step_impl(*args)
 
 
-def _observed() -> bool:
+def observed() -> bool:
     """Whether tracing, the profiler or a dispatch mode could see this call."""
     return (
         torch.compiler.is_compiling()

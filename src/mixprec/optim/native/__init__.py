@@ -55,6 +55,7 @@ __all__ = [
     "STREAM_MIN_BYTES",
     "NativeLibrary",
     "NativeUnavailableError",
+    "PreparedStep",
     "cache_dir",
     "enabled",
     "kernel_enums",
@@ -253,9 +254,50 @@ class NativeLibrary:
         contiguous on the CPU (`accepts` says which qualify); nothing is written
         unless every parameter is accepted.
         """
+        if not params:
+            return
+        prepared = self.prepare(
+            master=master,
+            moments=moments,
+            maximize=maximize,
+            params=params,
+            grads=grads,
+            master_state=master_state,
+            moment_state=moment_state,
+            steps=steps,
+            seeds=seeds,
+            offsets=offsets,
+            block_size=block_size,
+        )
+        prepared.run(None, hyper)
+
+    def prepare(
+        self,
+        *,
+        master: str,
+        moments: str,
+        maximize: bool,
+        params: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        master_state: Sequence[torch.Tensor],
+        moment_state: Sequence[torch.Tensor],
+        steps: Sequence[torch.Tensor],
+        seeds: Sequence[torch.Tensor],
+        offsets: Sequence[int],
+        block_size: int,
+        retain: bool = False,
+    ) -> PreparedStep:
+        """`step_many`'s checks and table, without the call: a `PreparedStep` that runs
+        the step now (``run(None, hyper)``) or again later with new gradients
+        (``retain=True``: it then holds views of the state tensors, so their memory
+        outlives anything done to the tensors themselves).
+
+        Raises:
+            ValueError: as `step_many` (nothing is written).
+        """
         count = len(params)
         if count == 0:
-            return
+            raise ValueError("native AdamW step: no parameters to prepare")
         codes = _family(master, moments)
         n_master, n_moments = len(codes.master_dtypes), len(codes.moment_dtypes)
         if len(master_state) != count * n_master or len(moment_state) != count * n_moments:
@@ -338,16 +380,128 @@ class NativeLibrary:
         # about 90 ns an entry: 2 us a parameter).
         table = array.array("q", itertools.chain.from_iterable(columns))
         stream = codes.streams and sum(columns[2]) * codes.moved_bytes >= STREAM_MIN_BYTES
-        rc = self._fn(
-            codes.master_code,
-            codes.moments_code,
-            int(maximize),
-            count,
-            table.buffer_info()[0],
-            (ctypes.c_double * 5)(*map(float, hyper)),
-            block_size,
-            torch.get_num_threads(),
-            int(stream),
+        return PreparedStep(
+            self,
+            master=master,
+            moments=moments,
+            maximize=maximize,
+            count=count,
+            table=table,
+            block_size=block_size,
+            stream=stream,
+            grad_dtypes=tuple(map(_DTYPE, grads)),
+            grad_numels=tuple(columns[-1]),
+            retained=(
+                tuple(t.detach() for t in (*master_state, *moment_state, *steps, *seeds))
+                if retain
+                else ()
+            ),
+        )
+
+    def _call(
+        self,
+        codes: _FamilyCodes,
+        maximize: bool,
+        count: int,
+        table_address: int,
+        hyper: ctypes.Array[ctypes.c_double],
+        block_size: int,
+        stream: bool,
+    ) -> int:
+        return int(
+            self._fn(
+                codes.master_code,
+                codes.moments_code,
+                int(maximize),
+                count,
+                table_address,
+                hyper,
+                block_size,
+                torch.get_num_threads(),
+                int(stream),
+            )
+        )
+
+
+class PreparedStep:
+    """A checked kernel table for fixed parameters and state (`NativeLibrary.prepare`).
+
+    `run` steps them with the gradients it was prepared with, or with new ones
+    whose pointers replace the table's gradient column. The table holds raw
+    pointers: prepared with ``retain=True`` it holds views of the state tensors (their
+    memory cannot be freed under it), and whoever runs it again must first check
+    that the parameters (pointer, dtype, size, contiguity) and the state tensors are
+    still those it was made from, and that the new gradients pass `gradient_pointers`.
+    """
+
+    def __init__(
+        self,
+        library: NativeLibrary,
+        *,
+        master: str,
+        moments: str,
+        maximize: bool,
+        count: int,
+        table: array.array[int],
+        block_size: int,
+        stream: bool,
+        grad_dtypes: tuple[torch.dtype, ...],
+        grad_numels: tuple[int, ...],
+        retained: tuple[torch.Tensor, ...] = (),
+    ) -> None:
+        self._library = library
+        self._retained = retained
+        self._master, self._moments = master, moments
+        self._codes = _family(master, moments)
+        self._maximize = maximize
+        self.count = count
+        self._table = table
+        self._address = table.buffer_info()[0]
+        self._block_size = block_size
+        self._stream = stream
+        #: The dtypes and sizes of the gradients it was prepared with (`gradient_pointers`).
+        self.grad_dtypes = list(grad_dtypes)
+        self.grad_numels = list(grad_numels)
+        start = TABLE_COLUMNS.index("grad") * count
+        self._grad_column = slice(start, start + count)
+        self._hyper: tuple[float, ...] = ()
+        self._hyper_array = (ctypes.c_double * 5)()
+
+    def gradient_pointers(self, grads: Sequence[torch.Tensor]) -> list[int] | None:
+        """The data pointers of `grads` if they can replace the prepared gradients (plain
+        contiguous CPU tensors of the same dtypes and sizes), else None."""
+        if (
+            list(map(_DTYPE, grads)) == self.grad_dtypes
+            and list(map(torch.Tensor.numel, grads)) == self.grad_numels
+            and PLAIN_TYPES.issuperset(map(type, grads))
+            and all(map(_IS_CPU, grads))
+            and all(map(torch.Tensor.is_contiguous, grads))
+        ):
+            return list(map(torch.Tensor.data_ptr, grads))
+        return None
+
+    def run(self, grad_pointers: Sequence[int] | None, hyper: Sequence[float]) -> None:
+        """One step: with the prepared gradients (`grad_pointers` None) or with those at
+        `grad_pointers` (from `gradient_pointers`). `hyper` is ``(lr, beta1, beta2, eps,
+        weight_decay)``.
+
+        Raises:
+            ValueError: the kernel refused the table (nothing was written).
+        """
+        if grad_pointers is not None:
+            self._table[self._grad_column] = array.array("q", grad_pointers)
+        values = tuple(map(float, hyper))
+        if values != self._hyper:
+            self._hyper_array[:] = list(values)
+            self._hyper = values
+        rc = self._library._call(
+            self._codes,
+            self._maximize,
+            self.count,
+            self._address,
+            self._hyper_array,
+            self._block_size,
+            self._stream,
         )
         if rc != 0:
             why = {
@@ -358,8 +512,8 @@ class NativeLibrary:
                 4: "a step counter that is not a whole number >= 0 (state['step'])",
             }
             raise ValueError(
-                f"native AdamW step refused master={master!r} moments={moments!r} "
-                f"block {block_size} (code {rc}): {why.get(rc, 'unknown')}"
+                f"native AdamW step refused master={self._master!r} moments={self._moments!r} "
+                f"block {self._block_size} (code {rc}): {why.get(rc, 'unknown')}"
             )
 
 

@@ -1,0 +1,243 @@
+"""A param group's native step, prepared once and replayed while nothing it read has moved.
+
+On a small model the step's arithmetic is cheaper than its Python: per
+parameter, `AdamW.step` looks up its plan and state, checks its edits and
+formats, and the native kernel's table is rebuilt and re-checked (about 7 us a
+parameter against 1-2 us of kernel time on shakespeare-small, see
+docs/benchmarks.md). After a group's step ran through that full path,
+`prepare_group` keeps what it read: the parameters, their state dicts and
+state tensors, and the kernel's checked table (`native.PreparedStep`). The next
+step `PreparedGroup.replay` re-checks, with C-level loops over lists, every
+fact the table depends on that can change between steps, and replays it with
+the new gradients' pointers:
+
+* the group: the same parameters in the same order, formats and ``maximize``
+  as prepared, and the same parameters with and without gradients;
+* each parameter: its version counter as the last step left it (an in-place
+  edit, which the full path turns into a master resync), its data pointer,
+  dtype, size and contiguity (``p.data = ...`` moves none of the counters);
+* its state: the same dict in ``optimizer.state`` and the same tensor under each
+  key (``load_state_dict``, a replaced entry);
+* each gradient: a plain contiguous CPU tensor of the prepared dtype and size
+  (a new tensor every step after ``zero_grad(set_to_none=True)``: only its
+  pointer enters the table).
+
+Anything else that changes what the full path would do (a state load, a master
+resync, traced steps' writes) retires every prepared group of the optimizer.
+When a check fails, `replay` returns False and the caller takes the full path,
+which raises, resyncs or re-plans as it always does, then prepares the group
+again.
+
+The state tensors are not re-read: their values change only in place (the
+kernel writes them through their pointers) and the table holds views of them,
+so their memory stays valid; re-pointing one (``state[k].data = ...`` or
+``set_``) is not followed (assign a new tensor to ``state[k]`` instead).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mixprec.optim import native
+from mixprec.optim.batches import StepBatch, StepKernel
+from mixprec.optim.options import scalar
+from mixprec.optim.param_plan import ParamPlan
+
+__all__ = ["PreparedGroup", "prepare_group"]
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_GRAD = operator.attrgetter("grad")
+_VERSION = operator.attrgetter("_version")
+_DTYPE = operator.attrgetter("dtype")
+
+
+@dataclass
+class _Call:
+    """One native call of a prepared group: the parameters of one family."""
+
+    members: list[int]  # positions in group["params"]
+    whole: bool  # every parameter of the group, in order
+    params: list[torch.Tensor]
+    state_dicts: list[dict[str, torch.Tensor]]
+    # Each state tensor with the dict and key it was read from.
+    owners: list[dict[str, torch.Tensor]]
+    keys: list[str]
+    state_tensors: list[torch.Tensor]
+    pointers: list[int]
+    dtypes: list[torch.dtype]
+    numels: list[int]
+    versions: list[int]  # as the last step left them
+    prepared: native.PreparedStep
+
+    def unchanged(self, state_get: Callable[[torch.Tensor], object]) -> bool:
+        """Whether the parameters and their state are as prepared (see the module)."""
+        params = self.params
+        return (
+            list(map(_VERSION, params)) == self.versions
+            and list(map(torch.Tensor.data_ptr, params)) == self.pointers
+            and list(map(_DTYPE, params)) == self.dtypes
+            and list(map(torch.Tensor.numel, params)) == self.numels
+            and all(map(torch.Tensor.is_contiguous, params))
+            and all(map(operator.is_, map(state_get, params), self.state_dicts))
+            and all(map(operator.is_, map(dict.get, self.owners, self.keys), self.state_tensors))
+        )
+
+
+class PreparedGroup:
+    """One param group's prepared native step (`prepare_group`); `replay` runs it."""
+
+    def __init__(
+        self,
+        group: dict[str, Any],
+        params: list[torch.Tensor],
+        grad_types: list[type],
+        calls: list[_Call],
+    ) -> None:
+        self.group = group
+        self._params = params
+        self._grad_types = grad_types
+        self._formats = (group["master"], group["moments"], bool(group["maximize"]))
+        self._calls = calls
+
+    def replay(self, group: dict[str, Any], state: dict[torch.Tensor, Any]) -> bool:
+        """Step `group` with the prepared calls if every check of the module passes
+        (True); otherwise change nothing and return False (take the full path).
+
+        Raises:
+            ValueError: the kernel refused a step counter (as the full path would).
+        """
+        params = group["params"]
+        if (
+            len(params) != len(self._params)
+            or not all(map(operator.is_, params, self._params))
+            or (group["master"], group["moments"], bool(group["maximize"])) != self._formats
+        ):
+            return False
+        grads = list(map(_GRAD, params))
+        if list(map(type, grads)) != self._grad_types:
+            return False
+        state_get = state.get
+        runs: list[tuple[_Call, list[int]]] = []
+        for call in self._calls:  # every check before any write
+            if not call.unchanged(state_get):
+                return False
+            pointers = call.prepared.gradient_pointers(
+                grads if call.whole else [grads[i] for i in call.members]
+            )
+            if pointers is None:
+                return False
+            runs.append((call, pointers))
+        betas = group["betas"]
+        hyper = (
+            scalar(group["lr"]),
+            scalar(betas[0]),
+            scalar(betas[1]),
+            float(group["eps"]),
+            float(group["weight_decay"]),
+        )
+        for call, pointers in runs:
+            call.prepared.run(pointers, hyper)
+            # The kernel wrote through pointers: tell autograd (as `ops.adamw_step_` does).
+            torch.autograd.graph.increment_version(call.params)
+            call.versions = list(map(_VERSION, call.params))
+        return True
+
+    def versions(self) -> list[tuple[torch.Tensor, int]]:
+        """Each prepared parameter's version counter as the last step left it (what
+        `AdamW` records in the full path; `replay` keeps them here)."""
+        pairs = (zip(call.params, call.versions, strict=True) for call in self._calls)
+        return [pair for call_pairs in pairs for pair in call_pairs]
+
+
+def prepare_group(
+    group: dict[str, Any],
+    *,
+    plans: dict[torch.Tensor, ParamPlan],
+    state: dict[torch.Tensor, Any],
+    kernel_of: Callable[[ParamPlan], StepKernel],
+) -> PreparedGroup | None:
+    """`group`'s step as the native kernel would run it now, prepared for `replay`;
+    None unless every parameter with a gradient is a plain contiguous CPU tensor
+    with state and a gradient of the same kind, and the native kernel takes all
+    of them (one call per family)."""
+    params = list(group["params"])
+    grads = list(map(_GRAD, params))
+    families: dict[tuple[str, str, str], list[int]] = {}
+    for i, (p, grad) in enumerate(zip(params, grads, strict=True)):
+        if grad is None:
+            continue
+        plan = plans[p]
+        st = state.get(p)
+        if (
+            not st
+            or type(p) not in _PLAIN
+            or type(grad) not in _PLAIN
+            or p.dtype != plan.dtype
+            or grad.is_sparse
+            or not p.is_contiguous()
+            or not grad.is_contiguous()
+        ):
+            return None
+        families.setdefault(plan.batch_key, []).append(i)
+    if not families:
+        return None
+    calls: list[_Call] = []
+    for members in families.values():
+        call = _prepare_call(params, grads, members, plans, state, kernel_of)
+        if call is None:
+            return None
+        calls.append(call)
+    return PreparedGroup(group, params, list(map(type, grads)), calls)
+
+
+def _prepare_call(
+    params: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor | None],
+    members: list[int],
+    plans: dict[torch.Tensor, ParamPlan],
+    state: dict[torch.Tensor, Any],
+    kernel_of: Callable[[ParamPlan], StepKernel],
+) -> _Call | None:
+    plan = plans[params[members[0]]]
+    batch = StepBatch()
+    owners: list[dict[str, torch.Tensor]] = []
+    keys: list[str] = []
+    ps = [params[i] for i in members]
+    for p, i in zip(ps, members, strict=True):
+        st = state[p]
+        grad = grads[i]
+        assert grad is not None
+        batch.params.append(p)
+        batch.grads.append(grad)
+        batch.master_state.extend(st[k] for k in plan.master_keys)
+        batch.moment_state.extend(st[k] for k in plan.moment_keys)
+        batch.steps.append(st["step"])
+        batch.offsets.append(0)
+        used = [*plan.master_keys, *plan.moment_keys, "step"]
+        if plan.uses_noise:
+            batch.seeds.append(st["rng_seed"])
+            used.append("rng_seed")
+        owners.extend([st] * len(used))
+        keys.extend(used)
+    prepared = kernel_of(plan).prepare_native(batch)
+    if prepared is None:
+        return None
+    return _Call(
+        members=members,
+        whole=members == list(range(len(params))),
+        params=ps,
+        state_dicts=[state[p] for p in ps],
+        owners=owners,
+        keys=keys,
+        state_tensors=[o[k] for o, k in zip(owners, keys, strict=True)],
+        pointers=list(map(torch.Tensor.data_ptr, ps)),
+        dtypes=list(map(_DTYPE, ps)),
+        numels=list(map(torch.Tensor.numel, ps)),
+        versions=list(map(_VERSION, ps)),
+        prepared=prepared,
+    )

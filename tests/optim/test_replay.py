@@ -115,6 +115,16 @@ def _zero_state_in_place(opt: AdamW, params: Params, step: int) -> None:
     opt.state[params[1]]["exp_avg_sq"].zero_()
 
 
+def _repoint_state_data(opt: AdamW, params: Params, step: int) -> None:
+    state = opt.state[params[1]]
+    state["exp_avg"].data = state["exp_avg"].clone()  # same object, other memory
+
+
+def _repoint_state_set(opt: AdamW, params: Params, step: int) -> None:
+    state = opt.state[params[1]]
+    state["exp_avg_sq"].set_(state["exp_avg_sq"].clone())
+
+
 def _load(opt: AdamW, params: Params, step: int) -> None:
     opt.load_state_dict(copy.deepcopy(opt.state_dict()))
 
@@ -146,6 +156,8 @@ EVENTS: dict[str, tuple[Event | None, bool, bool]] = {
     "a gradient not contiguous": (_grad_strided, False, True),
     "a state entry replaced": (_replace_state, False, False),
     "a state dict replaced": (_replace_state_dict, False, False),
+    "a state tensor re-pointed (.data =)": (_repoint_state_data, False, False),
+    "a state tensor re-pointed (set_)": (_repoint_state_set, False, False),
     "state loaded": (_load, False, False),
     "a group added": (_new_group, False, False),
 }

@@ -68,6 +68,10 @@ class _Call:
     owners: list[dict[str, torch.Tensor]]
     keys: list[str]
     state_tensors: list[torch.Tensor]
+    # Where each state tensor's data lives and how much of it there is: the prepared
+    # table points there, and `state[k].data = t` or `set_` moves it without a new object.
+    state_pointers: list[int]
+    state_numels: list[int]
     pointers: list[int]
     dtypes: list[torch.dtype]
     numels: list[int]
@@ -85,6 +89,8 @@ class _Call:
             and all(map(torch.Tensor.is_contiguous, params))
             and all(map(operator.is_, map(state_get, params), self.state_dicts))
             and all(map(operator.is_, map(dict.get, self.owners, self.keys), self.state_tensors))
+            and list(map(torch.Tensor.data_ptr, self.state_tensors)) == self.state_pointers
+            and list(map(torch.Tensor.numel, self.state_tensors)) == self.state_numels
         )
 
 
@@ -234,7 +240,9 @@ def _prepare_call(
         state_dicts=[state[p] for p in ps],
         owners=owners,
         keys=keys,
-        state_tensors=[o[k] for o, k in zip(owners, keys, strict=True)],
+        state_tensors=(tensors := [o[k] for o, k in zip(owners, keys, strict=True)]),
+        state_pointers=list(map(torch.Tensor.data_ptr, tensors)),
+        state_numels=list(map(torch.Tensor.numel, tensors)),
         pointers=list(map(torch.Tensor.data_ptr, ps)),
         dtypes=list(map(_DTYPE, ps)),
         numels=list(map(torch.Tensor.numel, ps)),

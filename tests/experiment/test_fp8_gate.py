@@ -9,7 +9,7 @@ import pytest
 
 from mixprec.experiment.contract import Contract
 from mixprec.experiment.decision import decide
-from mixprec.experiment.fp8_gate import FP8_GATE
+from mixprec.experiment.fp8_gate import FP8_GATE, emulated_fp8, unconverted_fp8
 from mixprec.experiment.records import RunRecord
 
 from .test_decision import rec
@@ -208,3 +208,22 @@ def test_budgets_judge_emulated_fp8_and_its_reference_as_usual() -> None:
     d = decide(records, c, higher_is_better=False)
     assert d.fp8_reference == "amp_bf16" and d.recommended == "amp_bf16"
     assert d.speed_pending == ("fp8_tensorwise",)
+
+
+UNCONVERTED = {"fp8": {"recipe": "tensorwise", "emulate": True, "converted": [], "kept": []}}
+
+
+@pytest.mark.parametrize("objective", ["speed", "balanced"])
+def test_an_fp8_policy_that_converted_no_layer_is_not_emulated_fp8(objective: str) -> None:
+    records = fp8_speed_records(UNCONVERTED)
+    assert unconverted_fp8(records, ("amp_bf16", "fp8_tensorwise")) == ("fp8_tensorwise",)
+    assert emulated_fp8(records, ("fp8_tensorwise",)) == ()
+    d = decide(records, two(objective), higher_is_better=False)
+    # it trained in 16 bits: its step times are real and rank (no speed pending) ...
+    assert d.emulated == () and d.speed_pending == ()
+    assert "fp8_tensorwise" in [st.policy for st in d.ranking]
+    # ... and it still meets the FP8 gate: the user named an FP8 policy
+    assert d.verdicts["fp8_tensorwise"].gate == FP8_GATE and d.fp8_reference == "amp_bf16"
+    # records of an earlier mixprec (no `converted`) stay emulated FP8
+    assert emulated_fp8(fp8_speed_records(EMULATED), ("fp8_tensorwise",)) == ("fp8_tensorwise",)
+    assert unconverted_fp8(fp8_speed_records(EMULATED), ("fp8_tensorwise",)) == ()

@@ -14,6 +14,13 @@ An FP8 candidate that ran emulated (its records' ``effective.fp8.emulate``: ever
 CPU, and GPUs below CUDA capability 8.9) has step times that measure torchao's
 emulation, not FP8 speed: `emulated_fp8` names them, and the decision neither
 ranks them on step time nor rejects them by ``max_slowdown`` (`SPEED_PENDING`).
+
+An FP8 candidate whose conversion converted no layer (its records'
+``effective.fp8.converted`` is empty: every `nn.Linear` kept by the fp8 filter) trained
+entirely in 16 bits: `unconverted_fp8` names it, and it is not emulated FP8, so its
+step times are ranked as measured. It stays an FP8 candidate for the gate (it is the
+policy the user named, and on a model where its filter converts layers it is FP8), so
+it is never the 16-bit reference of the others.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ __all__ = [
     "fp8_policies",
     "judge_fp8",
     "reference_for_fp8",
+    "unconverted_fp8",
 ]
 
 #: The gate name of a verdict decided against the 16-bit reference.
@@ -48,14 +56,37 @@ def fp8_policies(records: Sequence[RunRecord], names: Sequence[str]) -> tuple[st
     return tuple(n for n in names if n in fp8)
 
 
+def _conversion(r: RunRecord) -> Mapping[str, object] | None:
+    fp8 = r.effective.get("fp8") if r.ok else None
+    return fp8 if isinstance(fp8, Mapping) else None
+
+
+def _converted_none(fp8: Mapping[str, object]) -> bool:
+    """Whether a recorded conversion converted no layer (records of an earlier mixprec
+    without ``converted`` count as converting)."""
+    converted = fp8.get("converted")
+    return isinstance(converted, list | tuple) and not converted
+
+
+def unconverted_fp8(records: Sequence[RunRecord], names: Sequence[str]) -> tuple[str, ...]:
+    """The FP8 policies among `names` whose finished runs all converted no layer
+    (``effective.fp8.converted`` empty): they trained entirely in 16 bits."""
+    runs: dict[str, list[bool]] = {}
+    for r in records:
+        fp8 = _conversion(r)
+        if fp8 is not None:
+            runs.setdefault(r.policy, []).append(_converted_none(fp8))
+    return tuple(n for n in names if runs.get(n) and all(runs[n]))
+
+
 def emulated_fp8(records: Sequence[RunRecord], names: Sequence[str]) -> tuple[str, ...]:
     """The policies among `names` with a finished run whose FP8 linears ran emulated
-    (``effective.fp8.emulate`` of its record): their step times measure numerics, not
-    speed."""
+    (``effective.fp8.emulate`` of its record, with a layer converted): their step times
+    measure numerics, not speed."""
     emulated = set()
     for r in records:
-        fp8 = r.effective.get("fp8") if r.ok else None
-        if isinstance(fp8, Mapping) and fp8.get("emulate") is True:
+        fp8 = _conversion(r)
+        if fp8 is not None and fp8.get("emulate") is True and not _converted_none(fp8):
             emulated.add(r.policy)
     return tuple(n for n in names if n in emulated)
 

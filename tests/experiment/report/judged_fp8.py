@@ -72,13 +72,15 @@ def trace(seed: int) -> Fp8Trace:
     return out
 
 
-def _record(policy: str, seed: int) -> RunRecord:
-    loss = BASE[seed] * (1 + GAPS.get(policy, [0.0] * 3)[seed])
+def _record(
+    policy: str, seed: int, gaps: dict[str, list[float]], effective: dict[str, Any]
+) -> RunRecord:
+    loss = BASE[seed] * (1 + gaps.get(policy, [0.0] * 3)[seed])
     fp8 = policy.startswith("fp8")
     kw: dict[str, Any] = {"policy_fields": {}}
     if fp8:
         kw["policy_fields"] = EMULATED
-        kw["effective"] = EMULATED
+        kw["effective"] = effective
         if policy != "fp8_rowwise_gw_hp":  # a record of an earlier mixprec: no trace
             kw["fp8_trace"] = trace(seed)
         if policy == "fp8_tensorwise" and seed == 1:
@@ -103,17 +105,29 @@ def _record(policy: str, seed: int) -> RunRecord:
     )
 
 
-def make_judged_fp8(objective: str = "balanced") -> Judged:
-    """FP8 candidates against fp32 and amp_bf16, under `objective`."""
+def make_judged_fp8(
+    objective: str = "balanced",
+    *,
+    gaps: dict[str, list[float]] | None = None,
+    seeds: int = 3,
+    effective: dict[str, Any] | None = None,
+) -> Judged:
+    """FP8 candidates against fp32 and amp_bf16, under `objective` (`gaps`: the paired
+    gaps to fp32 per seed, `seeds`: how many seeds ran, `effective`: the FP8 records')."""
+    gaps = GAPS if gaps is None else gaps
     contract = Contract(
         workload="shakespeare",
         size="tiny",
-        candidates=tuple(GAPS),
+        candidates=tuple(gaps),
         seeds=3,
         max_seeds=3,
         train={"steps": STEPS},
         objective=objective,
     )
-    records = [_record(p, s) for s in range(3) for p in contract.policies]
+    records = [
+        _record(p, s, gaps, EMULATED if effective is None else effective)
+        for s in range(seeds)
+        for p in contract.policies
+    ]
     decision = decide(records, contract, higher_is_better=False)
     return Judged(contract, tuple(records), decision)

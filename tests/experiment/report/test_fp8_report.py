@@ -10,6 +10,7 @@ import pytest
 
 import mixprec
 from mixprec.cli import main
+from mixprec.experiment import decide
 from mixprec.experiment.report import (
     build_view,
     plots,
@@ -185,3 +186,69 @@ def test_mixprec_report_rerenders_the_fp8_panel_from_stored_records(
     assert "fp8: FP8 candidates" in printed and "fp8_tensorwise worst fp8 tensors" in printed
     stored = json.loads((tmp_path / "runs" / "fp8_tensorwise-seed0.json").read_text())
     assert stored["fp8_trace"]["samples"] == 3
+
+
+# ------------------------------------------------ an FP8 policy that converted no layer
+
+UNCONVERTED = {
+    "fp8": {
+        "recipe": "tensorwise",
+        "emulate": True,
+        "converted": [],
+        "kept": [
+            {"name": "0", "reason": "first nn.Linear (skip_first_last)"},
+            {"name": "2", "reason": "last nn.Linear (skip_first_last)"},
+        ],
+    }
+}
+
+
+def test_an_fp8_policy_that_converted_no_layer_is_said_to_train_in_16_bits() -> None:
+    j = make_judged_fp8("balanced", effective=UNCONVERTED)
+    d = j.decision
+    assert d.emulated == () and d.speed_pending == ()  # its step times are 16-bit ones
+    view = _view(j)
+    row = next(r for r in view.table.rows if r.policy == "fp8_tensorwise")
+    assert "emulated" not in row.step_time and "speed pending" not in row.label
+    text = "\n".join(view.fp8)
+    assert "ran emulated" not in text and "rerun into a fresh --out" not in text
+    line = next(ln for ln in view.fp8 if ln.startswith("`fp8_tensorwise` converted no layer"))
+    assert "trained entirely in 16 bits" in line
+    assert "kept 0: first nn.Linear (skip_first_last); 2: last nn.Linear" in line
+    assert "relax the fp8 filter (min_divisor, skip_first_last, exclude)" in line
+
+
+# ------------------------------------------------ by how much an inconclusive one misses
+
+
+def test_one_seed_gives_no_interval_and_the_distance_of_its_gap_to_the_limit() -> None:
+    full = make_judged_fp8("balanced")
+    records = tuple(r for r in full.records if r.policy != "fp8_rowwise" or r.seed == 0)
+    j = Judged(full.contract, records, decide(records, full.contract, higher_is_better=False))
+    line = next(ln for ln in _view(j).fp8 if ln.startswith("`fp8_rowwise`: gap"))
+    assert "**inconclusive**" in line and "t-interval, 1 seeds" not in line
+    assert "gap to `amp_bf16` +0.70% (1 seed); to `fp32` +0.40% (1 seed)" in line
+    # gap to fp32 +0.40% (the verdict's, loss-gap against the baseline): 0.10 points under
+    assert line.endswith(
+        "against `fp32`: one seed gives no interval: its gap +0.40% is 0.10 points under "
+        "the 0.50% limit; more seeds decide"
+    )
+    assert "it mean" not in line
+
+
+def test_a_straddling_interval_gives_each_bound_in_points_against_the_verdicts_reference() -> None:
+    gaps = {"amp_bf16": [-0.003] * 3, "fp8_rowwise": [0.001, 0.0015, 0.002]}
+    j = make_judged_fp8("balanced", gaps=gaps)
+    v = j.decision.verdicts["fp8_rowwise"]
+    assert v.status == "inconclusive" and v.gate == "fp8-reference"
+    gap = paired_interval(
+        [(1 + g) / (1 + r) - 1 for g, r in zip(gaps["fp8_rowwise"], gaps["amp_bf16"], strict=True)],
+        0.90,
+    )
+    assert gap.low < 0.005 < gap.high
+    line = next(ln for ln in _view(j).fp8 if ln.startswith("`fp8_rowwise`: gap"))
+    assert line.endswith(
+        f"against `amp_bf16`: its 90% t-interval straddles the 0.50% limit: the high end "
+        f"{gap.high:+.2%} is {100 * (gap.high - 0.005):.2f} points over it, the low end "
+        f"{gap.low:+.2%} {100 * (0.005 - gap.low):.2f} points under (mean {gap.mean:+.2%})"
+    )

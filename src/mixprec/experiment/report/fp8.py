@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mixprec.experiment.decision import Decision
-from mixprec.experiment.fp8_gate import FP8_GATE, SPEED_PENDING, fp8_policies
+from mixprec.experiment.fp8_gate import FP8_GATE, SPEED_PENDING, fp8_policies, unconverted_fp8
 from mixprec.experiment.fp8_trace import Fp8TensorTrace
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.stats import GapInterval
@@ -37,6 +37,9 @@ FP8_RULES = ("fp8-saturation", "fp8-underflow")
 
 #: Tensors listed per FP8 policy.
 _LISTED = 3
+
+#: Kept layers listed for an FP8 policy that converted none.
+_KEPT_LISTED = 4
 
 
 def fp8_records(records: Sequence[RunRecord], decision: Decision) -> dict[str, list[RunRecord]]:
@@ -118,21 +121,34 @@ def _points(value: float) -> str:
     return f"{100 * value:.2f} points"
 
 
+def _side(value: float, limit: float) -> str:
+    """``0.08 points over`` / ``0.42 points under`` / ``at``: `value` against `limit`."""
+    if value == limit:
+        return "at"
+    return f"{_points(abs(value - limit))} {'over' if value > limit else 'under'}"
+
+
 def _by_how_much(gap: GapInterval, limit: float, status: str) -> str:
-    """How far a gap's interval is from the limit, for a verdict that is not eligible."""
+    """How far a gap's interval is from the limit, in percentage points, for a verdict that
+    is not eligible: the low end when rejected, both ends when the interval straddles the
+    limit, the mean alone (and no interval) with one seed."""
     if not math.isfinite(gap.mean):
         return "its held-out loss is not finite"
-    if status == "rejected" and math.isfinite(gap.low):
+    if gap.n < 2 or not (math.isfinite(gap.low) and math.isfinite(gap.high)):
+        return (
+            f"one seed gives no interval: its gap {gap.mean:+.2%} is {_side(gap.mean, limit)} "
+            f"the {limit:.2%} limit; more seeds decide"
+        )
+    if status == "rejected" and gap.low > limit:
         return (
             f"fails by {_points(gap.low - limit)}: even the interval's low end {gap.low:+.2%} is "
-            f"over the {limit:.2%} limit (mean {gap.mean:+.2%}, {_points(gap.mean - limit)} over)"
+            f"over the {limit:.2%} limit (mean {gap.mean:+.2%}, {_side(gap.mean, limit)})"
         )
-    if math.isfinite(gap.high) and gap.high > limit:
-        return (
-            f"its interval reaches {gap.high:+.2%}, {_points(gap.high - limit)} over the "
-            f"{limit:.2%} limit (mean {gap.mean:+.2%})"
-        )
-    return f"mean {gap.mean:+.2%} against the {limit:.2%} limit"
+    return (
+        f"its {gap.confidence:.0%} t-interval straddles the {limit:.2%} limit: the high end "
+        f"{gap.high:+.2%} is {_side(gap.high, limit)} it, the low end {gap.low:+.2%} "
+        f"{_side(gap.low, limit)} (mean {gap.mean:+.2%})"
+    )
 
 
 def _candidate_line(
@@ -147,11 +163,12 @@ def _candidate_line(
     if ref is not None:
         ref_runs = [r for r in records if r.policy == ref]
         gap_ref = summarize(records, name, ref_runs, confidence=confidence).gap
-        if gap_ref.n:
-            spread = f", sd {gap_ref.sd:.2%} over seeds" if gap_ref.n > 1 else ""
+        if gap_ref.n == 1:
+            against_ref = f"gap to `{ref}` {format_interval(gap_ref)}"
+        elif gap_ref.n:
             against_ref = (
                 f"gap to `{ref}` {format_interval(gap_ref)} ({gap_ref.confidence:.0%} "
-                f"t-interval, {gap_ref.n} seeds{spread})"
+                f"t-interval, {gap_ref.n} seeds, sd {gap_ref.sd:.2%} over seeds)"
             )
     base_gap = decision.summary(name).gap if name in decision.verdicts else None
     against_base = (
@@ -166,9 +183,9 @@ def _candidate_line(
     line = f"`{name}`: {gaps}: **{status}**"
     if v.status in ("rejected", "inconclusive"):
         if v.gate == FP8_GATE and gap_ref is not None and gap_ref.n:
-            line += f"; against `{ref}` it {_by_how_much(gap_ref, limit, v.status)}"
+            line += f"; against `{ref}`: {_by_how_much(gap_ref, limit, v.status)}"
         elif v.gate == "loss-gap" and base_gap is not None and base_gap.n:
-            line += f"; against `{decision.baseline}` it {_by_how_much(base_gap, limit, v.status)}"
+            line += f"; against `{decision.baseline}`: {_by_how_much(base_gap, limit, v.status)}"
         else:
             line += f": {v.reason}"
     return line
@@ -198,6 +215,33 @@ def _tensor_line(name: str, runs: Sequence[RunRecord]) -> str | None:
     return (
         f"`{name}` worst fp8 tensors ({layers} fp8 layers, {samples} sampled steps, "
         f"{len(traced)} seed(s)): " + "; ".join(parts)
+    )
+
+
+def _kept(runs: Sequence[RunRecord]) -> str:
+    """The layers the fp8 filter kept, with their reasons, from the first record that lists
+    them (empty when none is recorded)."""
+    for r in runs:
+        fp8 = r.effective.get("fp8")
+        kept = fp8.get("kept") if isinstance(fp8, Mapping) else None
+        if not isinstance(kept, list) or not kept:
+            continue
+        parts = [
+            f"{k.get('name') or '<model>'}: {k.get('reason', '?')}"
+            for k in kept[:_KEPT_LISTED]
+            if isinstance(k, Mapping)
+        ]
+        more = f"; ... ({len(kept) - _KEPT_LISTED} more)" if len(kept) > _KEPT_LISTED else ""
+        return f" (kept {'; '.join(parts)}{more})"
+    return ""
+
+
+def _unconverted_line(name: str, runs: Sequence[RunRecord]) -> str:
+    return (
+        f"`{name}` converted no layer: its fp8 filter kept every nn.Linear in 16 bits"
+        f"{_kept(runs)}, so it trained entirely in 16 bits: its losses and step times are "
+        "its 16-bit policy's, not FP8's; fix: relax the fp8 filter (min_divisor, "
+        "skip_first_last, exclude) so the model's linears convert, or compare a 16-bit policy"
     )
 
 
@@ -271,7 +315,11 @@ def fp8_lines(
             "without FP8 units): the losses and the casts are FP8's, the step times are the "
             "emulation's, not FP8 speed"
         )
+    unconverted = unconverted_fp8(records, list(runs))
     for name, mine in runs.items():
+        if name in unconverted:
+            lines.append(_unconverted_line(name, mine))
+            continue
         line = _tensor_line(name, mine)
         if line is not None:
             lines.append(line)

@@ -3,6 +3,7 @@ otherwise, emulated step times marked, and re-rendered by `mixprec report` from 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import mixprec
 from mixprec.cli import main
 from mixprec.experiment import decide
+from mixprec.experiment.fp8_trace import build_fp8_trace
 from mixprec.experiment.report import (
     build_view,
     plots,
@@ -22,6 +24,7 @@ from mixprec.experiment.report.fp8_plot import plot_fp8
 from mixprec.experiment.stats import paired_interval
 from mixprec.experiment.summary import format_interval
 
+from ..test_fp8_trace import sample, stats
 from .judged import Judged
 from .judged_fp8 import BASE, GAPS, WORST, make_judged_fp8
 
@@ -252,3 +255,30 @@ def test_a_straddling_interval_gives_each_bound_in_points_against_the_verdicts_r
         f"{gap.high:+.2%} is {100 * (gap.high - 0.005):.2f} points over it, the low end "
         f"{gap.low:+.2%} {100 * (0.005 - gap.low):.2f} points under (mean {gap.mean:+.2%})"
     )
+
+
+def test_the_panel_draws_a_single_delayed_what_if_point() -> None:
+    """Two sampled steps: the what-if is null at the first, so one point remains."""
+    samples = [
+        sample(step, "blocks.0.attn.c_proj", delayed=None if step == 0 else stats(saturated=25))
+        for step in (0, 20)
+    ]
+    one = build_fp8_trace(samples)
+    assert one is not None
+    full = make_judged_fp8()
+    records = tuple(
+        dataclasses.replace(r, fp8_trace=one) if r.fp8_trace is not None else r
+        for r in full.records
+    )
+    plt = plots._pyplot()
+    colors = {r.policy: plots.policy_color(r.policy) for r in records}
+    fig = plot_fp8(records, full.decision, colors, plt)
+    assert fig is not None
+    sat_ax = fig.axes[2]
+    dashed = [ln for ln in sat_ax.get_lines() if ln.get_linestyle() == "--"]
+    assert len(dashed) == 2  # fp8_tensorwise and fp8_rowwise store traces
+    for ln in dashed:
+        assert list(ln.get_xdata()) == [20] and list(ln.get_ydata()) == [25.0]
+        assert ln.get_marker() not in (None, "", "None", " ") and ln.get_markersize() > 0
+    assert sat_ax.get_ylim()[1] >= 25.0
+    plt.close(fig)

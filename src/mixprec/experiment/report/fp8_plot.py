@@ -4,8 +4,8 @@ share of values the casts saturate and underflow, per FP8 policy.
 Drawn from the records' FP8 traces (`mixprec.experiment.fp8_trace`) by
 `mixprec.experiment.report.plots.draw` (key ``fp8``). Each policy keeps its colour
 (`plots.policy_color`); line styles tell its worst tensors apart (top row) and
-measured from the delayed-scaling what-if (bottom row). Legends sit outside the
-axes.
+measured from the delayed-scaling what-if (bottom row, dashed with ``x`` markers, so a
+single what-if point shows). Legends sit outside the axes.
 """
 
 from __future__ import annotations
@@ -85,8 +85,12 @@ def plot_fp8(
         for ax, series in ((sat_ax, "saturated"), (under_ax, "underflow")):
             steps, values = _worst_per_step(mine, series)
             ax.plot(steps, [100 * v for v in values], color=color, lw=1.4, marker="o", ms=2.5)
+        # Markers: the what-if is null at a tensor's first sample (no amax history yet),
+        # so a short run may have a single point, which a bare line does not draw.
         steps, values = _worst_per_step(mine, "delayed_saturated")
-        sat_ax.plot(steps, [100 * v for v in values], color=color, lw=1.0, ls="--")
+        sat_ax.plot(
+            steps, [100 * v for v in values], color=color, lw=1.0, ls="--", marker="x", ms=3.5
+        )
     for ax in (amax_ax, scale_ax):
         ax.set_yscale("log")
     amax_ax.set_ylabel("amax")
@@ -116,7 +120,9 @@ def plot_fp8(
     ]
     style_handles = [
         plt.Line2D([], [], color="#555555", lw=1.4, label="measured"),
-        plt.Line2D([], [], color="#555555", lw=1.0, ls="--", label="delayed what-if"),
+        plt.Line2D(
+            [], [], color="#555555", lw=1.0, ls="--", marker="x", ms=3.5, label="delayed what-if"
+        ),
     ]
     fig.legend(
         handles=tensor_handles,

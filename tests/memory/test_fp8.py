@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from mixprec import Precision
+from mixprec.errors import PrecisionError
 from mixprec.memory import (
     FP8_RECIPE_CASTS,
     MemoryBreakdown,
@@ -272,3 +273,23 @@ def test_bad_layer_arguments_are_named() -> None:
         fp8_layer_transients("delayed", 8, 16, 16, emulate=True)
     with pytest.raises(ValueError, match="tokens must be a positive integer, got 0"):
         fp8_layer_transients("tensorwise", 0, 16, 16, emulate=True)
+
+
+def test_estimate_refuses_what_prepare_refuses_on_a_converted_model() -> None:
+    """A model an FP8 policy converted: another recipe or a policy without fp8 is refused
+    by `prepare`, and by `estimate` with the same error; the same recipe estimates."""
+    model = Precision("fp8_tensorwise").prepare(_Mlp())
+    x = torch.randn(8, 16)
+    same = estimate(model, "fp8_tensorwise", inputs=x, loss_fn=_mse, targets=torch.randn(8, 16))
+    assert same.fp8 is not None and same.fp8.converted == 2
+    for name, match in (
+        ("fp8_rowwise", r"layer 'layers\.1' is already a Float8Linear with another torchao"),
+        ("bf16_master", r"'bf16_master' has no fp8 settings, but the model holds torchao"),
+        ("fp32", r"holds torchao Float8Linear layers \(layers\.1, layers\.2\)"),
+    ):
+        with pytest.raises(PrecisionError, match=match) as refused:
+            Precision(name).prepare(model)
+        with pytest.raises(PrecisionError, match=match) as got:
+            estimate(model, name, inputs=x, loss_fn=_mse, targets=torch.randn(8, 16))
+        assert "\n" not in str(got.value)
+        assert str(got.value).replace("estimate a model", "prepare a model") == str(refused.value)

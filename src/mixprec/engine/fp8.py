@@ -56,6 +56,8 @@ __all__ = [
     "fp8_layer_choice",
     "is_float8_linear",
     "load_torchao_float8",
+    "refuse_float8_layers",
+    "refuse_other_float8_config",
 ]
 
 #: How to install what FP8 training needs.
@@ -332,6 +334,59 @@ def _names(names: tuple[str, ...], limit: int = 8) -> str:
     return ", ".join(shown) + more
 
 
+def refuse_float8_layers(model: nn.Module, policy: str, *, fix: str = "prepare") -> None:
+    """Refuse a policy without fp8 over a model whose layers an FP8 policy converted: they
+    would keep training in FP8 while the run says otherwise.
+
+    Raises:
+        PrecisionError: the model holds ``Float8Linear`` layers (the message names them
+            and says to `fix` a model that was not converted).
+    """
+    converted = [n or "<model>" for n, m in model.named_modules() if is_float8_linear(m)]
+    if converted:
+        shown = ", ".join(converted[:4]) + (
+            f", ... ({len(converted)} in all)" if len(converted) > 4 else ""
+        )
+        raise PrecisionError(
+            f"policy {policy!r} has no fp8 settings, but the model holds torchao Float8Linear "
+            f"layers ({shown}) from an FP8 policy's prepare: they would keep training in FP8; "
+            f"fix: {fix} a model that was not converted, or use an FP8 policy"
+        )
+
+
+def refuse_other_float8_config(
+    model: nn.Module,
+    settings: Float8Training,
+    *,
+    emulate: bool,
+    policy: str,
+    config: Any = None,
+    fix: str = "prepare",
+) -> None:
+    """Refuse fp8 `settings` over a model whose ``Float8Linear`` layers an earlier
+    `prepare` converted with another torchao config (recipe or `emulate`).
+
+    Args:
+        config: torchao's config for `settings` (built here when None and needed).
+        fix: what the message asks to do with a model that was not converted.
+
+    Raises:
+        PrecisionError: a layer's config differs, naming the layer.
+    """
+    layers = [(n, m) for n, m in model.named_modules() if is_float8_linear(m)]
+    if not layers:
+        return
+    if config is None:
+        config = float8_linear_config(settings, emulate=emulate)
+    for name, module in layers:
+        if module.config != config:
+            raise PrecisionError(
+                f"policy {policy!r}: layer {name or '<model>'!r} is already a Float8Linear "
+                f"with another torchao config than fp8 {settings.recipe!r} "
+                f"(emulate={emulate}); {fix} a model that was not converted before"
+            )
+
+
 def convert_fp8_linears(
     model: nn.Module,
     settings: Float8Training,
@@ -362,13 +417,7 @@ def convert_fp8_linears(
     config = float8_linear_config(settings, emulate=emulate)
     convert, kept = fp8_layer_choice(model, settings, islands=islands)
     fresh = {id(m) for _, m in convert if not is_float8_linear(m)}
-    for name, module in convert:
-        if id(module) not in fresh and module.config != config:
-            raise PrecisionError(
-                f"policy {policy!r}: layer {name or '<model>'!r} is already a Float8Linear "
-                f"with another torchao config than fp8 {settings.recipe!r} "
-                f"(emulate={emulate}); prepare a model that was not converted before"
-            )
+    refuse_other_float8_config(model, settings, emulate=emulate, policy=policy, config=config)
     if fresh and wrapped:
         raise PrecisionError(
             f"policy {policy!r}: the model is already wrapped (FSDP2/DDP), so its "

@@ -44,7 +44,11 @@ from mixprec.engine.effective import (
     summary_text,
     warn_if_slow,
 )
-from mixprec.engine.fp8 import Float8Conversion, convert_fp8_linears, is_float8_linear
+from mixprec.engine.fp8 import (
+    Float8Conversion,
+    convert_fp8_linears,
+    refuse_float8_layers,
+)
 from mixprec.engine.gradients import check_max_norm, has_grads
 from mixprec.engine.observers import StepObserver
 from mixprec.engine.optimizers import (
@@ -70,7 +74,7 @@ from mixprec.engine.stepping import (
 )
 from mixprec.engine.storage import apply_storage
 from mixprec.engine.wrappers import check_wrapped, fsdp_modules, is_ddp
-from mixprec.errors import PrecisionError, PrecisionWarning, user_stacklevel
+from mixprec.errors import PrecisionWarning, user_stacklevel
 from mixprec.islands import is_fp32_island, island_names
 from mixprec.optim.sharding import is_dtensor
 from mixprec.policy import Policy, policy, resolve_auto
@@ -233,7 +237,7 @@ class Precision:
         if self.plan.fp8 is not None:
             model = self._convert_fp8(model, islands)
         else:
-            _refuse_float8_layers(model, self.plan.policy_name)
+            refuse_float8_layers(model, self.plan.policy_name)
         self._model = model
         return model
 
@@ -558,18 +562,3 @@ def _measure_for_auto(
     from mixprec.speed import measure_speed
 
     return measure_speed(model, example_input, device=device)
-
-
-def _refuse_float8_layers(model: nn.Module, policy: str) -> None:
-    """A policy without fp8 over a model whose layers an FP8 policy converted: they would
-    keep training in FP8 while the run says otherwise."""
-    converted = [n or "<model>" for n, m in model.named_modules() if is_float8_linear(m)]
-    if converted:
-        shown = ", ".join(converted[:4]) + (
-            f", ... ({len(converted)} in all)" if len(converted) > 4 else ""
-        )
-        raise PrecisionError(
-            f"policy {policy!r} has no fp8 settings, but the model holds torchao Float8Linear "
-            f"layers ({shown}) from an FP8 policy's prepare: they would keep training in FP8; "
-            "fix: prepare a model that was not converted, or use an FP8 policy"
-        )

@@ -24,6 +24,7 @@ from mixprec.memory.fp8 import (
     Fp8Layer,
     fp8_layers,
     layer_transients,
+    refuse_converted,
     resolve_emulate,
     transformer_fp8_layers,
 )
@@ -136,6 +137,10 @@ def estimate(
     weight), and ``fp8_cast_temporaries`` is the largest transient of one converted
     layer (the engine's own layer choice), known from a module with inputs or a
     `TransformerShape`; `MemoryBreakdown.fp8` says which path and which layer.
+
+    Raises:
+        PrecisionError: a module an FP8 policy's `Precision.prepare` converted, with a
+            policy `prepare` would refuse on it (one without fp8, or another recipe).
     """
     pol = get_policy(policy)
     if world_size < 1:
@@ -150,6 +155,7 @@ def estimate(
     act_rank = 0
     act_known = isinstance(model, nn.Module | TransformerShape)  # a module: with inputs
     if isinstance(model, nn.Module):
+        refuse_converted(model, pol, device_type)
         islands = island_param_names(model, pol)
         # Every parameter is stored (tied ones once: named_parameters skips repeats);
         # frozen ones get no gradient and no optimizer state.

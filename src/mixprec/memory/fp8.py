@@ -47,7 +47,12 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from mixprec.engine.fp8 import fp8_layer_choice, is_float8_linear
+from mixprec.engine.fp8 import (
+    fp8_layer_choice,
+    is_float8_linear,
+    refuse_float8_layers,
+    refuse_other_float8_config,
+)
 from mixprec.islands import IslandRule
 from mixprec.memory.transformer import TransformerShape
 from mixprec.memory.transients import LiveBytes
@@ -62,6 +67,7 @@ __all__ = [
     "fp8_transient_windows",
     "layer_transients",
     "measured_transients",
+    "refuse_converted",
     "resolve_emulate",
     "transformer_fp8_layers",
 ]
@@ -338,6 +344,23 @@ def _island_names(model: nn.Module, policy: Policy) -> tuple[str, ...]:
 
 def _bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def refuse_converted(model: nn.Module, policy: Policy, device_type: str) -> None:
+    """Refuse what `Precision.prepare` refuses on a model an FP8 policy already converted:
+    a policy without fp8 (its ``Float8Linear`` layers would keep training in FP8), or fp8
+    settings whose torchao config differs from the layers' (the engine's own checks,
+    `mixprec.engine.fp8.refuse_float8_layers` and ``refuse_other_float8_config``).
+
+    Raises:
+        PrecisionError: one line naming the layers and the fix.
+    """
+    settings = policy.fp8
+    if settings is None:
+        refuse_float8_layers(model, policy.name, fix="estimate")
+        return
+    emulate, _ = resolve_emulate(settings, device_type)
+    refuse_other_float8_config(model, settings, emulate=emulate, policy=policy.name, fix="estimate")
 
 
 @contextlib.contextmanager

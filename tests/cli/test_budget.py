@@ -170,3 +170,17 @@ def test_budget_fp8_from_a_config_sizes_the_casts_for_the_device(
     assert 0 < cuda["per_rank"]["fp8_cast_temporaries"] < cpu["per_rank"]["fp8_cast_temporaries"]
     assert cpu["fp8"]["layer"] == "3072x768"  # the MLP's down projection, backward
     assert main(["budget", "--config", str(config), "--device", "tpu"]) == 2
+
+
+def test_budget_fp8_from_a_module_says_how_many_layers_convert_and_a_cli_fix(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A module without inputs: the text gives the converted-layer count (as --json does)
+    and a fix a CLI user can apply, not only a Python argument."""
+    argv = ["budget", "--model", "tests.cli.budget_models:four_linears", "--policy"]
+    assert main([*argv, "fp8_tensorwise"]) == 0
+    out = capsys.readouterr().out
+    assert "fp8 cast temporaries not estimated (2 linear layer(s) convert)" in out
+    assert "mixprec budget --config CONFIG.json --seq-len N --micro-batch B" in out
+    assert main([*argv, "fp8_tensorwise", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fp8"]["converted"] == 2

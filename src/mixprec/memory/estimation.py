@@ -284,14 +284,12 @@ def _fp8_memory(
         )  # fmt: skip
     fwd, bwd, where = layer_transients(layers or [], settings.recipe, emulate=emulate)
     if fwd is None:
-        need = (
-            "inputs="
-            if converted is not None
-            else "a module with inputs= or a TransformerShape (mixprec budget --config)"
-        )
+        count = f" ({converted} linear layer(s) convert)" if converted is not None else ""
         notes.append(
-            f"fp8 cast temporaries not estimated: they scale with the converted layers' "
-            f"shapes and tokens per micro-batch; pass {need}"
+            f"fp8 cast temporaries not estimated{count}: they scale with the converted layers' "
+            "shapes and tokens per micro-batch; fix: in Python, mixprec.memory.estimate(model, "
+            "policy, inputs=..., loss_fn=...); from the CLI, mixprec budget --config "
+            "CONFIG.json --seq-len N --micro-batch B (a transformer's config)"
         )
     return Fp8Memory(
         recipe=settings.recipe, emulate=emulate, emulate_reason=why, converted=converted,

@@ -300,7 +300,9 @@ def test_a_fake_tensor_forward_before_a_sampled_step_is_not_measured() -> None:
     prec = mixprec.Precision("fp32")
     probe.attach(prec, model)
     x = _uniform(0)
-    mixprec.memory.estimate(model, "fp32", inputs=x, loss_fn=lambda out, _: (out**2).mean())
+    mixprec.memory.estimate(
+        model, "fp8_tensorwise", inputs=x, loss_fn=lambda out, _: (out**2).mean()
+    )
     weight_amax = float(model[0].weight.detach().abs().amax())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     prec.backward((model(x) ** 2).mean())

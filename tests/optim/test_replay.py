@@ -125,6 +125,16 @@ def _repoint_state_set(opt: AdamW, params: Params, step: int) -> None:
     state["exp_avg_sq"].set_(state["exp_avg_sq"].clone())
 
 
+def _state_viewed_as_int32(opt: AdamW, params: Params, step: int) -> None:
+    state = opt.state[params[1]]
+    state["exp_avg"].data = state["exp_avg"].data.view(torch.int32)  # same memory and size
+
+
+def _state_transposed_in_place(opt: AdamW, params: Params, step: int) -> None:
+    t = opt.state[params[0]]["exp_avg_sq"]  # (5, 7): same memory and size, transposed
+    t.set_(t.untyped_storage(), 0, (7, 5), (1, 7))
+
+
 def _load(opt: AdamW, params: Params, step: int) -> None:
     opt.load_state_dict(copy.deepcopy(opt.state_dict()))
 
@@ -272,3 +282,22 @@ def test_replays_bump_the_parameters_versions() -> None:
     _set_grads(params, 2)
     opt.step()
     assert [p._version for p in params] == [v + 1 for v in before]
+
+
+@pytest.mark.parametrize("event", [_state_viewed_as_int32, _state_transposed_in_place])
+def test_a_state_tensor_changed_in_dtype_or_layout_in_place_is_refused_as_by_the_full_path(
+    event: Event,
+) -> None:
+    """Same memory and size, another dtype or a transposed layout: the replay's table
+    would read it wrongly; the full path refuses it, and so does the step now."""
+    params = _params()
+    opt = AdamW(params, fused=True, lr=1e-2, master="exact", seed=0)
+    for step in range(3):
+        _set_grads(params, step)
+        opt.step()
+    event(opt, params, 3)
+    _set_grads(params, 3)
+    before = [p.detach().clone() for p in params]
+    with pytest.raises(ValueError, match="native AdamW step"):
+        opt.step()
+    assert all(torch.equal(a, p.detach()) for a, p in zip(before, params, strict=True))

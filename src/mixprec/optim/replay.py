@@ -68,10 +68,12 @@ class _Call:
     owners: list[dict[str, torch.Tensor]]
     keys: list[str]
     state_tensors: list[torch.Tensor]
-    # Where each state tensor's data lives and how much of it there is: the prepared
-    # table points there, and `state[k].data = t` or `set_` moves it without a new object.
+    # Where each state tensor's data lives, how much of it there is, its dtype (and, in
+    # `unchanged`, that it is contiguous): the prepared table points there, and
+    # `state[k].data = t` or `set_` can change any of these without a new object.
     state_pointers: list[int]
     state_numels: list[int]
+    state_dtypes: list[torch.dtype]
     pointers: list[int]
     dtypes: list[torch.dtype]
     numels: list[int]
@@ -91,6 +93,8 @@ class _Call:
             and all(map(operator.is_, map(dict.get, self.owners, self.keys), self.state_tensors))
             and list(map(torch.Tensor.data_ptr, self.state_tensors)) == self.state_pointers
             and list(map(torch.Tensor.numel, self.state_tensors)) == self.state_numels
+            and list(map(_DTYPE, self.state_tensors)) == self.state_dtypes
+            and all(map(torch.Tensor.is_contiguous, self.state_tensors))
         )
 
 
@@ -243,6 +247,7 @@ def _prepare_call(
         state_tensors=(tensors := [o[k] for o, k in zip(owners, keys, strict=True)]),
         state_pointers=list(map(torch.Tensor.data_ptr, tensors)),
         state_numels=list(map(torch.Tensor.numel, tensors)),
+        state_dtypes=list(map(_DTYPE, tensors)),
         pointers=list(map(torch.Tensor.data_ptr, ps)),
         dtypes=list(map(_DTYPE, ps)),
         numels=list(map(torch.Tensor.numel, ps)),

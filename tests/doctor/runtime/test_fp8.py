@@ -19,9 +19,9 @@ from mixprec.doctor.runtime import (
     delayed_scale,
     fp8_layers,
     fp8_limits,
-    is_fp8_linear,
 )
 from mixprec.doctor.runtime.schedule import SampleSchedule
+from mixprec.engine.fp8 import is_float8_linear
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
@@ -168,7 +168,7 @@ def test_layers_and_their_casts_are_read_from_torchaos_config() -> None:
         ("weight", "tensorwise", ("grad_input",)),
         ("grad_output", "axiswise", ("grad_input",)),
     }
-    assert not is_fp8_linear(nn.Linear(4, 4))
+    assert not is_float8_linear(nn.Linear(4, 4))
     assert fp8_layers(nn.Linear(4, 4)) == ()
 
 

@@ -14,7 +14,7 @@ functions.
 
 from mixprec.doctor.runtime.clipping import ClipObserver
 from mixprec.doctor.runtime.fp8 import Fp8Observer
-from mixprec.doctor.runtime.fp8_layers import CastPlan, Fp8Layer, fp8_layers, is_fp8_linear
+from mixprec.doctor.runtime.fp8_layers import CastPlan, Fp8Layer, fp8_layers
 from mixprec.doctor.runtime.fp8_measure import (
     Fp8CastRecord,
     Fp8CastStats,
@@ -89,7 +89,6 @@ __all__ = [
     "fp8_layers",
     "fp8_limits",
     "gradient_stats",
-    "is_fp8_linear",
     "judge_loss_scale",
     "replay_fp32",
     "update_stats",

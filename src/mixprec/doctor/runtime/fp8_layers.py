@@ -25,7 +25,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-__all__ = ["CastPlan", "Fp8Layer", "Gemm", "Role", "fp8_layers", "is_fp8_linear"]
+from mixprec.engine.fp8 import is_float8_linear
+
+__all__ = ["CastPlan", "Fp8Layer", "Gemm", "Role", "fp8_layers"]
 
 Role = Literal["input", "weight", "grad_output"]
 Gemm = Literal["output", "grad_input", "grad_weight"]
@@ -90,15 +92,6 @@ class Fp8Layer:
         return tuple(c for c in self.casts if c.role == role)
 
 
-def is_fp8_linear(module: nn.Module) -> bool:
-    """Whether `module` is a torchao ``Float8Linear`` (or a subclass), without importing
-    torchao."""
-    return any(
-        cls.__name__ == "Float8Linear" and cls.__module__.startswith("torchao.")
-        for cls in type(module).__mro__
-    ) and hasattr(module, "config")
-
-
 def _value(obj: object) -> str:
     """An enum's ``.value`` (torchao's ScalingType/ScalingGranularity), else str."""
     return str(getattr(obj, "value", obj)).lower()
@@ -152,7 +145,7 @@ def fp8_layers(model: nn.Module | None) -> tuple[Fp8Layer, ...]:
         return ()
     found = []
     for name, module in model.named_modules():
-        if not is_fp8_linear(module):
+        if not is_float8_linear(module):
             continue
         casts, disabled = _plan(module)
         found.append(

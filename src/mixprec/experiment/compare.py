@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mixprec.experiment.contract import Contract, Gates, candidates_from
-from mixprec.experiment.decision import Decision, decide
+from mixprec.experiment.decision import Decision, decide, missing_runs
 from mixprec.experiment.records import RunRecord, load_records
 from mixprec.experiment.report import Report, render
 from mixprec.experiment.runner import (
@@ -356,13 +356,7 @@ def records_of(contract: Contract, folder: Path) -> tuple[list[RunRecord], list[
     ignored = len(found) - len(records)
     if ignored:
         notes.append(f"ignored {ignored} record(s) of other policies or settings")
-    have = {(r.policy, r.seed) for r in records}
-    missing = [
-        f"{p} seed {s}"
-        for s in range(contract.seeds)
-        for p in contract.policies
-        if (p, s) not in have
-    ]
+    missing = missing_runs(records, contract)
     if missing:
         notes.append(f"missing runs (rerun compare to train them): {', '.join(missing)}")
     return records, notes

@@ -53,6 +53,7 @@ __all__ = [
     "Verdict",
     "VerdictStatus",
     "decide",
+    "missing_runs",
     "rank",
 ]
 
@@ -462,7 +463,7 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
                     f"no {what.get(contract.objective, 'memory or step time')} measured for "
                     f"{', '.join(st.policy for st in ranking)} (a run of one step is not timed)"
                 )
-    incomplete = _missing_runs(records, contract)
+    incomplete = _incomplete(records, contract)
     if incomplete and status in ("recommended", "stay"):
         recommended, status = None, "none"  # the missing runs could change the choice
     return Decision(
@@ -493,15 +494,21 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
     )
 
 
-def _missing_runs(records: Sequence[RunRecord], contract: Contract) -> str:
-    """The runs of the contract's seeds with no record (finished or failed), or empty."""
+def missing_runs(records: Sequence[RunRecord], contract: Contract) -> list[str]:
+    """The runs of the contract's seeds (``"policy seed k"``) with no record, finished
+    or failed: what an interrupted experiment has yet to train."""
     have = {(r.policy, r.seed) for r in records}
-    missing = [
+    return [
         f"{p} seed {k}"
         for k in range(contract.seeds)
         for p in contract.policies
         if (p, k) not in have
     ]
+
+
+def _incomplete(records: Sequence[RunRecord], contract: Contract) -> str:
+    """Why the decision cannot recommend yet (runs missing), or empty."""
+    missing = missing_runs(records, contract)
     if not missing:
         return ""
     return (

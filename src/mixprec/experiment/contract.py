@@ -356,7 +356,7 @@ class Contract:
             name = canonical_policy(name)
         except ValueError as exc:
             raise ValueError(f"baseline_for_fp8 {name!r}: {exc}") from None
-        sixteen = [c for c in self.candidates if not get_policy(c).to_dict().get("fp8")]
+        sixteen = [c for c in self.candidates if get_policy(c).fp8 is None]
         if name not in sixteen:
             choose = f"name one of {sixteen}, or " if sixteen else ""
             raise ValueError(

@@ -96,6 +96,77 @@ def test_native_step_is_bitwise_the_eager_step(
     _assert_same(ref, ref_p, nat, nat_p)
 
 
+def _assert_same_but_nan_payloads(
+    a_opt: AdamW, a_params: list[torch.Tensor], b_opt: AdamW, b_params: list[torch.Tensor]
+) -> None:
+    """`_assert_same`, except that NaNs need only be NaN on both sides (eager's payloads vary)."""
+
+    def pairs() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for a, b in zip(a_params, b_params, strict=True):
+            yield a.detach(), b.detach()
+            for key, value in a_opt.state[a].items():
+                yield value, b_opt.state[b][key]
+
+    for x, y in pairs():
+        assert x.dtype == y.dtype
+        x, y = x.reshape(-1), y.reshape(-1)
+        if not x.is_floating_point():
+            assert torch.equal(x, y)
+            continue
+        nan = x.isnan()
+        assert torch.equal(nan, y.isnan())
+        assert torch.equal(x[~nan].view(torch.uint8), y[~nan].view(torch.uint8))
+
+
+def _odd_values(n: int, gen: torch.Generator) -> torch.Tensor:
+    """Normal values mixed with tiny ones (denormal residuals), denormals, zeros and bf16's max."""
+    kinds = torch.randint(0, 5, (n,), generator=gen)
+    normal = torch.randn(n, generator=gen)
+    tiny = torch.randn(n, generator=gen) * 1e-37
+    denormal = torch.randn(n, generator=gen) * 1e-40
+    out = torch.where(kinds == 0, normal, torch.where(kinds == 1, tiny, denormal))
+    out = torch.where(kinds == 3, torch.zeros(n), out)
+    out[::97] = 3.3895e38  # bf16's largest: a large step overflows it to inf
+    return out
+
+
+@needs_native
+@pytest.mark.parametrize("grad_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("maximize", [False, True])
+def test_native_kahan_is_bitwise_eager_on_denormal_and_non_finite_values(
+    grad_dtype: torch.dtype, maximize: bool
+) -> None:
+    """The AVX-512 Kahan loop rounds with vcvtneps2bf16, which flushes denormals and keeps NaN
+    payloads; the lanes where that differs from eager's rounding must be redone, bitwise."""
+    gen = torch.Generator().manual_seed(7)
+    n = 4096 + 45
+    start = _odd_values(n, gen).to(torch.bfloat16)
+    ref_p = [start.clone().requires_grad_()]
+    nat_p = [start.clone().requires_grad_()]
+    kw: dict[str, object] = {"master": "kahan", "moments": "fp32", "maximize": maximize}
+    ref = AdamW(ref_p, fused=False, **kw)  # type: ignore[arg-type]
+    nat = AdamW(nat_p, fused=True, **kw)  # type: ignore[arg-type]
+    # lr 1e-38 and 1e-36 keep the tiny values' updates tiny (denormal residuals);
+    # 1e38 overflows bf16's max to inf; a NaN and an inf gradient make NaN masters.
+    saw_inf = saw_denormal = False
+    tiny = torch.finfo(torch.float32).tiny
+    for step, lr in enumerate((1e-38, 1e-36, 1e-2, 1e-38, 1e38, 1e-37)):
+        grads = _odd_values(n, gen) * 10.0 ** (step % 3 - 1)
+        if step == 3:
+            grads[5], grads[300] = float("nan"), float("inf")
+        for opt, params in ((ref, ref_p), (nat, nat_p)):
+            opt.param_groups[0]["lr"] = lr
+            params[0].grad_dtype = None
+            params[0].grad = grads.to(grad_dtype)
+            opt.step()
+        _assert_same_but_nan_payloads(ref, ref_p, nat, nat_p)
+        saw_inf = saw_inf or bool(ref_p[0].isinf().any())
+        comp = ref.state[ref_p[0]]["compensation"].float().abs()
+        saw_denormal = saw_denormal or bool(((comp > 0) & (comp < tiny)).any())
+    assert set(nat.kernel_backends().values()) == {"native"}
+    assert saw_inf and saw_denormal and bool(ref_p[0].isnan().any())
+
+
 @needs_native
 def test_native_results_do_not_depend_on_the_thread_count() -> None:
     threads = torch.get_num_threads()

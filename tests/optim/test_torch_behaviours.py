@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import io
 
+import pytest
 import torch
 
 from mixprec.optim import AdamW
@@ -91,3 +92,39 @@ def test_a_weights_only_round_trip_into_a_fresh_optimizer_continues_identically(
     for a, b, c in zip(params, params2, twin_params, strict=True):
         assert torch.equal(a, b) and torch.equal(a, c)
     assert opt.param_groups[0]["lr"] == opt2.param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize("master", ["none", "exact", "kahan", "stochastic"])
+def test_a_parameter_listed_twice_is_stepped_twice_in_turn(master: str) -> None:
+    """torch warns about a parameter listed twice in a group and steps it twice, one
+    step after the other (its for-loop). The fused path batches a group's parameters
+    into one call, where both listings would update the same memory at once: the
+    second listing must take its step after the first, as the eager path does."""
+    dtype = torch.float32 if master == "none" else torch.bfloat16
+    runs = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(4096 + 7).to(dtype))
+        other = torch.nn.Parameter(torch.randn(33).to(dtype))
+        with pytest.warns(UserWarning, match="duplicate parameters"):
+            opt = AdamW([p, other, p], lr=1e-2, master=master, fused=fused, seed=0)
+        for step in range(3):
+            gen = torch.Generator().manual_seed(step)
+            for q in (p, other):
+                q.grad = torch.randn(q.shape, generator=gen).to(dtype)
+            opt.step()
+        assert float(opt.state[p]["step"]) == 6.0 and float(opt.state[other]["step"]) == 3.0
+        runs.append(torch.cat([p.detach().reshape(-1), other.detach().reshape(-1)]))
+    assert torch.equal(runs[0].view(torch.uint8), runs[1].view(torch.uint8))
+    if master == "none":
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(4096 + 7))
+        other = torch.nn.Parameter(torch.randn(33))
+        with pytest.warns(UserWarning, match="duplicate parameters"):
+            ref = torch.optim.AdamW([p, other, p], lr=1e-2, foreach=False)
+        for step in range(3):
+            _fill_grads([p, other], step)
+            ref.step()
+        torch.testing.assert_close(
+            runs[1], torch.cat([p.detach(), other.detach()]), rtol=1e-6, atol=1e-6
+        )

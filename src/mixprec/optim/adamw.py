@@ -66,6 +66,20 @@ def _follow_layout(lp: torch.Tensor, state: dict[str, torch.Tensor], plan: Param
             state[key] = relaid
 
 
+def _repeat_rounds(params: list[torch.Tensor]) -> list[int] | None:
+    """For a group that lists a parameter more than once: each entry's round (0 for
+    its first listing, 1 for its second, ...); None when every parameter is listed
+    once (the common case)."""
+    if len(set(map(id, params))) == len(params):
+        return None
+    seen: dict[int, int] = {}
+    rounds = []
+    for p in params:
+        rounds.append(seen.get(id(p), 0))
+        seen[id(p)] = rounds[-1] + 1
+    return rounds
+
+
 def _add_to_batch(
     batch: StepBatch,
     p: torch.Tensor,
@@ -337,13 +351,19 @@ class AdamW(torch.optim.Optimizer):
                     if prepared.group is group and prepared.replay(group, self.state):
                         continue
                     self._retire(prepared)
-            # One batch per family, kernel mode and device: (a plan of it, the batch).
-            batches: dict[tuple[tuple[str, str, str], torch.device], tuple[ParamPlan, StepBatch]]
+            # One batch per family, kernel mode, device and round: (a plan of it, the batch).
+            # A parameter listed twice in a group (torch warns, and steps it twice in
+            # turn) takes its second step in a later round, run after the first: in one
+            # batch the kernel would update the same memory from two places at once.
+            batches: dict[
+                tuple[tuple[str, str, str], torch.device, int], tuple[ParamPlan, StepBatch]
+            ]
             batches = {}
             stepped: list[torch.Tensor] = []
+            rounds = _repeat_rounds(group["params"])
             if group["params"]:
                 self._refuse_format_edits(group)
-            for p in group["params"]:
+            for i, p in enumerate(group["params"]):
                 grad = p.grad
                 if grad is None:
                     continue
@@ -357,7 +377,7 @@ class AdamW(torch.optim.Optimizer):
                         self._master_follows_edit(p, plan, state)
                     if restored:
                         restored.discard(p)
-                key = (plan.batch_key, p.device)
+                key = (plan.batch_key, p.device, rounds[i] if rounds else 0)
                 entry = batches.get(key)
                 if entry is None:
                     entry = batches[key] = (plan, StepBatch())

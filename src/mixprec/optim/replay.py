@@ -174,8 +174,11 @@ def prepare_group(
     """`group`'s step as the native kernel would run it now, prepared for `replay`;
     None unless every parameter with a gradient is a plain contiguous CPU tensor
     with state and a gradient of the same kind, and the native kernel takes all
-    of them (one call per family)."""
+    of them (one call per family). A group listing a parameter twice is not
+    prepared (its second step must follow the first: `AdamW.step`'s rounds)."""
     params = list(group["params"])
+    if len(set(map(id, params))) != len(params):
+        return None
     grads = list(map(_GRAD, params))
     families: dict[tuple[str, str, str], list[int]] = {}
     for i, (p, grad) in enumerate(zip(params, grads, strict=True)):

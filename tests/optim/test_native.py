@@ -279,7 +279,7 @@ def test_build_is_cached_and_a_corrupt_library_is_rebuilt(
 @pytest.mark.usefixtures("fresh_library")
 def test_no_compiler_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CXX", "/nonexistent/c++")
-    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native.build.shutil, "which", lambda name: None)
     with pytest.raises(native.NativeUnavailableError, match="no C\\+\\+ compiler"):
         native.library()
     p = torch.ones(64, dtype=torch.bfloat16, requires_grad=True)
@@ -298,7 +298,7 @@ def test_no_compiler_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads /proc/cpuinfo")
 def test_cache_key_covers_the_cpu_model_and_its_feature_flags() -> None:
     # -march=native code must not be loaded on a CPU (or VM) lacking an instruction.
-    signature = native._cpu_signature()
+    signature = native.build._cpu_signature()
     assert any(line.startswith(("flags", "Features")) for line in signature.splitlines())
 
 

@@ -54,7 +54,7 @@ def _params(seed: int) -> list[torch.Tensor]:
 def test_streamed_parameter_stores_are_bitwise_the_eager_step(
     monkeypatch: pytest.MonkeyPatch, threads: int, moments: str, grad_dtype: torch.dtype
 ) -> None:
-    monkeypatch.setattr(native, "STREAM_MIN_BYTES", 0)  # stream every group, however small
+    monkeypatch.setattr(native.binding, "STREAM_MIN_BYTES", 0)  # stream every group, however small
     assert native.streams_params(master="fp32", moments=moments, numel=1)
     ref_p, nat_p = _params(0), _params(0)
     assert {p.data_ptr() % 64 for p in nat_p} != {0}  # some heads are unaligned

@@ -13,7 +13,7 @@
 // moments (kahan_fp32_avx512: __AVX512F__ and __AVX512BF16__, else the generic
 // loop).
 //
-// Layout of the pointers (see mixprec/optim/native/__init__.py):
+// Layout of the pointers (see mixprec/optim/native/binding.py):
 //   master state s0, s1: fp32 master | exact: remainder_hi, remainder_lo (int8)
 //                        | remainder8: remainder (int8) | kahan: compensation
 //   moments mo0..mo3:    dense: exp_avg, exp_avg_sq (fp32 or bf16)
@@ -435,7 +435,7 @@ extern "C" {
 // ABI version: bump with any change of the signature below.
 int mixprec_abi_version() { return 7; }
 
-// The columns of the table (native/__init__.py TABLE_COLUMNS), count entries each.
+// The columns of the table (native/binding.py TABLE_COLUMNS), count entries each.
 enum Column {
   C_PDT = 0, C_GDT, C_NUMEL, C_OFFSET, C_PARAM, C_GRAD, C_S0, C_S1,
   C_MO0, C_MO1, C_MO2, C_MO3, C_STEP, C_SEED,
@@ -475,7 +475,7 @@ inline bool sizes_fit(const int64_t* table, int64_t count, int64_t t, bool int8,
 // (float64, then rounded to fp32). hyper: lr, beta1, beta2, eps, weight_decay.
 //
 // stream != 0 (fp32 master, dense moments; the caller decides from the group's
-// size, native/__init__.py STREAM_MIN_BYTES): the bf16 parameters are written
+// size, native/binding.py STREAM_MIN_BYTES): the bf16 parameters are written
 // with non-temporal stores, which skip the read for ownership of a plain store
 // and leave the lines out of the cache.
 //

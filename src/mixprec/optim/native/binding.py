@@ -1,0 +1,505 @@
+"""The loaded native kernel: its ctypes binding, the table it reads and the checks
+before each call (`NativeLibrary`, `PreparedStep`). Building and caching the
+shared library is `mixprec.optim.native.build`."""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import functools
+import itertools
+import operator
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mixprec.formats import master_spec, moment_spec
+
+#: Largest int8 block the kernel handles (its per-block buffers live on the stack).
+MAX_BLOCK = 4096
+#: Must equal ``mixprec_abi_version()`` in the source.
+ABI_VERSION = 7
+#: A group whose step moves at least this many bytes (`streams_params`) writes the
+#: fp32 master's bf16 parameters with streaming stores: twice the 32 MiB L3 of the
+#: AMD EPYC measured in docs/benchmarks.md, so the parameters of a model whose step
+#: fits in the cache stay there for the next forward pass.
+STREAM_MIN_BYTES = 64 * 2**20
+
+
+SOURCE = Path(__file__).with_name("adamw_cpu.cpp")
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+class NativeUnavailableError(RuntimeError):
+    """The native kernel cannot be built or loaded here (the message says why)."""
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """How the loaded library was made."""
+
+    path: Path
+    compiler: str
+    flags: tuple[str, ...]
+    build_seconds: float  # 0.0 when it came from the cache
+
+
+class NativeLibrary:
+    """The loaded kernel; `step_many` runs one AdamW step over a list of tensors."""
+
+    def __init__(self, info: BuildInfo) -> None:
+        self.info = info
+        lib = ctypes.CDLL(str(info.path))
+        if lib.mixprec_abi_version() != ABI_VERSION:
+            raise NativeUnavailableError(f"{info.path} has ABI {lib.mixprec_abi_version()}")
+        fn = lib.mixprec_adamw_multi
+        fn.restype = ctypes.c_int
+        fn.argtypes = [
+            ctypes.c_int,  # master
+            ctypes.c_int,  # moments
+            ctypes.c_int,  # maximize
+            ctypes.c_int64,  # count
+            ctypes.c_void_p,  # table (int64[TABLE_COLUMNS * count], column after column)
+            ctypes.c_void_p,  # hyper (double[5])
+            ctypes.c_int64,  # block
+            ctypes.c_int,  # threads
+            ctypes.c_int,  # stream (`streams_params`)
+        ]
+        self._fn = fn
+        self._lib = lib
+
+    @staticmethod
+    def covers(*, master: str, moments: str) -> bool:
+        """Whether the C++ source implements this pair of formats (their registered
+        ``kernel_code`` is a case of its enums; a format registered later is not)."""
+        master_fmt, moment_fmt = master_spec(master), moment_spec(moments)
+        kernel_masters, kernel_moments = kernel_enums()
+        return (master_fmt.kernel_enum, master_fmt.kernel_code) in kernel_masters.items() and (
+            moment_fmt.kernel_enum,
+            moment_fmt.kernel_code,
+        ) in kernel_moments.items()
+
+    @staticmethod
+    def accepts(param: torch.Tensor, grad: torch.Tensor, *, master: str) -> bool:
+        """Whether one tensor of a covered family can be stepped here: plain contiguous
+        CPU tensors, fp32 or bf16, a parameter dtype the master takes. (int8 block sizes
+        are checked per call: `supports`.)"""
+        return (
+            param.dtype in _DTYPE_CODES
+            and grad.dtype in _DTYPE_CODES
+            and param.device.type == "cpu"
+            and grad.device.type == "cpu"
+            and type(param) in _PLAIN
+            and type(grad) in _PLAIN
+            and param.is_contiguous()
+            and grad.is_contiguous()
+            and master_spec(master).accepts(param.dtype)
+        )
+
+    @classmethod
+    def supports(
+        cls, *, master: str, moments: str, param: torch.Tensor, grad: torch.Tensor, block_size: int
+    ) -> bool:
+        """Whether `step_many` handles this parameter (else the caller uses another kernel)."""
+        if not cls.covers(master=master, moments=moments) or not cls.accepts(
+            param, grad, master=master
+        ):
+            return False
+        return not moment_spec(moments).blockwise or (
+            1 <= block_size <= MAX_BLOCK and param.numel() % block_size == 0
+        )
+
+    def step_many(
+        self,
+        *,
+        master: str,
+        moments: str,
+        maximize: bool,
+        params: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        master_state: Sequence[torch.Tensor],
+        moment_state: Sequence[torch.Tensor],
+        steps: Sequence[torch.Tensor],
+        seeds: Sequence[torch.Tensor],
+        offsets: Sequence[int],
+        hyper: Sequence[float],
+        block_size: int,
+    ) -> None:
+        """One AdamW step over `params` (see `mixprec.optim.kernels.adamw_step_`), in one call.
+
+        Each parameter's step counter (a float64 0-d tensor) is incremented and its
+        per-step scalars computed in the kernel, as `mixprec.optim.functional.adamw_scalars`
+        computes them. `master_state` and `moment_state` hold each parameter's state
+        tensors in its formats' key order, parameter after parameter; `seeds` (one
+        int64 0-d tensor per parameter, stochastic master only, else empty) and
+        `offsets` (each parameter's global flat offset) make the rounding key.
+        `hyper` is ``(lr, beta1, beta2, eps, weight_decay)``. Every tensor must be
+        contiguous on the CPU (`accepts` says which qualify); nothing is written
+        unless every parameter is accepted.
+        """
+        if not params:
+            return
+        prepared = self.prepare(
+            master=master,
+            moments=moments,
+            maximize=maximize,
+            params=params,
+            grads=grads,
+            master_state=master_state,
+            moment_state=moment_state,
+            steps=steps,
+            seeds=seeds,
+            offsets=offsets,
+            block_size=block_size,
+        )
+        prepared.run(None, hyper)
+
+    def prepare(
+        self,
+        *,
+        master: str,
+        moments: str,
+        maximize: bool,
+        params: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        master_state: Sequence[torch.Tensor],
+        moment_state: Sequence[torch.Tensor],
+        steps: Sequence[torch.Tensor],
+        seeds: Sequence[torch.Tensor],
+        offsets: Sequence[int],
+        block_size: int,
+        retain: bool = False,
+    ) -> PreparedStep:
+        """`step_many`'s checks and table, without the call: a `PreparedStep` that runs
+        the step now (``run(None, hyper)``) or again later with new gradients
+        (``retain=True``: it then holds views of the state tensors, so their memory
+        outlives anything done to the tensors themselves).
+
+        Raises:
+            ValueError: as `step_many` (nothing is written).
+        """
+        count = len(params)
+        if count == 0:
+            raise ValueError("native AdamW step: no parameters to prepare")
+        codes = _family(master, moments)
+        n_master, n_moments = len(codes.master_dtypes), len(codes.moment_dtypes)
+        if len(master_state) != count * n_master or len(moment_state) != count * n_moments:
+            raise ValueError("native AdamW step: state lists do not match the formats")
+        if len(grads) != count or len(steps) != count or len(offsets) != count:
+            raise ValueError(
+                f"native AdamW step: {count} parameters need as many gradients, step counters "
+                f"and offsets (got {len(grads)}, {len(steps)}, {len(offsets)})"
+            )
+        if len(seeds) != (count if codes.uses_noise else 0):
+            raise ValueError(
+                f"native AdamW step: master {master!r} needs "
+                f"{count if codes.uses_noise else 0} seeds, got {len(seeds)}"
+            )
+        if (
+            not PLAIN_TYPES.issuperset(map(type, steps))
+            or list(map(_DTYPE, steps)) != [torch.float64] * count
+        ):
+            raise ValueError(
+                "native AdamW step: each state['step'] must be a float64 tensor holding one "
+                "value, e.g. torch.tensor(0.0, dtype=torch.float64) (got "
+                f"{sorted({type(s).__name__ + ' ' + str(getattr(s, 'dtype', '')) for s in steps})})"
+            )
+        # Every pointer handed to C must be a contiguous CPU tensor of the right dtype:
+        # checked here, with C-level loops (this runs for every tensor on every step).
+        everything = (*params, *grads, *master_state, *moment_state, *steps, *seeds)
+        if not (all(map(_IS_CPU, everything)) and all(map(torch.Tensor.is_contiguous, everything))):
+            raise ValueError("native AdamW step needs contiguous CPU tensors")
+        if seeds and list(map(_DTYPE, seeds)) != [torch.int64] * count:
+            raise ValueError("native AdamW step: rounding seeds must be int64")
+        if list(map(torch.Tensor.numel, (*steps, *seeds))) != [1] * (count + len(seeds)):
+            raise ValueError("native AdamW step: step counters and seeds must hold one value each")
+        if (
+            list(map(_DTYPE, master_state)) != list(codes.master_dtypes) * count
+            or list(map(_DTYPE, moment_state)) != list(codes.moment_dtypes) * count
+        ):
+            raise ValueError(
+                f"native AdamW step: state dtypes differ from the formats' "
+                f"({master!r}: {codes.master_dtypes}, {moments!r}: {codes.moment_dtypes})"
+            )
+        dtype_code = _DTYPE_CODES.get
+        param_codes = [c for c in map(dtype_code, map(_DTYPE, params)) if c is not None]
+        grad_codes = [c for c in map(dtype_code, map(_DTYPE, grads)) if c is not None]
+        if len(param_codes) != count or len(grad_codes) != count:
+            raise ValueError("native AdamW step: parameters and gradients must be fp32 or bf16")
+        # One int64 table, column after column (see TABLE_COLUMNS and the C source).
+        data = torch.Tensor.data_ptr
+        absent = [0] * count
+        columns = [
+            param_codes,
+            grad_codes,
+            list(map(torch.Tensor.numel, params)),
+            list(offsets),
+            list(map(data, params)),
+            list(map(data, grads)),
+            *(
+                list(map(data, master_state[k::n_master])) if k < n_master else absent
+                for k in (0, 1)
+            ),
+            *(
+                list(map(data, moment_state[k::n_moments])) if k < n_moments else absent
+                for k in (0, 1, 2, 3)
+            ),
+            list(map(data, steps)),
+            list(map(data, seeds)) if seeds else absent,
+        ]
+        # The state's sizes: the kernel checks them against each parameter's before it
+        # writes anything (a parameter resized by `p.data = ...` must not be stepped
+        # with its old state).
+        numel = torch.Tensor.numel
+        columns += [
+            list(map(numel, master_state[k::n_master])) if k < n_master else absent for k in (0, 1)
+        ]
+        columns += [
+            list(map(numel, moment_state[k::n_moments])) if k < n_moments else absent
+            for k in (0, 1, 2, 3)
+        ]
+        columns.append(list(map(numel, grads)))
+        # array.array fills the table in C (a ctypes array from Python ints costs
+        # about 90 ns an entry: 2 us a parameter).
+        table = array.array("q", itertools.chain.from_iterable(columns))
+        stream = codes.streams and sum(columns[2]) * codes.moved_bytes >= STREAM_MIN_BYTES
+        return PreparedStep(
+            self,
+            master=master,
+            moments=moments,
+            maximize=maximize,
+            count=count,
+            table=table,
+            block_size=block_size,
+            stream=stream,
+            grad_dtypes=tuple(map(_DTYPE, grads)),
+            grad_numels=tuple(columns[-1]),
+            retained=(
+                tuple(t.detach() for t in (*master_state, *moment_state, *steps, *seeds))
+                if retain
+                else ()
+            ),
+        )
+
+    def _call(
+        self,
+        codes: _FamilyCodes,
+        maximize: bool,
+        count: int,
+        table_address: int,
+        hyper: ctypes.Array[ctypes.c_double],
+        block_size: int,
+        stream: bool,
+    ) -> int:
+        return int(
+            self._fn(
+                codes.master_code,
+                codes.moments_code,
+                int(maximize),
+                count,
+                table_address,
+                hyper,
+                block_size,
+                torch.get_num_threads(),
+                int(stream),
+            )
+        )
+
+
+class PreparedStep:
+    """A checked kernel table for fixed parameters and state (`NativeLibrary.prepare`).
+
+    `run` steps them with the gradients it was prepared with, or with new ones
+    whose pointers replace the table's gradient column. The table holds raw
+    pointers: prepared with ``retain=True`` it holds views of the state tensors (their
+    memory cannot be freed under it), and whoever runs it again must first check
+    that the parameters (pointer, dtype, size, contiguity) and the state tensors are
+    still those it was made from, and that the new gradients pass `gradient_pointers`.
+    """
+
+    def __init__(
+        self,
+        library: NativeLibrary,
+        *,
+        master: str,
+        moments: str,
+        maximize: bool,
+        count: int,
+        table: array.array[int],
+        block_size: int,
+        stream: bool,
+        grad_dtypes: tuple[torch.dtype, ...],
+        grad_numels: tuple[int, ...],
+        retained: tuple[torch.Tensor, ...] = (),
+    ) -> None:
+        self._library = library
+        self._retained = retained
+        self._master, self._moments = master, moments
+        self._codes = _family(master, moments)
+        self._maximize = maximize
+        self.count = count
+        self._table = table
+        self._address = table.buffer_info()[0]
+        self._block_size = block_size
+        self._stream = stream
+        #: The dtypes and sizes of the gradients it was prepared with (`gradient_pointers`).
+        self.grad_dtypes = list(grad_dtypes)
+        self.grad_numels = list(grad_numels)
+        start = TABLE_COLUMNS.index("grad") * count
+        self._grad_column = slice(start, start + count)
+        self._hyper: tuple[float, ...] = ()
+        self._hyper_array = (ctypes.c_double * 5)()
+
+    def gradient_pointers(self, grads: Sequence[torch.Tensor]) -> list[int] | None:
+        """The data pointers of `grads` if they can replace the prepared gradients (plain
+        contiguous CPU tensors of the same dtypes and sizes), else None."""
+        if (
+            list(map(_DTYPE, grads)) == self.grad_dtypes
+            and list(map(torch.Tensor.numel, grads)) == self.grad_numels
+            and PLAIN_TYPES.issuperset(map(type, grads))
+            and all(map(_IS_CPU, grads))
+            and all(map(torch.Tensor.is_contiguous, grads))
+        ):
+            return list(map(torch.Tensor.data_ptr, grads))
+        return None
+
+    def run(self, grad_pointers: Sequence[int] | None, hyper: Sequence[float]) -> None:
+        """One step: with the prepared gradients (`grad_pointers` None) or with those at
+        `grad_pointers` (from `gradient_pointers`). `hyper` is ``(lr, beta1, beta2, eps,
+        weight_decay)``.
+
+        Raises:
+            ValueError: the kernel refused the table (nothing was written).
+        """
+        if grad_pointers is not None:
+            self._table[self._grad_column] = array.array("q", grad_pointers)
+        values = tuple(map(float, hyper))
+        if values != self._hyper:
+            self._hyper_array[:] = list(values)
+            self._hyper = values
+        rc = self._library._call(
+            self._codes,
+            self._maximize,
+            self.count,
+            self._address,
+            self._hyper_array,
+            self._block_size,
+            self._stream,
+        )
+        if rc != 0:
+            why = {
+                1: "a dtype combination it does not build",
+                2: "a bad block size",
+                3: "a gradient or state tensor whose size does not match its parameter "
+                "(was the parameter resized, e.g. by `p.data = ...`, after its state was made?)",
+                4: "a step counter that is not a whole number >= 0 (state['step'])",
+            }
+            raise ValueError(
+                f"native AdamW step refused master={self._master!r} moments={self._moments!r} "
+                f"block {self._block_size} (code {rc}): {why.get(rc, 'unknown')}"
+            )
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+#: Tensor types whose data the kernel may read through a pointer (not subclasses).
+PLAIN_TYPES = frozenset(_PLAIN)
+#: Parameter and gradient dtypes the kernel is built for.
+DTYPES = frozenset(_DTYPE_CODES)
+_IS_CPU = operator.attrgetter("is_cpu")
+_DTYPE = operator.attrgetter("dtype")
+
+
+#: Columns of the int64 table `step_many` hands the kernel (one row per parameter).
+TABLE_COLUMNS = (
+    "param_dtype",
+    "grad_dtype",
+    "numel",
+    "offset",
+    "param",
+    "grad",
+    "s0",
+    "s1",
+    "mo0",
+    "mo1",
+    "mo2",
+    "mo3",
+    "step",
+    "seed",
+    "s0_numel",
+    "s1_numel",
+    "mo0_numel",
+    "mo1_numel",
+    "mo2_numel",
+    "mo3_numel",
+    "grad_numel",
+)
+
+
+@dataclass(frozen=True)
+class _FamilyCodes:
+    master_code: int
+    moments_code: int
+    master_dtypes: tuple[torch.dtype, ...]
+    moment_dtypes: tuple[torch.dtype, ...]
+    uses_noise: bool
+    streams: bool  # the kernel can stream this family's parameter stores
+    moved_bytes: int  # bytes one step moves per element, counting bf16 params and grads
+
+
+@functools.cache
+def _family(master: str, moments: str) -> _FamilyCodes:
+    mspec, mospec = master_spec(master), moment_spec(moments)
+    return _FamilyCodes(
+        _kernel_code(mspec.kernel_code, master),
+        _kernel_code(mospec.kernel_code, moments),
+        tuple(t.torch_dtype for t in mspec.state),
+        tuple(t.torch_dtype for t in mospec.state),
+        mspec.uses_noise,
+        # The fp32 master writes the parameter without reading it (the others
+        # decode it); the int8 moments' block loops do not stream.
+        mspec.kernel_enum == "M_FP32" and not mospec.blockwise,
+        2 + 2 + mspec.bytes_per_element + mospec.nbytes(1),
+    )
+
+
+def streams_params(*, master: str, moments: str, numel: int) -> bool:
+    """Whether `NativeLibrary.step_many` writes the parameters of a group of `numel`
+    elements in all with streaming (non-temporal) stores.
+
+    Only the ``fp32`` master with dense moments writes its bf16 parameter without
+    reading it; a plain store of such a line first reads it (a read for
+    ownership: 2 bytes per element that nothing uses, 30 bytes moved per element
+    instead of 28 with fp32 moments). Streaming stores skip that read but leave
+    the lines out of the cache, so they are used only when the step moves at
+    least `STREAM_MIN_BYTES` (``numel`` times the bytes per element of the
+    formats, the parameter and a bf16 gradient), far more than the cache holds.
+
+    Raises:
+        ValueError: `master` or `moments` is not a registered format.
+    """
+    codes = _family(master, moments)
+    return codes.streams and numel * codes.moved_bytes >= STREAM_MIN_BYTES
+
+
+@functools.cache
+def kernel_enums() -> tuple[dict[str, int], dict[str, int]]:
+    """The ``enum Master`` and ``enum Moments`` of the C++ source: name -> value."""
+    text = SOURCE.read_text(encoding="utf-8")
+    out = []
+    for enum in ("Master", "Moments"):
+        body = re.search(rf"enum {enum} \{{([^}}]*)\}}", text)
+        pairs = (
+            item.split("=") for item in (body.group(1) if body else "").split(",") if item.strip()
+        )
+        out.append({key.strip(): int(value) for key, value in pairs})
+    return out[0], out[1]
+
+
+def _kernel_code(code: int | None, name: str) -> int:
+    if code is None:
+        raise ValueError(f"format {name!r} has no native kernel code (check `supports` first)")
+    return code

@@ -449,17 +449,30 @@ inline bool step_valid(const int64_t* table, int64_t count, int64_t t) {
   return std::isfinite(step) && step >= 0.0 && step == std::floor(step);
 }
 
-// Whether tensor t's gradient and state sizes fit its parameter: per-element state has its
-// element count, int8 scales one value per block (checked before any write).
-inline bool sizes_fit(const int64_t* table, int64_t count, int64_t t, bool int8, int64_t block) {
+// How many of the state columns s0, s1 (master) and mo0..mo3 (moments) a format uses.
+inline int master_slots(int master) {
+  return master == M_EXACT ? 2 : (master == M_FP32 || master == M_REM8 || master == M_KAHAN) ? 1 : 0;
+}
+inline int moment_slots(int moments) { return moments == MO_INT8 ? 4 : 2; }
+
+// Whether tensor t's gradient and state fit its parameter: each state tensor the formats
+// use has its parameter's element count (int8 scales: one value per block) and, when that
+// is not 0, memory (a tensor emptied in place by `set_()` has a null pointer and no
+// elements). Checked before any write.
+inline bool sizes_fit(const int64_t* table, int64_t count, int64_t t, int master, int moments,
+                      int64_t block) {
   auto col = [&](int c) { return table[c * count + t]; };
   const int64_t n = col(C_NUMEL);
+  const bool int8 = moments == MO_INT8;
   if (col(C_GRAD_NUMEL) != n) return false;
+  if (n > 0 && (col(C_PARAM) == 0 || col(C_GRAD) == 0)) return false;
   for (int k = 0; k < 6; ++k) {
+    const bool used = k < 2 ? k < master_slots(master) : k - 2 < moment_slots(moments);
+    if (!used) continue;  // the formats use no such tensor
     const int ptr_col = C_S0 + k;
-    if (col(ptr_col) == 0) continue;  // the formats use no such tensor
     const bool per_block = int8 && (ptr_col == C_MO1 || ptr_col == C_MO3);  // int8 scales
-    if (col(C_S0_NUMEL + k) != (per_block ? n / block : n)) return false;
+    const int64_t expected = per_block ? n / block : n;
+    if (col(C_S0_NUMEL + k) != expected || (expected > 0 && col(ptr_col) == 0)) return false;
   }
   return true;
 }
@@ -497,7 +510,7 @@ int mixprec_adamw_multi(int master, int moments, int maximize, int64_t count,
                     static_cast<int>(col(C_GDT, t)));
     const int rc = fns[t] == nullptr                            ? 1
                    : (int8 && col(C_NUMEL, t) % block != 0)       ? 2
-                   : !sizes_fit(table, count, t, int8, block)     ? 3
+                   : !sizes_fit(table, count, t, master, moments, block) ? 3
                    : !step_valid(table, count, t)                 ? 4
                                                                   : 0;
     if (rc != 0) {

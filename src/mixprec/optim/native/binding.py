@@ -395,7 +395,8 @@ class PreparedStep:
                 1: "a dtype combination it does not build",
                 2: "a bad block size",
                 3: "a gradient or state tensor whose size does not match its parameter "
-                "(was the parameter resized, e.g. by `p.data = ...`, after its state was made?)",
+                "(was the parameter resized, e.g. by `p.data = ...`, after its state was made, "
+                "or a state tensor emptied in place, e.g. by `set_()`?)",
                 4: "a step counter that is not a whole number >= 0 (state['step'])",
             }
             raise ValueError(

@@ -150,6 +150,20 @@ def _new_group(opt: AdamW, params: Params, step: int) -> None:
     opt.add_param_group({"params": [p], "weight_decay": 0.0})
 
 
+def _groups_copied(opt: AdamW, params: Params, step: int) -> None:
+    opt.param_groups = [dict(group) for group in opt.param_groups]  # equal dicts, new objects
+
+
+def _group_replaced_in_list(opt: AdamW, params: Params, step: int) -> None:
+    opt.param_groups[0] = dict(opt.param_groups[0])
+
+
+def _param_put_in_by_hand(opt: AdamW, params: Params, step: int) -> None:
+    p = torch.nn.Parameter(torch.linspace(-1, 1, 10).to(torch.bfloat16))
+    params.append(p)
+    opt.param_groups[0]["params"].append(p)  # as torch allows: state made at its first step
+
+
 # (event, whether the next step replays the prepared group, applied to grads after they
 # are set for the step rather than before)
 EVENTS: dict[str, tuple[Event | None, bool, bool]] = {
@@ -170,6 +184,9 @@ EVENTS: dict[str, tuple[Event | None, bool, bool]] = {
     "a state tensor re-pointed (set_)": (_repoint_state_set, False, False),
     "state loaded": (_load, False, False),
     "a group added": (_new_group, False, False),
+    "the group dicts replaced by equal copies": (_groups_copied, False, False),
+    "a group dict replaced in the list": (_group_replaced_in_list, False, False),
+    "a parameter put into a group by hand": (_param_put_in_by_hand, False, False),
 }
 
 

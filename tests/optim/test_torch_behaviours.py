@@ -128,3 +128,27 @@ def test_a_parameter_listed_twice_is_stepped_twice_in_turn(master: str) -> None:
         torch.testing.assert_close(
             runs[1], torch.cat([p.detach(), other.detach()]), rtol=1e-6, atol=1e-6
         )
+
+
+def test_parameters_put_into_param_groups_by_hand_are_stepped_as_torch_steps_them() -> None:
+    """torch's optimizers step a parameter appended to ``group["params"]`` (its state is
+    made at its first step); ours raised a KeyError showing the tensor."""
+    params = _params()
+    opt, ref = AdamW(params[:1], lr=1e-2), torch.optim.AdamW(params[:1], lr=1e-2)
+    extra = [torch.nn.Parameter(params[1].detach().clone()) for _ in range(2)]
+    opt.param_groups[0]["params"].append(extra[0])
+    ref.param_groups[0]["params"].append(extra[1])
+    assert opt.formats() == [("none", "fp32")] * 2  # planned before any step
+    assert len(opt.master_weights()) == 2
+    for step in range(3):
+        _fill_grads([params[0], extra[0]], step)
+        opt.step()
+        _fill_grads([params[0], extra[1]], step)
+        ref.step()
+    torch.testing.assert_close(extra[0], extra[1], rtol=1e-6, atol=1e-6)
+    assert float(opt.state[extra[0]]["step"]) == 3.0
+    # the same parameter in two groups is refused, as add_param_group refuses it
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    opt.param_groups[1]["params"].append(extra[0])
+    with pytest.raises(ValueError, match="two param groups"):
+        opt.step()

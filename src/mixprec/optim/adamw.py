@@ -8,6 +8,7 @@ step runs one fused kernel per parameter (`mixprec.optim.kernels`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -218,6 +219,10 @@ class AdamW(torch.optim.Optimizer):
         # Each group's native step prepared for replay (`mixprec.optim.replay`), by the
         # group's id; whatever changes what a step reads retires them all (`_retire_all`).
         self._prepared: dict[int, PreparedGroup] = {}
+        # The writes of the step under way (`_reconcile`): a prepared group, or each
+        # stepped parameter with its version before the step and how many times it is
+        # stepped; None between steps. Left set when the step was interrupted.
+        self._in_flight: PreparedGroup | list[tuple[torch.Tensor, int, int]] | None = None
         #: What the last `load_state_dict` converted (a torch or older state dict).
         self.last_conversion: StateConversion | None = None
         defaults = {
@@ -340,16 +345,21 @@ class AdamW(torch.optim.Optimizer):
             # ours: `_adopt_traced_writes` tells the eager side so.
             self._traced_writes.add(True)  # a container: torch.compile replays its mutation
         else:
-            self._adopt_traced_writes()
+            self._reconcile()
         plans, versions, restored = self._plans, self._versions, self._restored
         state_get = self.state.get
         replayable = not tracing and not ops.observed()
+        checked_groups = False  # once per step, before the first group off the replay
         for group in self.param_groups:
             if replayable:
                 prepared = self._prepared.get(id(group))
                 if prepared is not None:
-                    if prepared.group is group and prepared.replay(group, self.state):
-                        continue
+                    if prepared.group is group:
+                        self._in_flight = prepared
+                        replayed = prepared.replay(group, self.state)
+                        self._in_flight = None
+                        if replayed:
+                            continue
                     self._retire(prepared)
             # One batch per family, kernel mode, device and round: (a plan of it, the batch).
             # A parameter listed twice in a group (torch warns, and steps it twice in
@@ -363,11 +373,14 @@ class AdamW(torch.optim.Optimizer):
             rounds = _repeat_rounds(group["params"])
             if group["params"]:
                 self._refuse_format_edits(group)
+                if not checked_groups:
+                    self._refuse_params_in_two_groups()
+                    checked_groups = True
             for i, p in enumerate(group["params"]):
                 grad = p.grad
                 if grad is None:
                     continue
-                plan = plans[p]
+                plan = plans.get(p) or self._plan_added_directly(p, group)
                 if grad.is_sparse or p.dtype != plan.dtype:
                     self._refuse_step(p, grad, plan)
                 state = state_get(p) or self._state_of(p)
@@ -409,6 +422,14 @@ class AdamW(torch.optim.Optimizer):
                 eps=float(group["eps"]),
                 weight_decay=float(group["weight_decay"]),
             )
+            if not tracing:
+                self._in_flight = [
+                    (p, p._version if type(p) in _PLAIN else sharding.write_version(p), 1)
+                    for p in stepped
+                ]
+                if rounds:  # a parameter listed n times is stepped (and bumped) n times
+                    listings = Counter(map(id, stepped))
+                    self._in_flight = [(p, v, listings[id(p)]) for p, v, _ in self._in_flight]
             for plan, batch in batches.values():
                 if not tracing:  # recorded for kernel_backends() (building one may lock)
                     self._kernel(plan, bool(group["maximize"]))
@@ -424,6 +445,7 @@ class AdamW(torch.optim.Optimizer):
             if not tracing:
                 for p in stepped:
                     versions[p] = p._version if type(p) in _PLAIN else sharding.write_version(p)
+                self._in_flight = None
             if replayable:
                 maximize = bool(group["maximize"])
                 prepared = prepare_group(
@@ -452,6 +474,73 @@ class AdamW(torch.optim.Optimizer):
         self._settle_versions()
         self._prepared.clear()
 
+    def _reconcile(self) -> None:
+        """Before reading version counters: take in the writes of steps traced by
+        torch.compile, of a step that was interrupted (Ctrl-C) after the kernel wrote,
+        and of prepared groups whose group dict left `param_groups`.
+
+        A version counter that moved since the optimizer last wrote means an edit to
+        follow (`_master_follows_edit`). A step interrupted between its kernel call and
+        the recording of the versions it left would make its own write look like one,
+        and the next step would reset the masters to the 16-bit values. The native call
+        is one C call (a KeyboardInterrupt is raised only between Python operations),
+        and it moves each parameter's counter once per listing: a counter between the
+        step's start and that is the step's own.
+        """
+        self._adopt_traced_writes()
+        in_flight, self._in_flight = self._in_flight, None
+        if isinstance(in_flight, PreparedGroup):
+            pending = [(p, v, 1) for p, v in in_flight.versions()]
+            if id(in_flight.group) in self._prepared:
+                self._retire(in_flight)
+        else:
+            pending = in_flight or []
+        for p, before, bumps in pending:
+            now = p._version if type(p) in _PLAIN else sharding.write_version(p)
+            if before <= now <= before + bumps:
+                self._versions[p] = now
+        if self._prepared:
+            live = {id(g): g for g in self.param_groups}
+            for key, prepared in list(self._prepared.items()):
+                if live.get(key) is not prepared.group:  # the group dict was replaced
+                    self._retire(prepared)
+
+    def _refuse_params_in_two_groups(self) -> None:
+        # `add_param_group` refuses a parameter already in a group; an edit of
+        # `param_groups` can still put one in two (a list shared by two groups, say).
+        groups = [{id(p) for p in g["params"]} for g in self.param_groups]
+        if len(set().union(*groups)) != sum(map(len, groups)):
+            raise ValueError(
+                "a parameter is in two param groups (param_groups edited directly); an "
+                "optimizer steps each parameter in one group"
+            )
+
+    def _plan_new_params(self) -> None:
+        """Plan every parameter put into `param_groups` by hand since the last look."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p not in self._plans:
+                    self._plan_added_directly(p, group)
+
+    def _plan_added_directly(self, p: torch.Tensor, group: dict[str, Any]) -> ParamPlan:
+        """The plan of a parameter put into ``group["params"]`` by hand (torch's own
+        optimizers step such parameters, making their state on first use)."""
+        self._refuse_params_in_two_groups()
+        check_param(p)
+        self._retire_all()
+        self._plans[p] = plan_param(
+            p,
+            group,
+            mode=self._plans[group["params"][0]].mode
+            if group["params"][0] in self._plans
+            else resolve_mode(self._fused, device_type=p.device.type, numel=p.numel()),
+            index=len(self._plans),
+            block_size=self._block_size,
+            min_int8_numel=self._min_int8_numel,
+        )
+        self._versions[p] = p._version if type(p) in _PLAIN else sharding.write_version(p)
+        return self._plans[p]
+
     def _adopt_traced_writes(self) -> None:
         """After steps run inside ``torch.compile``, take the parameters' version counters
         as they are: those writes were the optimizer's own, not edits to follow (in-place
@@ -463,7 +552,10 @@ class AdamW(torch.optim.Optimizer):
     def _refuse_format_edits(self, group: dict[str, Any]) -> None:
         # Formats are resolved, and state laid out, when a group is added: an edit of
         # group["master"] / ["moments"] afterwards cannot take effect; say so.
-        requested = self._plans[group["params"][0]].requested
+        plan = next((self._plans[p] for p in group["params"] if p in self._plans), None)
+        if plan is None:
+            return  # every parameter was put in by hand: planned with the group's formats
+        requested = plan.requested
         if (group["master"], group["moments"]) != requested:
             raise ValueError(
                 f"param group master/moments changed from {requested} to "
@@ -515,7 +607,8 @@ class AdamW(torch.optim.Optimizer):
         value; right after `load_state_dict`, a write of the same checkpoint's
         weights keeps the loaded masters (see `mixprec.optim.resync`).
         """
-        self._adopt_traced_writes()
+        self._reconcile()
+        self._plan_new_params()
         self._settle_versions()
         for group in self.param_groups:
             for p in group["params"]:
@@ -611,6 +704,7 @@ class AdamW(torch.optim.Optimizer):
 
     def formats(self) -> list[tuple[str, str]]:
         """The effective ``(master, moments)`` of every parameter, in parameter order."""
+        self._plan_new_params()
         return [
             (self._plans[p].master.spec.name, self._plans[p].moments.spec.name)
             for group in self.param_groups
@@ -654,6 +748,7 @@ class AdamW(torch.optim.Optimizer):
 
     def _record_versions(self) -> None:
         self._prepared.clear()  # state or versions rewritten: prepared steps are retired
+        self._in_flight = None
         self._versions = {
             p: sharding.write_version(p) for g in self.param_groups for p in g["params"]
         }

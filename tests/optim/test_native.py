@@ -371,3 +371,15 @@ def test_the_default_runs_small_cpu_groups_natively() -> None:
     except native.NativeUnavailableError:
         want = "eager"
     assert set(opt.kernel_backends().values()) == {want}
+
+
+@needs_native
+def test_kernel_backends_says_what_stepped_each_dtype() -> None:
+    """fp16 parameters of a family the native kernel covers run on the portable path:
+    the report said "native" for them."""
+    half = torch.nn.Parameter(torch.randn(100, dtype=torch.float16))
+    bf16 = torch.nn.Parameter(torch.randn(100, dtype=torch.bfloat16))
+    opt = AdamW([half, bf16], master="fp32")  # fused=None: small portable groups run eagerly
+    half.grad, bf16.grad = torch.ones_like(half), torch.ones_like(bf16)
+    opt.step()
+    assert opt.kernel_backends() == {"fp32_fp32": "eager+native"}

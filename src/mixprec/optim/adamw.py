@@ -152,8 +152,10 @@ class AdamW(torch.optim.Optimizer):
             elements compile and smaller ones run eagerly); on CUDA compiled,
             falling back to eager with a `RuntimeWarning` if compilation fails.
             Results are bitwise identical in every mode.
-        seed: seed of the stochastic-rounding noise (``None``: drawn from
-            torch's default generator, so `torch.manual_seed` makes it repeatable).
+        seed: seed of the stochastic-rounding noise (``None``: read from torch's
+            default generator without advancing it, so `torch.manual_seed` makes it
+            repeatable and the program's later draws are those it makes with torch's
+            AdamW).
         block_size: elements per int8 quantization block.
         min_int8_numel: size below which int8 moments stay fp32.
 
@@ -204,7 +206,11 @@ class AdamW(torch.optim.Optimizer):
         self._block_size = block_size
         self._min_int8_numel = min_int8_numel
         if seed is None:
-            seed = int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())
+            # Read from torch's default generator without advancing it: swapping
+            # torch.optim.AdamW for this one must not change the program's later random
+            # draws (data order, dropout, initialisation).
+            with torch.random.fork_rng(devices=[]):
+                seed = int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())
         self._seed = int(seed)
         self._plans: dict[torch.Tensor, ParamPlan] = {}
         # The version counter of each parameter's local tensor when its master state was
@@ -373,6 +379,7 @@ class AdamW(torch.optim.Optimizer):
             rounds = _repeat_rounds(group["params"])
             if group["params"]:
                 self._refuse_format_edits(group)
+                refuse_unsupported("param group: ", group)  # also after edits of the group
                 if not checked_groups:
                     self._refuse_params_in_two_groups()
                     checked_groups = True
@@ -560,8 +567,9 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(
                 f"param group master/moments changed from {requested} to "
                 f"{(group['master'], group['moments'])} after the optimizer was built; "
-                "formats are fixed per group: build a new AdamW (and load this one's "
-                "state_dict, which converts the state) to change them"
+                "formats are fixed per group: to change them, build a new AdamW with the "
+                "formats you want, load this one's torch_state_dict() into it (the moments "
+                "convert) and then its master_weights() with load_master_weights()"
             )
 
     @staticmethod
@@ -722,9 +730,15 @@ class AdamW(torch.optim.Optimizer):
         """For each family stepped so far, how its groups run: a sorted ``+``-joined
         subset of ``native``, ``compiled`` and ``eager`` (e.g. ``"native"``)."""
         found: dict[str, set[str]] = {}
-        for kernel in self._kernels.values():
-            how = "native" if kernel.is_native else "compiled" if kernel.is_compiled else "eager"
-            found.setdefault(kernel.family.name, set()).add(how)
+        for group in self.param_groups:
+            for p in group["params"]:
+                plan = self._plans.get(p)
+                if plan is None or not self.state.get(p):
+                    continue  # not stepped yet
+                key = (plan.master.spec.name, plan.moments.spec.name, bool(group["maximize"]))
+                kernel = self._kernels.get((*key, plan.mode))
+                if kernel is not None:
+                    found.setdefault(kernel.family.name, set()).add(kernel.backend(p.dtype))
         return {name: "+".join(sorted(hows)) for name, hows in found.items()}
 
     # -- copies -----------------------------------------------------------------------

@@ -148,6 +148,13 @@ class StepKernel:
         """Whether steps run fused: the native kernel or the compiled function."""
         return self._native is not None or self._compiled is not None
 
+    def backend(self, dtype: torch.dtype) -> str:
+        """What steps a parameter of `dtype` here: ``native`` where the kernel covers the
+        dtype, else the portable path's ``compiled`` or ``eager``."""
+        if self._native is not None and dtype in self._native_dtypes:
+            return "native"
+        return "compiled" if self._compiled is not None else "eager"
+
     def run(self, batch: StepBatch, hyper: GroupHyper) -> None:
         """One step of every parameter of `batch`: the native kernel for those it
         accepts, in one call; the others on the portable path (`run_portable`)."""

@@ -82,6 +82,13 @@ def refuse_unsupported(where: str, options: dict[str, Any]) -> None:
             f"{where}differentiable=True is not supported: the fused step writes the "
             "parameters and state in place outside autograd; use differentiable=False"
         )
+    if "decoupled_weight_decay" in options and not options["decoupled_weight_decay"]:
+        raise ValueError(
+            f"{where}decoupled_weight_decay=False (Adam with L2 decay, torch.optim.Adam's "
+            "option) is not supported: mixprec.optim.AdamW decays the weights decoupled, "
+            "as torch.optim.AdamW does; drop the key (or set it True), or use "
+            "weight_decay=0 and add the L2 term to the loss"
+        )
     foreach = options.get("foreach")
     if foreach is not None and not isinstance(foreach, bool):
         raise TypeError(f"{where}foreach must be True, False or None, got {foreach!r}")

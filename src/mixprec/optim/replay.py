@@ -111,7 +111,7 @@ class PreparedGroup:
         self.group = group
         self._params = params
         self._grad_types = grad_types
-        self._formats = (group["master"], group["moments"], bool(group["maximize"]))
+        self._formats = _fixed_options(group)
         self._calls = calls
 
     def replay(self, group: dict[str, Any], state: dict[torch.Tensor, Any]) -> bool:
@@ -125,7 +125,7 @@ class PreparedGroup:
         if (
             len(params) != len(self._params)
             or not all(map(operator.is_, params, self._params))
-            or (group["master"], group["moments"], bool(group["maximize"])) != self._formats
+            or _fixed_options(group) != self._formats
         ):
             return False
         grads = list(map(_GRAD, params))
@@ -162,6 +162,22 @@ class PreparedGroup:
         `AdamW` records in the full path; `replay` keeps them here)."""
         pairs = (zip(call.params, call.versions, strict=True) for call in self._calls)
         return [pair for call_pairs in pairs for pair in call_pairs]
+
+
+def _fixed_options(group: dict[str, Any]) -> tuple[object, ...]:
+    """What a prepared step was made with beyond the hyperparameters: the formats,
+    ``maximize`` and the options the full path refuses (`options.refuse_unsupported`)
+    if an edit of the group turns them on."""
+    get = group.get
+    return (
+        group["master"],
+        group["moments"],
+        bool(group["maximize"]),
+        get("amsgrad"),
+        get("capturable"),
+        get("differentiable"),
+        get("decoupled_weight_decay", True),
+    )
 
 
 def prepare_group(

@@ -312,8 +312,8 @@ def _from_torch(
                 f"group {i}: the state dict is torch Adam with L2 weight decay "
                 "(decoupled_weight_decay=False), not AdamW; it cannot continue here"
             )
-        refuse_unsupported(f"group {i}: ", saved)
         new_group = {k: v for k, v in saved.items() if k not in ("fused", "decoupled_weight_decay")}
+        refuse_unsupported(f"group {i}: ", new_group)  # (L2 decay: refused just above)
         new_group.update(master=group["master"], moments=group["moments"])
         new_group.setdefault("maximize", False)
         new_groups.append(new_group)

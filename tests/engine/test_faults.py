@@ -232,7 +232,8 @@ def test_a_plain_backward_among_scaled_ones_is_refused() -> None:
     opt.zero_grad(set_to_none=True)
     prec.backward(_loss(prec, model))
     prec.backward(_loss(prec, model))
-    assert prec.step(opt).applied
+    report = prec.step(opt)  # not refused: applied, or skipped by the scaler on an overflow
+    assert report.applied or report.nonfinite_grads > 0
 
 
 @pytest.mark.parametrize("name", ["amp_fp16", "fp32", "bf16_master"])

@@ -133,3 +133,29 @@ def test_tensor_lr_and_betas_work_as_in_torch() -> None:
 def test_float64_parameters_are_refused_not_computed_in_fp32() -> None:
     with pytest.raises(ValueError, match=r"float64: mixprec\.optim\.AdamW computes .* in fp32"):
         AdamW([torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))])
+
+
+def test_numpy_and_tensor_hyperparameters_are_taken_as_torch_takes_them() -> None:
+    np = pytest.importorskip("numpy")
+    p = [torch.nn.Parameter(torch.ones(3))]
+    for kwargs in (
+        {"lr": np.float32(1e-3)},
+        {"lr": np.float64(1e-3), "betas": (np.float64(0.9), np.float64(0.99))},
+        {"eps": np.float32(1e-6)},
+        {"weight_decay": torch.tensor(0.1)},
+        {"weight_decay": np.float32(0.1)},
+    ):
+        ours, ref = AdamW(p, **kwargs), torch.optim.AdamW(p, **kwargs)
+        assert ours.param_groups[0]["lr"] == ref.param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize(
+    ("seed", "error"),
+    [(1.9, TypeError), ("1", TypeError), (True, TypeError), (-1, ValueError), (2**32, ValueError)],
+)
+def test_a_seed_that_is_not_a_32_bit_int_is_refused_not_coerced(
+    seed: object, error: type[Exception]
+) -> None:
+    """1.9, "1", True and 2**64 + 1 all gave seed 1's noise."""
+    with pytest.raises(error, match="seed"):
+        AdamW([torch.nn.Parameter(torch.ones(3).bfloat16())], master="stochastic", seed=seed)  # type: ignore[arg-type]

@@ -55,10 +55,9 @@ def implied_param_groups(
             cast the model).
     """
     raw = list(params.parameters()) if isinstance(params, nn.Module) else list(params)
-    if raw and isinstance(raw[0], dict):
-        source = cast(list[dict[str, Any]], raw)
-    else:
-        source = [{"params": raw}]
+    if not raw:  # torch's message: AdamW([]) raises it too
+        raise ValueError("optimizer got an empty parameter list")
+    source = cast(list[dict[str, Any]], raw) if isinstance(raw[0], dict) else [{"params": raw}]
     for i, group in enumerate(source):
         refuse_other_formats(plan, group, where=f"param group {i}")
     groups = [{**group, "params": _items(group["params"])} for group in source]

@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 import weakref
 from collections.abc import Iterable, Sequence
@@ -143,12 +144,24 @@ class Precision:
             self.measured = _measure_for_auto(policy_or_name, model, example_input, device)
             self.policy = resolve_auto(measured=self.measured)
         self.plan: PrecisionPlan = resolve_plan(self.policy)
-        if max_consecutive_skips is not None and max_consecutive_skips < 1:
+        if max_consecutive_skips is not None and (
+            isinstance(max_consecutive_skips, bool)
+            or not isinstance(max_consecutive_skips, int)
+            or max_consecutive_skips < 1
+        ):
             raise ValueError(
-                f"max_consecutive_skips must be >= 1 or None, got {max_consecutive_skips}"
+                f"max_consecutive_skips must be an int >= 1 or None, got {max_consecutive_skips!r}"
             )
-        if history_size < 1:
-            raise ValueError(f"history_size must be >= 1, got {history_size}")
+        if min_loss_scale is not None and (
+            isinstance(min_loss_scale, bool)
+            or not isinstance(min_loss_scale, int | float)
+            or not 0.0 < min_loss_scale < math.inf
+        ):
+            raise ValueError(
+                f"min_loss_scale must be a finite number > 0 or None, got {min_loss_scale!r}"
+            )
+        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
+            raise ValueError(f"history_size must be an int >= 1, got {history_size!r}")
         self.max_consecutive_skips = max_consecutive_skips
         self.min_loss_scale = min_loss_scale
         self._device: torch.device | None = torch.device(device) if device is not None else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -205,6 +206,12 @@ class AdamW(torch.optim.Optimizer):
         self._fused = fused
         self._block_size = block_size
         self._min_int8_numel = min_int8_numel
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral)):
+            raise TypeError(f"seed must be an int or None, got {seed!r}")
+        if seed is not None and not 0 <= seed < 2**32:
+            raise ValueError(
+                f"seed must be in [0, 2**32) (the rounding noise is keyed by 32 bits), got {seed}"
+            )
         if seed is None:
             # Read from torch's default generator without advancing it: swapping
             # torch.optim.AdamW for this one must not change the program's later random

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from numbers import Real
 from typing import Any, cast
 
 import torch
@@ -32,7 +33,7 @@ def check_hyper(
             raise ValueError(
                 "lr as a Tensor is not supported for capturable=False and foreach=True"
             )
-    elif isinstance(lr, bool) or not isinstance(lr, float | int):
+    elif isinstance(lr, bool) or not isinstance(lr, Real):  # numpy's floats are Real
         raise ValueError(f"Invalid learning rate: {lr!r} (a float or a 1-element Tensor)")
     if not scalar(lr) >= 0.0:
         raise ValueError(f"Invalid learning rate: {scalar(lr)} (must be >= 0)")
@@ -49,18 +50,26 @@ def check_hyper(
         if any(cast(torch.Tensor, b).numel() != 1 for b in betas):
             raise ValueError("Tensor betas must be 1-element")
     for i, beta in enumerate(betas):
-        if isinstance(beta, bool) or not isinstance(beta, float | int | torch.Tensor):
+        if isinstance(beta, bool) or not isinstance(beta, Real | torch.Tensor):
             raise ValueError(f"Invalid beta parameter at index {i}: {beta!r} (a float in [0, 1))")
         if not 0.0 <= scalar(beta) < 1.0:
             raise ValueError(f"Invalid beta parameter at index {i}: {scalar(beta)} (in [0, 1))")
-    if not (isinstance(eps, float | int) and eps > 0.0 and math.isfinite(eps)):
+    if not (
+        isinstance(eps, Real) and not isinstance(eps, bool) and eps > 0.0 and math.isfinite(eps)
+    ):
         raise ValueError(
             f"Invalid epsilon value: {eps!r}: must be a finite number > 0 (with eps=0 a zero "
             "gradient and a zero second moment give 0/0 = NaN in the update)"
         )
-    if isinstance(weight_decay, bool) or not (
-        isinstance(weight_decay, float | int) and weight_decay >= 0.0
-    ):
+    if isinstance(weight_decay, torch.Tensor) and weight_decay.numel() == 1:
+        wd_ok = scalar(weight_decay) >= 0.0  # torch takes a 1-element Tensor too
+    else:
+        wd_ok = (
+            isinstance(weight_decay, Real)
+            and not isinstance(weight_decay, bool)
+            and weight_decay >= 0.0
+        )
+    if not wd_ok:
         raise ValueError(f"Invalid weight_decay value: {weight_decay!r} (must be >= 0)")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import signal
 
 import pytest
 import torch
@@ -291,3 +292,46 @@ def test_malformed_scaler_or_telemetry_is_refused_and_changes_nothing(
     with pytest.raises(ValueError):
         prec.load_state_dict(state)
     assert (prec.stats.to_dict(), prec.scaler.state_dict()) == before
+
+
+def _interrupt(*args: object) -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("name", ["amp_fp16", "bf16_master"])
+def test_precision_continues_after_a_step_was_interrupted(name: str) -> None:
+    """A Ctrl-C inside prec.step (here from a step pre-hook, before the optimizer wrote
+    anything) left GradScaler's iteration open: under amp_fp16 every later step raised
+    torch's "unscale_() has already been called on this optimizer since the last update()"."""
+    prec = Precision(name)
+    model = prec.prepare(_model())
+    opt = prec.optimizer(model, lr=1e-2)
+    prec.backward(_loss(prec, model))
+    hook = opt.register_step_pre_hook(_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        prec.step(opt)
+    hook.remove()
+    opt.zero_grad(set_to_none=True)
+    prec.backward(_loss(prec, model))
+    report = prec.step(opt)
+    assert report.applied or report.nonfinite_grads > 0
+
+
+def test_a_ctrl_c_while_two_optimizers_apply_is_held_until_both_have_stepped() -> None:
+    """`prec.step([a, b])` applies both or neither; a Ctrl-C (SIGINT) arriving while `a`
+    steps used to leave `a` stepped and `b` not. It is now raised after both stepped."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("another SIGINT handler is installed")
+    prec = Precision("bf16_master")
+    model = prec.prepare(_model())
+    params = list(model.parameters())
+    opt_a = prec.optimizer(params[:1], lr=1e-2)
+    opt_b = prec.optimizer(params[1:], lr=1e-2)
+    prec.backward(_loss(prec, model))
+    hook = opt_a.register_step_pre_hook(lambda *a: signal.raise_signal(signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt):
+        prec.step([opt_a, opt_b])
+    hook.remove()
+    steps = {int(s["step"]) for o in (opt_a, opt_b) for s in o.state.values()}
+    assert steps == {1}
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

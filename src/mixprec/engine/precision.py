@@ -485,6 +485,13 @@ class Precision:
                 device=self.device,
                 notify=notify,
             )
+        except BaseException:
+            # Interrupted (Ctrl-C, an exception from a hook): end the scaler's iteration
+            # at the scale it has, or every later step would raise torch's "unscale_()
+            # has already been called on this optimizer since the last update()".
+            if self.plan.scales_loss and self.scaler.is_enabled():
+                self.scaler.update(new_scale=float(self.scaler.get_scale()))
+            raise
         finally:
             self._grads.end_step()
             self._clip = None

@@ -216,3 +216,20 @@ def test_the_way_to_change_formats_that_the_error_names_works() -> None:
     q.grad = torch.ones_like(q)
     new.step()
     assert float(new.state[q]["step"]) == 2.0
+
+
+def test_two_parameters_sharing_memory_are_refused() -> None:
+    """Parameter(buf) twice, or slices of one tensor, were accepted: each took its own step
+    over the same values, and fused and eager disagreed."""
+    buf = torch.randn(8).bfloat16()
+    with pytest.raises(ValueError, match="share memory"):
+        AdamW([torch.nn.Parameter(buf), torch.nn.Parameter(buf)])
+    base = torch.randn(16)
+    halves = [torch.nn.Parameter(base[:10]), torch.nn.Parameter(base[6:])]
+    with pytest.raises(ValueError, match="share memory"):
+        AdamW([{"params": halves[:1]}, {"params": halves[1:]}])
+    opt = AdamW([torch.nn.Parameter(base[:8])])
+    with pytest.raises(ValueError, match="share memory"):
+        opt.add_param_group({"params": [torch.nn.Parameter(base[4:])]})
+    assert len(opt.param_groups) == 1
+    AdamW([torch.nn.Parameter(base[:8]), torch.nn.Parameter(base[8:])])  # adjacent: fine

@@ -31,7 +31,13 @@ from mixprec.optim.batches import GroupHyper, StepBatch, StepKernel, kernel_for
 from mixprec.optim.kernels import KernelMode, resolve_mode
 from mixprec.optim.layout import flat_view, like_param
 from mixprec.optim.options import check_hyper, refuse_unsupported, scalar
-from mixprec.optim.param_plan import ParamPlan, check_param, fresh_state, plan_param
+from mixprec.optim.param_plan import (
+    ParamPlan,
+    check_param,
+    fresh_state,
+    plan_param,
+    refuse_shared_memory,
+)
 from mixprec.optim.replay import PreparedGroup, prepare_group
 from mixprec.optim.resync import reset_master, resync_master
 from mixprec.optim.state_dicts import StateConversion, read_state_dict, to_torch
@@ -299,8 +305,10 @@ class AdamW(torch.optim.Optimizer):
             numel=sum(p.numel() for p in params),
         )
         first_index = len(self._plans)
-        for offset, p in enumerate(params):
+        for p in params:
             check_param(p)
+        refuse_shared_memory([q for g in self.param_groups for q in g["params"]])
+        for offset, p in enumerate(params):
             self._plans[p] = plan_param(
                 p,
                 group,

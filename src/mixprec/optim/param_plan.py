@@ -6,6 +6,8 @@ itself is made at the parameter's first step (`fresh_state`).
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +84,32 @@ def check_param(p: torch.Tensor) -> None:
             "overlaps in memory; mixprec AdamW updates parameters as one run of memory "
             "(contiguous or channels-last): make it .contiguous() first"
         )
+
+
+def refuse_shared_memory(params: Sequence[torch.Tensor]) -> None:
+    """Refuse two different parameters whose memory overlaps (``Parameter(buf)`` twice, or
+    slices of one tensor): each would be stepped with its own state over the same memory,
+    and the paths would not even agree on the order. Tie weights as one Parameter."""
+    spans = []
+    seen: set[int] = set()
+    for i, p in enumerate(params):
+        if id(p) in seen:
+            continue  # the same parameter listed again (torch warns; stepped in turn)
+        seen.add(id(p))
+        local = sharding.local(p.detach())
+        if local.numel() == 0 or local.device.type == "meta":
+            continue
+        start = local.data_ptr()
+        spans.append((local.device, start, start + local.numel() * local.element_size(), i))
+    spans.sort(key=lambda s: (str(s[0]), s[1]))
+    for (dev_a, _, end_a, i), (dev_b, start_b, _, j) in itertools.pairwise(spans):
+        if dev_a == dev_b and start_b < end_a:
+            a, b = sorted((i, j))
+            raise ValueError(
+                f"parameters {a} {tuple(params[a].shape)} and {b} {tuple(params[b].shape)} "
+                "share memory: each would take its own AdamW step over the same values; tie "
+                "them as one Parameter (module.b.weight = module.a.weight) instead"
+            )
 
 
 def plan_param(

@@ -233,3 +233,7 @@ def test_two_parameters_sharing_memory_are_refused() -> None:
         opt.add_param_group({"params": [torch.nn.Parameter(base[4:])]})
     assert len(opt.param_groups) == 1
     AdamW([torch.nn.Parameter(base[:8]), torch.nn.Parameter(base[8:])])  # adjacent: fine
+    opt.param_groups[0]["params"].append(torch.nn.Parameter(base[2:6]))  # by hand
+    opt.param_groups[0]["params"][-1].grad = torch.ones(4)
+    with pytest.raises(ValueError, match="share memory"):
+        opt.step()

@@ -513,7 +513,7 @@ class AdamW(torch.optim.Optimizer):
         in_flight, self._in_flight = self._in_flight, None
         if isinstance(in_flight, PreparedGroup):
             pending = [(p, v, 1) for p, v in in_flight.versions()]
-            if id(in_flight.group) in self._prepared:
+            if self._prepared.get(id(in_flight.group)) is in_flight:
                 self._retire(in_flight)
         else:
             pending = in_flight or []
@@ -549,6 +549,7 @@ class AdamW(torch.optim.Optimizer):
         optimizers step such parameters, making their state on first use)."""
         self._refuse_params_in_two_groups()
         check_param(p)
+        refuse_shared_memory([q for g in self.param_groups for q in g["params"]])
         self._retire_all()
         self._plans[p] = plan_param(
             p,

@@ -71,25 +71,34 @@ def _check_depth(text: str, source: str) -> None:
     the nodes, which is what takes the time for a large document)."""
     depth = 0
     nodes = 0
-    for event in yaml.parse(text, Loader=_SafeLoader):
-        if isinstance(event, yaml.ScalarEvent | yaml.CollectionStartEvent):
-            nodes += 1
-            if nodes > MAX_EXPANDED_NODES:
-                raise ValueError(
-                    f"{_where(source, event.start_mark)}: holds more than "
-                    f"{MAX_EXPANDED_NODES:,} YAML nodes (keys, values and list items), the "
-                    "most a config may hold (mixprec.safe_yaml.MAX_EXPANDED_NODES); a "
-                    "training config is never this large"
-                )
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise ValueError(
-                    f"{_where(source, event.start_mark)}: nested more than {MAX_DEPTH} levels "
-                    "deep; a training config never is: check the file"
-                )
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
+    too_deep = (
+        f"nested more than {MAX_DEPTH} levels deep; a training config never is: check the file"
+    )
+    try:
+        for event in yaml.parse(text, Loader=_SafeLoader):
+            if isinstance(event, yaml.ScalarEvent | yaml.CollectionStartEvent):
+                nodes += 1
+                if nodes > MAX_EXPANDED_NODES:
+                    raise ValueError(
+                        f"{_where(source, event.start_mark)}: holds more than "
+                        f"{MAX_EXPANDED_NODES:,} YAML nodes (keys, values and list items), the "
+                        "most a config may hold (mixprec.safe_yaml.MAX_EXPANDED_NODES); a "
+                        "training config is never this large"
+                    )
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise ValueError(f"{_where(source, event.start_mark)}: {too_deep}")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError as exc:
+        # libyaml's scanner (PyYAML >= 6.0.4 with the C loader) stops deep flow nesting
+        # itself, before the events reach this count: the same refusal, in the same words.
+        if "nesting depth" not in str(exc):
+            raise
+        raise ValueError(
+            f"{_where(source, getattr(exc, 'problem_mark', None))}: {too_deep}"
+        ) from None
 
 
 def _check_duplicate_keys(node: yaml.Node, source: str) -> None:

@@ -341,4 +341,5 @@ def _two_optimizers_interrupted() -> None:
     hook.remove()
     steps = {int(s["step"]) for o in (opt_a, opt_b) for s in o.state.values()}
     assert steps == {1}
+    assert (prec.stats.steps, prec.stats.applied_steps) == (1, 1)  # and counted
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from mixprec import ctrl_c
 from mixprec.engine.effective import (
     check_compute,
     effective_precision,
@@ -474,35 +475,42 @@ class Precision:
             for observer in self.observers:
                 observer.before_step(self, optimizers, self.stats.steps)
 
-        try:
-            outcome = run_step(
-                optimizers,
-                closure,
-                plan=self.plan,
-                scaler=self.scaler,
-                grads=self._grads,
-                clip=self._clip,
-                device=self.device,
-                notify=notify,
+        grad_mode = torch.is_grad_enabled()
+        # A Ctrl-C is held until every optimizer has applied and the step is counted
+        # (all or none); not around a closure, which may run for long.
+        with ctrl_c.held() if closure is None else contextlib.nullcontext():
+            try:
+                outcome = run_step(
+                    optimizers,
+                    closure,
+                    plan=self.plan,
+                    scaler=self.scaler,
+                    grads=self._grads,
+                    clip=self._clip,
+                    device=self.device,
+                    notify=notify,
+                )
+            except BaseException:
+                # Interrupted (Ctrl-C in a closure, an exception from a hook): end the
+                # scaler's iteration at the scale it has, or every later step would raise
+                # torch's "unscale_() has already been called on this optimizer since the
+                # last update()"; and restore grad mode, which an interrupt inside torch's
+                # no_grad() can leave off.
+                torch.set_grad_enabled(grad_mode)
+                if self.plan.scales_loss and self.scaler.is_enabled():
+                    self.scaler.update(new_scale=float(self.scaler.get_scale()))
+                raise
+            finally:
+                self._grads.end_step()
+                self._clip = None
+            stepped = tuple(outcome.applied and g for g in with_grads)
+            report = record_step(
+                self.stats,
+                outcome,
+                scale_before=scale_before,
+                scale_after=self.loss_scale,
+                stepped=stepped,
             )
-        except BaseException:
-            # Interrupted (Ctrl-C, an exception from a hook): end the scaler's iteration
-            # at the scale it has, or every later step would raise torch's "unscale_()
-            # has already been called on this optimizer since the last update()".
-            if self.plan.scales_loss and self.scaler.is_enabled():
-                self.scaler.update(new_scale=float(self.scaler.get_scale()))
-            raise
-        finally:
-            self._grads.end_step()
-            self._clip = None
-        stepped = tuple(outcome.applied and g for g in with_grads)
-        report = record_step(
-            self.stats,
-            outcome,
-            scale_before=scale_before,
-            scale_after=self.loss_scale,
-            stepped=stepped,
-        )
         for observer in self.observers:
             observer.after_step(self, optimizers, report)
         check_collapse(

@@ -11,12 +11,9 @@ check each evaluation, and roll back a step that meets non-finite gradients.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-import signal
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
@@ -102,29 +99,6 @@ def check_grads(
     return (norm if not math.isfinite(norm) else now), count_nonfinite(grads)
 
 
-@contextlib.contextmanager
-def _ctrl_c_held() -> Iterator[None]:
-    """Hold a Ctrl-C that arrives within the block and raise it (KeyboardInterrupt) once
-    the block is done, so that the optimizers of a step apply all or none and the
-    scaler's iteration ends. Only where Python's own SIGINT handler is installed, in
-    the main thread (where signals are delivered); a handler of the program's own (the
-    CLI's cooperative one, say) is left alone."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
-
-
 def step_plain(
     optimizers: Sequence[torch.optim.Optimizer],
     *,
@@ -171,21 +145,19 @@ def step_plain(
             update_scale(scaler, ls, found_inf=True)  # back off, as GradScaler does
             return StepOutcome(False, norm, nonfinite)
         stepping = [opt for opt in optimizers if has_grads(opt)]
-        with _ctrl_c_held():
-            for opt in stepping:
-                scaler.step(opt)
-            if stepping:
-                scaler.update()
-            else:  # nothing was unscaled: end the iteration without moving the scale
-                scaler.update(new_scale=float(scaler.get_scale()))
+        for opt in stepping:
+            scaler.step(opt)
+        if stepping:
+            scaler.update()
+        else:  # nothing was unscaled: end the iteration without moving the scale
+            scaler.update(new_scale=float(scaler.get_scale()))
         return StepOutcome(True, norm, nonfinite)
-    with _ctrl_c_held():
-        if not bad:
-            for opt in optimizers:
-                opt.step()
-        if ls is not None:
-            # Static scale: end GradScaler's iteration without moving the scale.
-            scaler.update(new_scale=float(ls.init_scale))
+    if not bad:
+        for opt in optimizers:
+            opt.step()
+    if ls is not None:
+        # Static scale: end GradScaler's iteration without moving the scale.
+        scaler.update(new_scale=float(ls.init_scale))
     return StepOutcome(not bad, norm, nonfinite)
 
 

@@ -8,14 +8,16 @@ step runs one fused kernel per parameter (`mixprec.optim.kernels`).
 
 from __future__ import annotations
 
-from collections import Counter
+import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
 
 import torch
 from torch.optim.optimizer import ParamsT
 
+from mixprec import ctrl_c
 from mixprec.dtypes import dtype_name
 from mixprec.errors import PrecisionError
 from mixprec.formats import (
@@ -38,7 +40,7 @@ from mixprec.optim.param_plan import (
     plan_param,
     refuse_shared_memory,
 )
-from mixprec.optim.replay import PreparedGroup, prepare_group
+from mixprec.optim.replay import PreparedGroup, counter_value, prepare_group, wrote
 from mixprec.optim.resync import reset_master, resync_master
 from mixprec.optim.state_dicts import StateConversion, read_state_dict, to_torch
 
@@ -72,6 +74,16 @@ def _follow_layout(lp: torch.Tensor, state: dict[str, torch.Tensor], plan: Param
             relaid = torch.empty_like(lp, dtype=t.dtype)
             relaid.copy_(t)
             state[key] = relaid
+
+
+@dataclass
+class _BatchWrite:
+    """A native batch of the step under way (`AdamW._reconcile`)."""
+
+    params: list[torch.Tensor]
+    versions: list[int]  # before the batch
+    step_counter: torch.Tensor  # the first parameter's
+    step_before: float | None
 
 
 def _repeat_rounds(params: list[torch.Tensor]) -> list[int] | None:
@@ -238,10 +250,10 @@ class AdamW(torch.optim.Optimizer):
         # Each group's native step prepared for replay (`mixprec.optim.replay`), by the
         # group's id; whatever changes what a step reads retires them all (`_retire_all`).
         self._prepared: dict[int, PreparedGroup] = {}
-        # The writes of the step under way (`_reconcile`): a prepared group, or each
-        # stepped parameter with its version before the step and how many times it is
-        # stepped; None between steps. Left set when the step was interrupted.
-        self._in_flight: PreparedGroup | list[tuple[torch.Tensor, int, int]] | None = None
+        # What the step under way may write (`_reconcile`): a prepared group, or per
+        # native batch its parameters, their versions, a step counter and the value it
+        # holds once the batch has written; None between steps. Left set by an interrupt.
+        self._in_flight: PreparedGroup | list[_BatchWrite] | None = None
         #: What the last `load_state_dict` converted (a torch or older state dict).
         self.last_conversion: StateConversion | None = None
         defaults = {
@@ -376,6 +388,7 @@ class AdamW(torch.optim.Optimizer):
                 prepared = self._prepared.get(id(group))
                 if prepared is not None:
                     if prepared.group is group:
+                        prepared.arm()
                         self._in_flight = prepared
                         replayed = prepared.replay(group, self.state)
                         self._in_flight = None
@@ -445,29 +458,43 @@ class AdamW(torch.optim.Optimizer):
                 weight_decay=float(group["weight_decay"]),
             )
             if not tracing:
+                # (CPU batches only: the native kernel runs there, and reading a CUDA
+                # counter would sync every step.)
                 self._in_flight = [
-                    (p, p._version if type(p) in _PLAIN else sharding.write_version(p), 1)
-                    for p in stepped
+                    _BatchWrite(
+                        batch.params,
+                        [
+                            q._version if type(q) in _PLAIN else sharding.write_version(q)
+                            for q in batch.params
+                        ],
+                        batch.steps[0],
+                        counter_value(batch.steps[0]),
+                    )
+                    for _, batch in batches.values()
+                    if isinstance(batch.steps[0], torch.Tensor) and batch.steps[0].is_cpu
                 ]
-                if rounds:  # a parameter listed n times is stepped (and bumped) n times
-                    listings = Counter(map(id, stepped))
-                    self._in_flight = [(p, v, listings[id(p)]) for p, v, _ in self._in_flight]
-            for plan, batch in batches.values():
-                if not tracing:  # recorded for kernel_backends() (building one may lock)
-                    self._kernel(plan, bool(group["maximize"]))
-                ops.adamw_step_(
-                    batch,
-                    hyper,
-                    master=plan.master.spec.name,
-                    moments=plan.moments.spec.name,
-                    maximize=bool(group["maximize"]),
-                    block_size=self._block_size,
-                    mode=plan.mode,
-                )
-            if not tracing:
-                for p in stepped:
-                    versions[p] = p._version if type(p) in _PLAIN else sharding.write_version(p)
-                self._in_flight = None
+            # A Ctrl-C between a native write and its recording below would make the write
+            # look like an edit of the user's (see `_reconcile`): held until recorded (not
+            # around the portable path, whose first call may compile for a long while).
+            hold = not tracing
+            if not tracing:  # recorded for kernel_backends() (building one may lock)
+                for plan, _ in batches.values():
+                    hold = self._kernel(plan, bool(group["maximize"])).is_native and hold
+            with ctrl_c.held() if hold else contextlib.nullcontext():
+                for plan, batch in batches.values():
+                    ops.adamw_step_(
+                        batch,
+                        hyper,
+                        master=plan.master.spec.name,
+                        moments=plan.moments.spec.name,
+                        maximize=bool(group["maximize"]),
+                        block_size=self._block_size,
+                        mode=plan.mode,
+                    )
+                if not tracing:
+                    for p in stepped:
+                        versions[p] = p._version if type(p) in _PLAIN else sharding.write_version(p)
+                    self._in_flight = None
             if replayable:
                 maximize = bool(group["maximize"])
                 prepared = prepare_group(
@@ -498,28 +525,39 @@ class AdamW(torch.optim.Optimizer):
 
     def _reconcile(self) -> None:
         """Before reading version counters: take in the writes of steps traced by
-        torch.compile, of a step that was interrupted (Ctrl-C) after the kernel wrote,
-        and of prepared groups whose group dict left `param_groups`.
+        torch.compile, of a step that was interrupted (Ctrl-C), and of prepared groups
+        whose group dict left `param_groups`.
 
         A version counter that moved since the optimizer last wrote means an edit to
-        follow (`_master_follows_edit`). A step interrupted between its kernel call and
-        the recording of the versions it left would make its own write look like one,
-        and the next step would reset the masters to the 16-bit values. The native call
-        is one C call (a KeyboardInterrupt is raised only between Python operations),
-        and it moves each parameter's counter once per listing: a counter between the
-        step's start and that is the step's own.
+        follow (`_master_follows_edit`: the master becomes the written value). A step
+        interrupted after its native call wrote, before it recorded the versions that
+        left, would make its own write look like one. The call is one C call (a
+        KeyboardInterrupt is raised between Python operations) that also advances the
+        step counters, so a counter that holds its after-value says the call wrote; its
+        parameters' counters then moved by the step's own version bump or not yet. An
+        edit after the interrupt moves them further, and is followed as usual. (An edit
+        that lands between the call and its version bump cannot be told from the bump.)
         """
         self._adopt_traced_writes()
         in_flight, self._in_flight = self._in_flight, None
         if isinstance(in_flight, PreparedGroup):
-            pending = [(p, v, 1) for p, v in in_flight.versions()]
+            writes = in_flight.writes()
             if self._prepared.get(id(in_flight.group)) is in_flight:
                 self._retire(in_flight)
         else:
-            pending = in_flight or []
-        for p, before, bumps in pending:
+            writes = [
+                (w.params, w.versions, wrote(w.step_counter, w.step_before))
+                for w in in_flight or ()
+            ]
+        bumps: dict[torch.Tensor, tuple[int, int]] = {}
+        for params, before, written in writes:
+            if written:  # (a parameter listed twice is in two batches: a bump for each)
+                for p, v in zip(params, before, strict=True):
+                    first, n = bumps.get(p, (v, 0))
+                    bumps[p] = (first, n + 1)
+        for p, (before_version, n) in bumps.items():
             now = p._version if type(p) in _PLAIN else sharding.write_version(p)
-            if before <= now <= before + bumps:
+            if before_version <= now <= before_version + n:
                 self._versions[p] = now
         if self._prepared:
             live = {id(g): g for g in self.param_groups}

@@ -43,12 +43,13 @@ from typing import Any
 
 import torch
 
+from mixprec import ctrl_c
 from mixprec.optim import native
 from mixprec.optim.batches import StepBatch, StepKernel
 from mixprec.optim.options import scalar
 from mixprec.optim.param_plan import ParamPlan
 
-__all__ = ["PreparedGroup", "prepare_group"]
+__all__ = ["PreparedGroup", "counter_value", "prepare_group", "wrote"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _GRAD = operator.attrgetter("grad")
@@ -79,6 +80,11 @@ class _Call:
     numels: list[int]
     versions: list[int]  # as the last step left them
     prepared: native.PreparedStep
+    # The first parameter's step counter, and its value when the step under way began
+    # (`PreparedGroup.arm`): `PreparedGroup.writes` tells from the two whether a run
+    # that was interrupted had written.
+    step_counter: torch.Tensor
+    step_before: float | None
 
     def unchanged(self, state_get: Callable[[torch.Tensor], object]) -> bool:
         """Whether the parameters and their state are as prepared (see the module)."""
@@ -151,17 +157,49 @@ class PreparedGroup:
             float(group["weight_decay"]),
         )
         for call, pointers in runs:
-            call.prepared.run(pointers, hyper)
-            # The kernel wrote through pointers: tell autograd (as `ops.adamw_step_` does).
-            torch.autograd.graph.increment_version(call.params)
-            call.versions = list(map(_VERSION, call.params))
+            # A Ctrl-C between the write and its recording would make the write look
+            # like an edit of the user's (see `AdamW._reconcile`): held until recorded.
+            with ctrl_c.held():
+                call.prepared.run(pointers, hyper)
+                # The kernel wrote through pointers: tell autograd (as `ops.adamw_step_` does).
+                torch.autograd.graph.increment_version(call.params)
+                call.versions = list(map(_VERSION, call.params))
+                call.step_before = None  # recorded: no longer a write to reconcile
         return True
+
+    def arm(self) -> None:
+        """Note each call's step counter before a replay (`writes` compares)."""
+        for call in self._calls:
+            call.step_before = counter_value(call.step_counter)
+
+    def writes(self) -> list[tuple[list[torch.Tensor], list[int], bool]]:
+        """For a replay that was interrupted (after `arm`): per call, its parameters,
+        their versions before it and whether its kernel wrote (one C call, all or
+        nothing, that also advances the step counters)."""
+        return [
+            (call.params, call.versions, wrote(call.step_counter, call.step_before))
+            for call in self._calls
+        ]
 
     def versions(self) -> list[tuple[torch.Tensor, int]]:
         """Each prepared parameter's version counter as the last step left it (what
         `AdamW` records in the full path; `replay` keeps them here)."""
         pairs = (zip(call.params, call.versions, strict=True) for call in self._calls)
         return [pair for call_pairs in pairs for pair in call_pairs]
+
+
+def counter_value(counter: object) -> float | None:
+    """A step counter's value, or None when it is not a 1-element tensor (the step
+    refuses it before writing anything)."""
+    if isinstance(counter, torch.Tensor) and counter.numel() == 1:
+        return float(counter)
+    return None
+
+
+def wrote(counter: object, before: float | None) -> bool:
+    """Whether a native call whose step counter held `before` has written since."""
+    now = counter_value(counter)
+    return before is not None and now is not None and now != before
 
 
 def _fixed_options(group: dict[str, Any]) -> tuple[object, ...]:
@@ -272,4 +310,6 @@ def _prepare_call(
         numels=list(map(torch.Tensor.numel, ps)),
         versions=list(map(_VERSION, ps)),
         prepared=prepared,
+        step_counter=state[ps[0]]["step"],
+        step_before=counter_value(state[ps[0]]["step"]),
     )

@@ -371,3 +371,48 @@ def test_a_state_tensor_emptied_in_place_is_refused_not_a_crash() -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok", out.stdout
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"betas": (1.0, 0.9)},
+        {"betas": (0.9, 1.0)},
+        {"eps": 0.0},
+        {"lr": float("nan")},
+        {"lr": -1e-3},
+        {"weight_decay": float("inf")},
+        {"amsgrad": True},
+    ],
+    ids=lambda e: f"{next(iter(e))}={next(iter(e.values()))}",
+)
+@pytest.mark.parametrize("edited", [0, 1])
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_bad_group_edit_steps_no_group(edit: dict, edited: int, fused: bool) -> None:
+    """A group edited after steps (betas=(1.0, 0.9), eps=0, lr=nan) was checked only when
+    its own turn came: earlier groups had stepped by then, and the native kernel ran
+    betas=1.0 to inf where the eager path raised ZeroDivisionError. Every group is checked
+    before any steps; the error names the group."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(32, 32).bfloat16()) for _ in range(4)]
+    opt = AdamW(
+        [{"params": params[:2]}, {"params": params[2:], "weight_decay": 0.0}],
+        lr=1e-2,
+        master="exact",
+        fused=fused,
+    )
+    for seed in (1, 2, 3):  # the third step replays where the kernel is native
+        _grads(params, seed)
+        opt.step()
+    before_params = [p.detach().clone() for p in params]
+    before_state = copy.deepcopy(opt.state_dict()["state"])
+    opt.param_groups[edited].update(edit)
+    _grads(params, 4)
+    with pytest.raises(ValueError, match=f"param group {edited}: .*"):
+        opt.step()
+    for p, b in zip(params, before_params, strict=True):
+        assert torch.equal(p.detach(), b)
+    after_state = opt.state_dict()["state"]
+    for key, entry in before_state.items():
+        for name, value in entry.items():
+            assert torch.equal(torch.as_tensor(after_state[key][name]), torch.as_tensor(value))

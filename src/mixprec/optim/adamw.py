@@ -9,6 +9,7 @@ step runs one fused kernel per parameter (`mixprec.optim.kernels`).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -84,6 +85,33 @@ class _BatchWrite:
     versions: list[int]  # before the batch
     step_counter: torch.Tensor  # the first parameter's
     step_before: float | None
+
+
+def _group_hyper(group: dict[str, Any], index: int) -> GroupHyper:
+    """`group`'s hyperparameters as floats, checked as the constructor checks them (an
+    edit after it, ``betas=(1.0, 0.9)`` or ``eps=0``, must not reach a kernel)."""
+    betas = group["betas"]
+    hyper = GroupHyper(
+        lr=scalar(group["lr"]),
+        beta1=scalar(betas[0]),
+        beta2=scalar(betas[1]),
+        eps=float(group["eps"]),
+        weight_decay=float(group["weight_decay"]),
+    )
+    if not (
+        0.0 <= hyper.lr < math.inf
+        and 0.0 <= hyper.beta1 < 1.0
+        and 0.0 <= hyper.beta2 < 1.0
+        and 0.0 < hyper.eps < math.inf
+        and 0.0 <= hyper.weight_decay < math.inf
+    ):
+        raise ValueError(
+            f"param group {index}: lr={hyper.lr!r}, betas=({hyper.beta1!r}, {hyper.beta2!r}), "
+            f"eps={hyper.eps!r}, weight_decay={hyper.weight_decay!r}: need a finite lr >= 0, "
+            "betas in [0, 1), a finite eps > 0 and a finite weight_decay >= 0 (nothing was "
+            "stepped)"
+        )
+    return hyper
 
 
 def _repeat_rounds(params: list[torch.Tensor]) -> list[int] | None:
@@ -383,14 +411,22 @@ class AdamW(torch.optim.Optimizer):
         state_get = self.state.get
         replayable = not tracing and not ops.observed()
         checked_groups = False  # once per step, before the first group off the replay
-        for group in self.param_groups:
+        # Every group's options and hyperparameters are checked before any group steps.
+        hypers: list[GroupHyper | None] = [None] * len(self.param_groups)
+        if not tracing:
+            for index, group in enumerate(self.param_groups):
+                if group["params"]:
+                    refuse_unsupported(f"param group {index}: ", group)
+                    self._refuse_format_edits(group)
+                hypers[index] = _group_hyper(group, index)
+        for index, group in enumerate(self.param_groups):
             if replayable:
                 prepared = self._prepared.get(id(group))
                 if prepared is not None:
                     if prepared.group is group:
                         prepared.arm()
                         self._in_flight = prepared
-                        replayed = prepared.replay(group, self.state)
+                        replayed = prepared.replay(group, self.state, hypers[index])
                         self._in_flight = None
                         if replayed:
                             continue
@@ -405,12 +441,9 @@ class AdamW(torch.optim.Optimizer):
             batches = {}
             stepped: list[torch.Tensor] = []
             rounds = _repeat_rounds(group["params"])
-            if group["params"]:
-                self._refuse_format_edits(group)
-                refuse_unsupported("param group: ", group)  # also after edits of the group
-                if not checked_groups:
-                    self._refuse_params_in_two_groups()
-                    checked_groups = True
+            if group["params"] and not checked_groups:
+                self._refuse_params_in_two_groups()
+                checked_groups = True
             for i, p in enumerate(group["params"]):
                 grad = p.grad
                 if grad is None:
@@ -450,7 +483,7 @@ class AdamW(torch.optim.Optimizer):
                 stepped.append(p)
             if not batches:
                 continue
-            hyper = GroupHyper(
+            hyper = hypers[index] or GroupHyper(  # (traced: not checked ahead)
                 lr=scalar(group["lr"]),
                 beta1=scalar(group["betas"][0]),
                 beta2=scalar(group["betas"][1]),
@@ -613,8 +646,13 @@ class AdamW(torch.optim.Optimizer):
     def _refuse_format_edits(self, group: dict[str, Any]) -> None:
         # Formats are resolved, and state laid out, when a group is added: an edit of
         # group["master"] / ["moments"] afterwards cannot take effect; say so.
-        plan = next((self._plans[p] for p in group["params"] if p in self._plans), None)
-        if plan is None:
+        # (a loop, not next() over a generator: a Ctrl-C in a generator's finalisation
+        # is lost)
+        for p in group["params"]:
+            plan = self._plans.get(p)
+            if plan is not None:
+                break
+        else:
             return  # every parameter was put in by hand: planned with the group's formats
         requested = plan.requested
         if (group["master"], group["moments"]) != requested:

@@ -45,7 +45,7 @@ import torch
 
 from mixprec import ctrl_c
 from mixprec.optim import native
-from mixprec.optim.batches import StepBatch, StepKernel
+from mixprec.optim.batches import GroupHyper, StepBatch, StepKernel
 from mixprec.optim.options import scalar
 from mixprec.optim.param_plan import ParamPlan
 
@@ -120,7 +120,9 @@ class PreparedGroup:
         self._formats = _fixed_options(group)
         self._calls = calls
 
-    def replay(self, group: dict[str, Any], state: dict[torch.Tensor, Any]) -> bool:
+    def replay(
+        self, group: dict[str, Any], state: dict[torch.Tensor, Any], hyper: GroupHyper | None
+    ) -> bool:
         """Step `group` with the prepared calls if every check of the module passes
         (True); otherwise change nothing and return False (take the full path).
 
@@ -148,19 +150,21 @@ class PreparedGroup:
             if pointers is None:
                 return False
             runs.append((call, pointers))
-        betas = group["betas"]
-        hyper = (
-            scalar(group["lr"]),
-            scalar(betas[0]),
-            scalar(betas[1]),
-            float(group["eps"]),
-            float(group["weight_decay"]),
-        )
+        if hyper is None:
+            betas = group["betas"]
+            hyper = GroupHyper(
+                scalar(group["lr"]),
+                scalar(betas[0]),
+                scalar(betas[1]),
+                float(group["eps"]),
+                float(group["weight_decay"]),
+            )
+        values = (hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay)
         for call, pointers in runs:
             # A Ctrl-C between the write and its recording would make the write look
             # like an edit of the user's (see `AdamW._reconcile`): held until recorded.
             with ctrl_c.held():
-                call.prepared.run(pointers, hyper)
+                call.prepared.run(pointers, values)
                 # The kernel wrote through pointers: tell autograd (as `ops.adamw_step_` does).
                 torch.autograd.graph.increment_version(call.params)
                 call.versions = list(map(_VERSION, call.params))

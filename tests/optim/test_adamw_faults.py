@@ -416,3 +416,42 @@ def test_a_bad_group_edit_steps_no_group(edit: dict, edited: int, fused: bool) -
     for key, entry in before_state.items():
         for name, value in entry.items():
             assert torch.equal(torch.as_tensor(after_state[key][name]), torch.as_tensor(value))
+
+
+@pytest.mark.parametrize(
+    ("master", "moments", "key"),
+    [
+        ("exact", "fp32", "exp_avg"),
+        ("exact", "fp32", "remainder_hi"),
+        ("none", "bf16", "exp_avg_sq"),
+        ("remainder8", "int8", "exp_avg_absmax"),
+    ],
+)
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_state_tensor_of_the_wrong_size_is_named_and_nothing_steps(
+    master: str, moments: str, key: str, fused: bool
+) -> None:
+    """A state tensor replaced by one of another size: the eager path raised torch's
+    "shape '[4096]' is invalid for input of size 3" after advancing every step counter of
+    the batch (the first parameter's step went from 2 to 3 with no update), and the native
+    refusal named no tensor."""
+    torch.manual_seed(0)
+    dtype = torch.float32 if master == "none" else torch.bfloat16
+    params = [torch.nn.Parameter(torch.randn(64, 64).to(dtype)) for _ in range(2)]
+    opt = AdamW(params, lr=1e-2, master=master, moments=moments, min_int8_numel=256, fused=fused)
+    for seed in (1, 2):
+        _grads(params, seed)
+        opt.step()
+    before = copy.deepcopy(opt.state_dict()["state"][0])
+    first = params[0].detach().clone()
+    opt.state[params[1]][key] = torch.zeros(3, dtype=opt.state[params[1]][key].dtype)
+    _grads(params, 3)
+    with pytest.raises(
+        ValueError, match=rf"param group 0 was not stepped: .*state\['{key}'\] holds 3 elements"
+    ):
+        opt.step()
+    assert torch.equal(params[0].detach(), first)
+    for name, value in before.items():
+        assert torch.equal(
+            torch.as_tensor(opt.state_dict()["state"][0][name]), torch.as_tensor(value)
+        )

@@ -511,8 +511,13 @@ class AdamW(torch.optim.Optimizer):
             # around the portable path, whose first call may compile for a long while).
             hold = not tracing
             if not tracing:  # recorded for kernel_backends() (building one may lock)
-                for plan, _ in batches.values():
-                    hold = self._kernel(plan, bool(group["maximize"])).is_native and hold
+                for plan, batch in batches.values():
+                    kernel = self._kernel(plan, bool(group["maximize"]))
+                    hold = kernel.is_native and hold
+                    misfit = kernel.misfit(batch)  # every batch before any steps
+                    if misfit is not None:
+                        self._in_flight = None
+                        raise ValueError(f"param group {index} was not stepped: {misfit}")
             with ctrl_c.held() if hold else contextlib.nullcontext():
                 for plan, batch in batches.values():
                     ops.adamw_step_(

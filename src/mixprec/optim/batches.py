@@ -163,20 +163,26 @@ class StepKernel:
             ok = self._native_indices(batch)
             if ok:
                 native_batch = batch if len(ok) == len(rest) else _select(batch, ok, self)
-                self._native.step_many(
-                    master=self._master_name,
-                    moments=self._moments_name,
-                    maximize=self.family.maximize,
-                    params=native_batch.params,
-                    grads=native_batch.grads,
-                    master_state=native_batch.master_state,
-                    moment_state=native_batch.moment_state,
-                    steps=native_batch.steps,
-                    seeds=native_batch.seeds,
-                    offsets=native_batch.offsets,
-                    hyper=(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay),
-                    block_size=self._block_size,
-                )
+                try:
+                    self._native.step_many(
+                        master=self._master_name,
+                        moments=self._moments_name,
+                        maximize=self.family.maximize,
+                        params=native_batch.params,
+                        grads=native_batch.grads,
+                        master_state=native_batch.master_state,
+                        moment_state=native_batch.moment_state,
+                        steps=native_batch.steps,
+                        seeds=native_batch.seeds,
+                        offsets=native_batch.offsets,
+                        hyper=(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay),
+                        block_size=self._block_size,
+                    )
+                except ValueError as exc:  # (nothing was written) name the tensor if a size
+                    misfit = self.misfit(native_batch)
+                    if misfit is None:
+                        raise
+                    raise ValueError(f"nothing was stepped: {misfit}") from exc
                 if len(ok) == len(rest):
                     return
                 taken = set(ok)
@@ -248,6 +254,9 @@ class StepKernel:
         n = len(batch.params)
         if n == 0:
             return
+        misfit = self.misfit(batch)  # before the counters move: a refusal changes nothing
+        if misfit is not None:
+            raise ValueError(f"nothing was stepped: {misfit}")
         torch._foreach_add_(batch.steps, 1.0)
         host_steps = (
             [int(s) for s in torch.stack(batch.steps).tolist()]
@@ -276,6 +285,54 @@ class StepKernel:
                 self._call(*self._views(batch, i), scalars[step], keys[i])
             else:
                 self._concatenated(batch, members, scalars[step], keys)
+
+    def misfit(self, batch: StepBatch) -> str | None:
+        """A line naming the first gradient or state tensor of `batch` whose size does not
+        fit its parameter (the kernels would refuse it or fail mid-step), else None."""
+        numels = list(map(_NUMEL, batch.params))
+        nm, nmo = self._n_master, self._n_moments
+        if (
+            list(map(_NUMEL, batch.grads)) == numels
+            and list(map(_NUMEL, batch.master_state)) == [n for n in numels for _ in range(nm)]
+            and list(map(_NUMEL, batch.moment_state))
+            == [
+                self.family.moments.kernel_shape(n)[0] if per_block else n
+                for n in numels
+                for per_block in self._per_block
+            ]
+        ):
+            return None  # the usual case, checked in C-level loops
+        names = self.family.master.spec.state_keys + self.family.moments.spec.state_keys
+        for i, p in enumerate(batch.params):
+            n = p.numel()
+            shape = self.family.moments.kernel_shape(n)
+            tensors = [("gradient", batch.grads[i], n)]
+            tensors += [
+                (f"state[{names[k]!r}]", batch.master_state[i * nm + k], n) for k in range(nm)
+            ]
+            tensors += [
+                (
+                    f"state[{names[nm + k]!r}]",
+                    batch.moment_state[i * nmo + k],
+                    shape[0] if per_block else n,
+                )
+                for k, per_block in enumerate(self._per_block)
+            ]
+            for what, tensor, expected in tensors:
+                if tensor.numel() != expected:
+                    fix = (
+                        "was it replaced through `p.grad.data = ...`? Give each parameter a "
+                        "gradient of its own size"
+                        if what == "gradient"
+                        else "was the parameter resized (`p.data = ...`) after its state was "
+                        "made, or a state tensor replaced or emptied (`set_()`)? Rebuild the "
+                        "optimizer, or load a state dict saved for these parameters"
+                    )
+                    return (
+                        f"parameter {tuple(p.shape)}: its {what} holds {tensor.numel()} "
+                        f"elements, its size does not match its parameter's ({expected}): {fix}"
+                    )
+        return None
 
     def _views(
         self, batch: StepBatch, i: int
@@ -395,6 +452,7 @@ def _select(batch: StepBatch, indices: Sequence[int], kernel: StepKernel) -> Ste
 
 
 _DTYPE = operator.attrgetter("dtype")
+_NUMEL = torch.Tensor.numel
 
 
 @functools.cache

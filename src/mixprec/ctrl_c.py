@@ -7,32 +7,61 @@ call until it has recorded the write as its own (`mixprec.optim.AdamW.step`), an
 Only in the main thread (where Python delivers signals) and only where Python's own
 SIGINT handler is installed: a program's own handler (the CLI's cooperative one, a
 notebook kernel's) is left alone.
+
+It runs on every optimizer step, so it calls `_signal` (the C module `signal`
+re-exports): `signal.signal` and `signal.getsignal` convert handlers to enums,
+which costs about 3 us a call (measured on CPython 3.11), against 0.4 us.
 """
 
 from __future__ import annotations
 
-import contextlib
+import importlib
 import signal
 import threading
-from collections.abc import Iterator
+from types import FrameType, TracebackType
+from typing import Any
+
+_c_signal: Any
+try:
+    _c_signal = importlib.import_module("_signal")
+except ImportError:  # pragma: no cover - an interpreter without CPython's C module
+    _c_signal = signal
 
 __all__ = ["held"]
 
+_SIGINT = int(signal.SIGINT)
+_MAIN = threading.main_thread()
 
-@contextlib.contextmanager
-def held() -> Iterator[None]:
+
+class held:  # noqa: N801 - used as a function: ``with ctrl_c.held():``
     """Hold a Ctrl-C (SIGINT) within the block; raise `KeyboardInterrupt` after it."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
+
+    __slots__ = ("_previous", "_received")
+
+    def __init__(self) -> None:
+        self._previous: object = None
+        self._received = False
+
+    def _hold(self, signum: int, frame: FrameType | None) -> None:
+        self._received = True
+
+    def __enter__(self) -> None:
+        if (
+            threading.current_thread() is _MAIN
+            and _c_signal.getsignal(_SIGINT) is signal.default_int_handler
+        ):
+            self._previous = _c_signal.signal(_SIGINT, self._hold)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._previous is None:
+            return
+        _c_signal.signal(_SIGINT, self._previous)
+        self._previous = None
+        if self._received and exc_type is None:
+            self._received = False
+            raise KeyboardInterrupt

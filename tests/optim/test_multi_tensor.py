@@ -421,3 +421,23 @@ def test_editing_a_groups_formats_after_construction_raises() -> None:
     opt.param_groups[0]["master"] = "kahan"
     with pytest.raises(ValueError, match="formats are fixed per group"):
         opt.step()
+
+
+def test_parameters_moved_between_groups_of_other_formats_are_named_as_moved() -> None:
+    # Found by review: swapping two groups' params lists said the formats "changed from
+    # ('exact', 'fp32') to ('kahan', 'fp32')", which the user never edited.
+    a = torch.nn.Parameter(torch.randn(64, dtype=torch.bfloat16))
+    b = torch.nn.Parameter(torch.randn(32, dtype=torch.bfloat16))
+    opt = AdamW([{"params": [a], "master": "exact"}, {"params": [b], "master": "kahan"}])
+    a.grad, b.grad = torch.randn_like(a), torch.randn_like(b)
+    opt.step()
+    before = a.detach().clone(), b.detach().clone()
+    g0, g1 = opt.param_groups
+    g0["params"], g1["params"] = g1["params"], g0["params"]
+    with pytest.raises(
+        ValueError,
+        match=r"param group 0: .* parameter \(32,\) was planned under"
+        r" \('kahan', 'fp32'\) .*moved between groups",
+    ):
+        opt.step()
+    assert torch.equal(a.detach(), before[0]) and torch.equal(b.detach(), before[1])

@@ -417,7 +417,7 @@ class AdamW(torch.optim.Optimizer):
             for index, group in enumerate(self.param_groups):
                 if group["params"]:
                     refuse_unsupported(f"param group {index}: ", group)
-                    self._refuse_format_edits(group)
+                    self._refuse_format_edits(group, index)
                 hypers[index] = _group_hyper(group, index)
         for index, group in enumerate(self.param_groups):
             if replayable:
@@ -648,7 +648,7 @@ class AdamW(torch.optim.Optimizer):
             self._record_versions()
             self._traced_writes.clear()
 
-    def _refuse_format_edits(self, group: dict[str, Any]) -> None:
+    def _refuse_format_edits(self, group: dict[str, Any], index: int) -> None:
         # Formats are resolved, and state laid out, when a group is added: an edit of
         # group["master"] / ["moments"] afterwards cannot take effect; say so.
         # (a loop, not next() over a generator: a Ctrl-C in a generator's finalisation
@@ -662,9 +662,11 @@ class AdamW(torch.optim.Optimizer):
         requested = plan.requested
         if (group["master"], group["moments"]) != requested:
             raise ValueError(
-                f"param group master/moments changed from {requested} to "
-                f"{(group['master'], group['moments'])} after the optimizer was built; "
-                "formats are fixed per group: to change them, build a new AdamW with the "
+                f"param group {index}: master/moments are {(group['master'], group['moments'])}"
+                f" but its parameter {tuple(p.shape)} was planned under {requested} (the "
+                "group's formats were edited, or parameters moved between groups, after the "
+                "optimizer was built); formats are fixed per group: to change them, build a "
+                "new AdamW with the "
                 "formats you want, load this one's torch_state_dict() into it (the moments "
                 "convert) and then its master_weights() with load_master_weights()"
             )

@@ -36,11 +36,12 @@ _MAIN = threading.main_thread()
 class held:  # noqa: N801 - used as a function: ``with ctrl_c.held():``
     """Hold a Ctrl-C (SIGINT) within the block; raise `KeyboardInterrupt` after it."""
 
-    __slots__ = ("_previous", "_received")
+    __slots__ = ("_handler", "_previous", "_received")
 
     def __init__(self) -> None:
         self._previous: object = None
         self._received = False
+        self._handler = self._hold  # one bound method: compared by identity on exit
 
     def _hold(self, signum: int, frame: FrameType | None) -> None:
         self._received = True
@@ -50,7 +51,7 @@ class held:  # noqa: N801 - used as a function: ``with ctrl_c.held():``
             threading.current_thread() is _MAIN
             and _c_signal.getsignal(_SIGINT) is signal.default_int_handler
         ):
-            self._previous = _c_signal.signal(_SIGINT, self._hold)
+            self._previous = _c_signal.signal(_SIGINT, self._handler)
 
     def __exit__(
         self,
@@ -60,8 +61,11 @@ class held:  # noqa: N801 - used as a function: ``with ctrl_c.held():``
     ) -> None:
         if self._previous is None:
             return
-        _c_signal.signal(_SIGINT, self._previous)
+        if _c_signal.getsignal(_SIGINT) is self._handler:
+            # (a handler the program installed within the block stays)
+            _c_signal.signal(_SIGINT, self._previous)
         self._previous = None
-        if self._received and exc_type is None:
+        if self._received:
+            # Also when the block raised: the Ctrl-C is not lost, the error is its context.
             self._received = False
             raise KeyboardInterrupt

@@ -41,7 +41,13 @@ from mixprec.optim.param_plan import (
     plan_param,
     refuse_shared_memory,
 )
-from mixprec.optim.replay import PreparedGroup, counter_value, prepare_group, wrote
+from mixprec.optim.replay import (
+    PreparedGroup,
+    counter_value,
+    prepare_group,
+    version_marker,
+    wrote,
+)
 from mixprec.optim.resync import reset_master, resync_master
 from mixprec.optim.state_dicts import StateConversion, read_state_dict, to_torch
 
@@ -85,6 +91,7 @@ class _BatchWrite:
     versions: list[int]  # before the batch
     step_counter: torch.Tensor  # the first parameter's
     step_before: float | None
+    marker: torch.Tensor  # bumped with the parameters (`replay.version_marker`)
 
 
 def _group_hyper(group: dict[str, Any], index: int) -> GroupHyper:
@@ -490,22 +497,26 @@ class AdamW(torch.optim.Optimizer):
                 eps=float(group["eps"]),
                 weight_decay=float(group["weight_decay"]),
             )
+            markers: dict[int, torch.Tensor] = {}  # id(batch): its _BatchWrite's marker
             if not tracing:
                 # (CPU batches only: the native kernel runs there, and reading a CUDA
                 # counter would sync every step.)
-                self._in_flight = [
-                    _BatchWrite(
-                        batch.params,
-                        [
-                            q._version if type(q) in _PLAIN else sharding.write_version(q)
-                            for q in batch.params
-                        ],
-                        batch.steps[0],
-                        counter_value(batch.steps[0]),
-                    )
-                    for _, batch in batches.values()
-                    if isinstance(batch.steps[0], torch.Tensor) and batch.steps[0].is_cpu
-                ]
+                self._in_flight = []
+                for _, batch in batches.values():
+                    if isinstance(batch.steps[0], torch.Tensor) and batch.steps[0].is_cpu:
+                        marker = markers[id(batch)] = version_marker()
+                        self._in_flight.append(
+                            _BatchWrite(
+                                batch.params,
+                                [
+                                    q._version if type(q) in _PLAIN else sharding.write_version(q)
+                                    for q in batch.params
+                                ],
+                                batch.steps[0],
+                                counter_value(batch.steps[0]),
+                                marker,
+                            )
+                        )
             # A Ctrl-C between a native write and its recording below would make the write
             # look like an edit of the user's (see `_reconcile`): held until recorded (not
             # around the portable path, whose first call may compile for a long while).
@@ -528,6 +539,7 @@ class AdamW(torch.optim.Optimizer):
                         maximize=bool(group["maximize"]),
                         block_size=self._block_size,
                         mode=plan.mode,
+                        marker=markers.get(id(batch)),
                     )
                 if not tracing:
                     for p in stepped:
@@ -572,9 +584,9 @@ class AdamW(torch.optim.Optimizer):
         left, would make its own write look like one. The call is one C call (a
         KeyboardInterrupt is raised between Python operations) that also advances the
         step counters, so a counter that holds its after-value says the call wrote; its
-        parameters' counters then moved by the step's own version bump or not yet. An
-        edit after the interrupt moves them further, and is followed as usual. (An edit
-        that lands between the call and its version bump cannot be told from the bump.)
+        parameters' version counters then moved by the step's own bump or not yet, which
+        a marker bumped with them in the same call says (`replay.version_marker`). An
+        edit after the interrupt moves them further, and is followed as usual.
         """
         self._adopt_traced_writes()
         in_flight, self._in_flight = self._in_flight, None
@@ -584,18 +596,23 @@ class AdamW(torch.optim.Optimizer):
                 self._retire(in_flight)
         else:
             writes = [
-                (w.params, w.versions, wrote(w.step_counter, w.step_before))
+                (
+                    w.params,
+                    w.versions,
+                    wrote(w.step_counter, w.step_before),
+                    w.marker._version != 0,
+                )
                 for w in in_flight or ()
             ]
         bumps: dict[torch.Tensor, tuple[int, int]] = {}
-        for params, before, written in writes:
+        for params, before, written, bumped in writes:
             if written:  # (a parameter listed twice is in two batches: a bump for each)
                 for p, v in zip(params, before, strict=True):
                     first, n = bumps.get(p, (v, 0))
-                    bumps[p] = (first, n + 1)
+                    bumps[p] = (first, n + bumped)
         for p, (before_version, n) in bumps.items():
             now = p._version if type(p) in _PLAIN else sharding.write_version(p)
-            if before_version <= now <= before_version + n:
+            if now == before_version + n:  # else edited since: followed at the next step
                 self._versions[p] = now
         if self._prepared:
             live = {id(g): g for g in self.param_groups}

@@ -85,6 +85,13 @@ class _Call:
     # that was interrupted had written.
     step_counter: torch.Tensor
     step_before: float | None
+    # `params` and a private marker, bumped together by one C call after the kernel
+    # wrote: the marker's version says whether the parameters' bump happened, so an
+    # edit in the window between the write and the bump is told from the bump.
+    bump: list[torch.Tensor]
+    marker: torch.Tensor
+    marker_before: int = 0
+    versions_before: list[int] | None = None  # `versions` when the replay under way began
 
     def unchanged(self, state_get: Callable[[torch.Tensor], object]) -> bool:
         """Whether the parameters and their state are as prepared (see the module)."""
@@ -166,7 +173,7 @@ class PreparedGroup:
             with ctrl_c.held():
                 call.prepared.run(pointers, values)
                 # The kernel wrote through pointers: tell autograd (as `ops.adamw_step_` does).
-                torch.autograd.graph.increment_version(call.params)
+                torch.autograd.graph.increment_version(call.bump)  # (with the marker)
                 call.versions = list(map(_VERSION, call.params))
                 call.step_before = None  # recorded: no longer a write to reconcile
         return True
@@ -175,13 +182,21 @@ class PreparedGroup:
         """Note each call's step counter before a replay (`writes` compares)."""
         for call in self._calls:
             call.step_before = counter_value(call.step_counter)
+            call.marker_before = call.marker._version
+            call.versions_before = call.versions  # (a replay rebinds, never mutates, it)
 
-    def writes(self) -> list[tuple[list[torch.Tensor], list[int], bool]]:
+    def writes(self) -> list[tuple[list[torch.Tensor], list[int], bool, bool]]:
         """For a replay that was interrupted (after `arm`): per call, its parameters,
-        their versions before it and whether its kernel wrote (one C call, all or
-        nothing, that also advances the step counters)."""
+        their versions before it, whether its kernel wrote (one C call, all or
+        nothing, that also advances the step counters) and whether their versions
+        were bumped for it since."""
         return [
-            (call.params, call.versions, wrote(call.step_counter, call.step_before))
+            (
+                call.params,
+                call.versions if call.versions_before is None else call.versions_before,
+                wrote(call.step_counter, call.step_before),
+                call.marker._version != call.marker_before,
+            )
             for call in self._calls
         ]
 
@@ -198,6 +213,13 @@ def counter_value(counter: object) -> float | None:
     if isinstance(counter, torch.Tensor) and counter.numel() == 1:
         return float(counter)
     return None
+
+
+def version_marker() -> torch.Tensor:
+    """A tensor of no elements bumped with parameters in one call: its version says
+    whether their bump happened (`PreparedGroup.writes`, `AdamW._reconcile`)."""
+    with torch.inference_mode(False):  # (an inference tensor has no version counter)
+        return torch.empty(0)
 
 
 def wrote(counter: object, before: float | None) -> bool:
@@ -316,4 +338,6 @@ def _prepare_call(
         prepared=prepared,
         step_counter=state[ps[0]]["step"],
         step_before=counter_value(state[ps[0]]["step"]),
+        bump=[*ps, marker := version_marker()],
+        marker=marker,
     )

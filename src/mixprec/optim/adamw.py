@@ -94,16 +94,50 @@ class _BatchWrite:
     marker: torch.Tensor  # bumped with the parameters (`replay.version_marker`)
 
 
-def _group_hyper(group: dict[str, Any], index: int) -> GroupHyper:
-    """`group`'s hyperparameters as floats, checked as the constructor checks them (an
-    edit after it, ``betas=(1.0, 0.9)`` or ``eps=0``, must not reach a kernel)."""
-    betas = group["betas"]
+#: The keys a step reads from every param group (the constructor and
+#: `add_param_group` fill them).
+_GROUP_KEYS = frozenset(
+    ("params", "lr", "betas", "eps", "weight_decay", "maximize", "master", "moments")
+)
+
+
+def _check_group(group: dict[str, Any], index: int) -> GroupHyper:
+    """`group`'s hyperparameters as floats, checked as the constructor checks them: an
+    edit after it (``betas=(1.0, 0.9)``, ``eps=0``, ``lr="0.5"``, a deleted key) must
+    not reach a kernel. Raises `ValueError` naming the group; nothing has stepped."""
+    if not group.keys() >= _GROUP_KEYS:
+        missing = sorted(_GROUP_KEYS - group.keys())
+        raise ValueError(
+            f"param group {index} has no {', '.join(map(repr, missing))} (nothing was "
+            "stepped): groups made by the constructor or add_param_group have every key; "
+            "put it back (e.g. group['maximize'] = False)"
+        )
+    lr, betas, eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+    if not (  # the usual case, checked cheaply: plain floats and a bool
+        type(lr) is float
+        and type(betas) is tuple
+        and len(betas) == 2
+        and type(betas[0]) is float
+        and type(betas[1]) is float
+        and type(eps) is float
+        and type(wd) is float
+        and type(group["maximize"]) is bool
+    ):
+        try:
+            check_hyper(lr, betas, eps, wd)
+        except ValueError as exc:
+            raise ValueError(f"param group {index}: {exc} (nothing was stepped)") from None
+        if not isinstance(group["maximize"], bool):
+            raise ValueError(
+                f"param group {index}: maximize={group['maximize']!r} must be True or False "
+                "(nothing was stepped)"
+            )
     hyper = GroupHyper(
-        lr=scalar(group["lr"]),
+        lr=scalar(lr),
         beta1=scalar(betas[0]),
         beta2=scalar(betas[1]),
-        eps=float(group["eps"]),
-        weight_decay=float(group["weight_decay"]),
+        eps=float(eps),
+        weight_decay=scalar(wd),
     )
     if not (
         0.0 <= hyper.lr < math.inf
@@ -422,10 +456,13 @@ class AdamW(torch.optim.Optimizer):
         hypers: list[GroupHyper | None] = [None] * len(self.param_groups)
         if not tracing:
             for index, group in enumerate(self.param_groups):
+                hypers[index] = _check_group(group, index)
                 if group["params"]:
-                    refuse_unsupported(f"param group {index}: ", group)
-                    self._refuse_format_edits(group, index)
-                hypers[index] = _group_hyper(group, index)
+                    try:
+                        refuse_unsupported(f"param group {index}: ", group)
+                        self._refuse_format_edits(group, index)
+                    except ValueError as exc:
+                        raise ValueError(f"{exc} (nothing was stepped)") from None
         for index, group in enumerate(self.param_groups):
             if replayable:
                 prepared = self._prepared.get(id(group))

@@ -263,6 +263,26 @@ class NativeLibrary:
             for k in (0, 1, 2, 3)
         ]
         columns.append(list(map(numel, grads)))
+        # What the kernel writes (parameters, state, step counters) must not share memory:
+        # two parameters' state made one (`state[q]['exp_avg'] = state[p]['exp_avg']`)
+        # would be updated from two threads at once.
+        written = [
+            pointer
+            for pointers, sizes in zip(
+                (columns[4], *columns[6:12], columns[12]),
+                (columns[2], *columns[14:20], [1] * count),
+                strict=True,
+            )
+            for pointer, size in zip(pointers, sizes, strict=True)
+            if size > 0
+        ]
+        if len(set(written)) != len(written):
+            raise ValueError(
+                "native AdamW step: two parameters' state tensors (or a state tensor and a "
+                "parameter) share memory, e.g. after state[q]['exp_avg'] = "
+                "state[p]['exp_avg']: each would be updated from two threads at once; give "
+                "each parameter state tensors of its own (.clone())"
+            )
         # array.array fills the table in C (a ctypes array from Python ints costs
         # about 90 ns an entry: 2 us a parameter).
         table = array.array("q", itertools.chain.from_iterable(columns))

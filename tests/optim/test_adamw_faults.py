@@ -9,6 +9,7 @@ import os
 import pickle
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -475,3 +476,30 @@ def test_a_state_tensor_of_the_wrong_size_is_named_and_nothing_steps(
         assert torch.equal(
             torch.as_tensor(opt.state_dict()["state"][0][name]), torch.as_tensor(value)
         )
+
+
+@pytest.mark.parametrize(
+    ("master", "edit"),
+    [
+        ("exact", lambda st: st.__setitem__("exp_avg", st["exp_avg"].t().contiguous().t())),
+        ("exact", lambda st: st.__setitem__("step", st["step"].reshape(1))),
+        ("stochastic", lambda st: st.__setitem__("rng_seed", st["rng_seed"].double())),
+    ],
+    ids=["non-contiguous exp_avg", "step of shape (1,)", "float64 rng_seed"],
+)
+def test_an_eager_step_that_fails_moves_no_step_counter(master: str, edit: Any) -> None:
+    """Found by review: the portable path advanced every step counter of the batch, then
+    failed on a view, a stack or a seed, so a retry counted the step twice."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64, 64).bfloat16()) for _ in range(2)]
+    opt = AdamW(params, lr=1e-2, master=master, fused=False, seed=7)
+    _grads(params, 1)
+    opt.step()
+    edit(opt.state[params[1]])
+    before = [(p.detach().clone(), opt.state[p]["step"].clone()) for p in params]
+    _grads(params, 2)
+    with pytest.raises((ValueError, RuntimeError)):
+        opt.step()
+    for p, (value, step) in zip(params, before, strict=True):
+        assert torch.equal(p.detach(), value)
+        assert torch.equal(opt.state[p]["step"].reshape(()), step.reshape(()))

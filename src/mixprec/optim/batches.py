@@ -257,18 +257,24 @@ class StepKernel:
         misfit = self.misfit(batch)  # before the counters move: a refusal changes nothing
         if misfit is not None:
             raise ValueError(f"nothing was stepped: {misfit}")
-        torch._foreach_add_(batch.steps, 1.0)
-        host_steps = (
-            [int(s) for s in torch.stack(batch.steps).tolist()]
-            if n > 1
-            else [int(batch.steps[0].item())]
-        )
+        # Everything that can fail is done before the counters move (a non-contiguous
+        # state tensor, a step counter of another shape, a seed of another type): a
+        # refusal leaves the batch as it was.
+        views = [self._views(batch, i) for i in range(n)]
+        if n > 1:
+            steps_after = torch.stack(batch.steps) + 1.0
+            host_steps = [int(s) for s in steps_after.tolist()]
+        else:
+            steps_after = None
+            host_steps = [int(batch.steps[0].item()) + 1]
         keys: list[torch.Tensor | None] = [None] * n
         if self.family.master.spec.uses_noise:
-            seeds, steps = torch.stack(batch.seeds), torch.stack(batch.steps)
+            seeds = torch.stack(batch.seeds)
+            steps = steps_after if steps_after is not None else torch.stack(batch.steps) + 1.0
             offsets = torch.tensor(batch.offsets, dtype=torch.int64, device=seeds.device)
             all_keys = (step_key(seeds, steps) + offsets) & 0xFFFFFFFF
             keys = list(all_keys.unbind(0))
+        torch._foreach_add_(batch.steps, 1.0)
         scalars: dict[int, torch.Tensor] = {}
         small: dict[tuple[int, torch.dtype, torch.dtype], list[int]] = {}
         for i, p in enumerate(batch.params):
@@ -278,13 +284,13 @@ class StepKernel:
             if p.numel() <= CONCAT_MAX_NUMEL:
                 small.setdefault((step, p.dtype, batch.grads[i].dtype), []).append(i)
             else:
-                self._call(*self._views(batch, i), scalars[step], keys[i])
+                self._call(*views[i], scalars[step], keys[i])
         for (step, _, _), members in small.items():
             if len(members) == 1:
                 i = members[0]
-                self._call(*self._views(batch, i), scalars[step], keys[i])
+                self._call(*views[i], scalars[step], keys[i])
             else:
-                self._concatenated(batch, members, scalars[step], keys)
+                self._concatenated([views[i] for i in members], members, scalars[step], keys)
 
     def misfit(self, batch: StepBatch) -> str | None:
         """A line naming the first gradient or state tensor of `batch` whose size does not
@@ -356,14 +362,14 @@ class StepKernel:
 
     def _concatenated(
         self,
-        batch: StepBatch,
+        views: list[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]],
         members: list[int],
         scalars: torch.Tensor,
         keys: list[torch.Tensor | None],
     ) -> None:
         # Elementwise (and block-local) arithmetic gives the same bits on a
         # concatenation as on each part: step the parts as one tensor, copy back.
-        views = [self._views(batch, i) for i in members]
+        # (`views`: each member's `_views`)
         params = [v[0] for v in views]
         state = [[v[2][k] for v in views] for k in range(self._n_master)] + [
             [v[3][k] for v in views] for k in range(self._n_moments)

@@ -503,3 +503,37 @@ def test_an_eager_step_that_fails_moves_no_step_counter(master: str, edit: Any) 
     for p, (value, step) in zip(params, before, strict=True):
         assert torch.equal(p.detach(), value)
         assert torch.equal(opt.state[p]["step"].reshape(()), step.reshape(()))
+
+
+@pytest.mark.parametrize(
+    ("master", "key", "edit"),
+    [
+        ("exact", "step", lambda st: st.__setitem__("step", torch.tensor(5.0))),
+        ("exact", "exp_avg", lambda st: st.__setitem__("exp_avg", st["exp_avg"].double())),
+        ("exact", "exp_avg", lambda st: st.__setitem__("exp_avg", st["exp_avg"].bfloat16())),
+        (
+            "exact",
+            "remainder_hi",
+            lambda st: st.__setitem__("remainder_hi", st["remainder_hi"].short()),
+        ),
+        ("stochastic", "rng_seed", lambda st: st.__setitem__("rng_seed", 7)),
+    ],
+    ids=["float32 step", "float64 exp_avg", "bf16 exp_avg", "int16 remainder", "int rng_seed"],
+)
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_state_tensor_of_another_type_is_refused_alike_by_every_path(
+    master: str, key: str, edit: Any, fused: bool
+) -> None:
+    """Found by review: the native path refused these (without naming the tensor, or
+    with an AttributeError for an int seed) where the eager path stepped them."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64, 64).bfloat16()) for _ in range(2)]
+    opt = AdamW(params, lr=1e-2, master=master, fused=fused, seed=7)
+    _grads(params, 1)
+    opt.step()
+    edit(opt.state[params[1]])
+    before = [p.detach().clone() for p in params]
+    _grads(params, 2)
+    with pytest.raises(ValueError, match=rf"state\['{key}'\] is "):
+        opt.step()
+    assert all(torch.equal(p.detach(), b) for p, b in zip(params, before, strict=True))

@@ -306,7 +306,7 @@ def test_an_empty_step_counter_raises_instead_of_crashing() -> None:
     p.grad = torch.randn_like(p)
     opt.step()
     opt.state[p]["step"] = torch.tensor([], dtype=torch.float64)
-    with pytest.raises(ValueError, match="one value each"):
+    with pytest.raises(ValueError, match="must hold one value"):
         opt.step()
 
 

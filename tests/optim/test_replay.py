@@ -315,6 +315,6 @@ def test_a_state_tensor_changed_in_dtype_or_layout_in_place_is_refused_as_by_the
     event(opt, params, 3)
     _set_grads(params, 3)
     before = [p.detach().clone() for p in params]
-    with pytest.raises(ValueError, match="native AdamW step"):
+    with pytest.raises(ValueError, match=r"state\['exp_avg(_sq)?'\] is (torch.int32|not laid out)"):
         opt.step()
     assert all(torch.equal(a, p.detach()) for a, p in zip(before, params, strict=True))

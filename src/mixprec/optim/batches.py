@@ -12,6 +12,7 @@ shared by every optimizer.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import warnings
 from collections.abc import Sequence
@@ -135,6 +136,12 @@ class StepKernel:
         self._n_master = len(spec.state)
         self._n_moments = len(family.moments.spec.state)
         self._per_block = tuple(t.per_block for t in family.moments.spec.state)
+        # (key, dtype, follows the parameter's dtype) and (key, dtype, per block) per slot
+        self._master = tuple((t.name, t.torch_dtype, t.follows_param) for t in spec.state)
+        self._moments = tuple(
+            (t.name, t.torch_dtype, t.per_block) for t in family.moments.spec.state
+        )
+        self._master_follows_param = any(t.follows_param for t in spec.state)
         # Parameter dtypes the native kernel steps for this master.
         self._native_dtypes = frozenset(d for d in native.DTYPES if family.master.spec.accepts(d))
 
@@ -293,52 +300,60 @@ class StepKernel:
                 self._concatenated([views[i] for i in members], members, scalars[step], keys)
 
     def misfit(self, batch: StepBatch) -> str | None:
-        """A line naming the first gradient or state tensor of `batch` whose size does not
-        fit its parameter (the kernels would refuse it or fail mid-step), else None."""
+        """A line naming the first gradient, state tensor or step counter of `batch` that
+        does not fit its parameter (its size, dtype or layout; every path refuses it
+        before anything moves), else None."""
         numels = list(map(_NUMEL, batch.params))
-        nm, nmo = self._n_master, self._n_moments
+        state = (*batch.master_state, *batch.moment_state)
+        count = len(numels)
         if (
-            list(map(_NUMEL, batch.grads)) == numels
-            and list(map(_NUMEL, batch.master_state)) == [n for n in numels for _ in range(nm)]
+            all(map(isinstance, (*batch.grads, *state, *batch.steps, *batch.seeds), _TENSOR))
+            and list(map(_NUMEL, batch.grads)) == numels
+            and list(map(_NUMEL, batch.master_state)) == [n for n in numels for _ in self._master]
             and list(map(_NUMEL, batch.moment_state))
             == [
                 self.family.moments.kernel_shape(n)[0] if per_block else n
                 for n in numels
-                for per_block in self._per_block
+                for _, _, per_block in self._moments
             ]
+            and list(map(_DTYPE, batch.master_state)) == self._master_dtypes(batch.params)
+            and list(map(_DTYPE, batch.moment_state)) == [d for _, d, _ in self._moments] * count
+            and all(map(torch.Tensor.is_contiguous, state))
+            and list(map(_DTYPE, batch.steps)) == [torch.float64] * count
+            and list(map(_NUMEL, batch.steps)) == [1] * count
+            and list(map(_DTYPE, batch.seeds)) == [torch.int64] * len(batch.seeds)
+            and list(map(_NUMEL, batch.seeds)) == [1] * len(batch.seeds)
         ):
             return None  # the usual case, checked in C-level loops
-        names = self.family.master.spec.state_keys + self.family.moments.spec.state_keys
+        nm, nmo = len(self._master), len(self._moments)
         for i, p in enumerate(batch.params):
             n = p.numel()
-            shape = self.family.moments.kernel_shape(n)
-            tensors = [("gradient", batch.grads[i], n)]
-            tensors += [
-                (f"state[{names[k]!r}]", batch.master_state[i * nm + k], n) for k in range(nm)
+            blocks = self.family.moments.kernel_shape(n)[0]
+            slots: list[tuple[str, object, int, torch.dtype | None]] = [
+                ("gradient", batch.grads[i], n, None)
             ]
-            tensors += [
-                (
-                    f"state[{names[nm + k]!r}]",
-                    batch.moment_state[i * nmo + k],
-                    shape[0] if per_block else n,
-                )
-                for k, per_block in enumerate(self._per_block)
+            slots += [
+                (f"state[{key!r}]", batch.master_state[i * nm + k], n, p.dtype if follows else d)
+                for k, (key, d, follows) in enumerate(self._master)
             ]
-            for what, tensor, expected in tensors:
-                if tensor.numel() != expected:
-                    fix = (
-                        "was it replaced through `p.grad.data = ...`? Give each parameter a "
-                        "gradient of its own size"
-                        if what == "gradient"
-                        else "was the parameter resized (`p.data = ...`) after its state was "
-                        "made, or a state tensor replaced or emptied (`set_()`)? Rebuild the "
-                        "optimizer, or load a state dict saved for these parameters"
-                    )
-                    return (
-                        f"parameter {tuple(p.shape)}: its {what} holds {tensor.numel()} "
-                        f"elements, its size does not match its parameter's ({expected}): {fix}"
-                    )
+            slots += [
+                (f"state[{key!r}]", batch.moment_state[i * nmo + k], blocks if per_block else n, d)
+                for k, (key, d, per_block) in enumerate(self._moments)
+            ]
+            slots.append(("state['step']", batch.steps[i], 1, torch.float64))
+            if batch.seeds:
+                slots.append(("state['rng_seed']", batch.seeds[i], 1, torch.int64))
+            for what, tensor, expected, dtype in slots:
+                found = _misfit_of(what, tensor, expected, dtype)
+                if found is not None:
+                    return f"parameter {tuple(p.shape)}: its {found}"
         return None
+
+    def _master_dtypes(self, params: Sequence[torch.Tensor]) -> list[torch.dtype]:
+        """The master state's dtypes for `params`, in batch order."""
+        if not self._master_follows_param:
+            return [d for _, d, _ in self._master] * len(params)
+        return [p.dtype if follows else d for p in params for _, d, follows in self._master]
 
     def _views(
         self, batch: StepBatch, i: int
@@ -459,6 +474,52 @@ def _select(batch: StepBatch, indices: Sequence[int], kernel: StepKernel) -> Ste
 
 _DTYPE = operator.attrgetter("dtype")
 _NUMEL = torch.Tensor.numel
+_TENSOR = itertools.repeat(torch.Tensor)
+
+
+def _misfit_of(what: str, tensor: object, numel: int, dtype: torch.dtype | None) -> str | None:
+    """How `tensor` (`what`: "gradient", "state['exp_avg']", ...) fails to fit, or None."""
+    if not isinstance(tensor, torch.Tensor) and what == "state['step']":
+        return (
+            f"{what} is a {type(tensor).__name__}, not a tensor: a step counter is a float64 "
+            f"tensor of one value, e.g. torch.tensor({tensor!r}, dtype=torch.float64)"
+        )
+    if not isinstance(tensor, torch.Tensor):
+        return (
+            f"{what} is a {type(tensor).__name__}, not a tensor: rebuild the optimizer, or "
+            "load a state dict saved for these parameters"
+        )
+    if tensor.numel() != numel and what in ("state['step']", "state['rng_seed']"):
+        return (
+            f"{what} holds {tensor.numel()} elements where it must hold one value, e.g. "
+            "torch.tensor(0.0, dtype=torch.float64) for a step counter"
+        )
+    if tensor.numel() != numel:
+        fix = (
+            "was it replaced through `p.grad.data = ...`? Give each parameter a gradient of "
+            "its own size"
+            if what == "gradient"
+            else "was the parameter resized (`p.data = ...`) after its state was made, or a "
+            "state tensor replaced or emptied (`set_()`)? Rebuild the optimizer, or load a "
+            "state dict saved for these parameters"
+        )
+        return (
+            f"{what} holds {tensor.numel()} elements, its size does not match its "
+            f"parameter's ({numel}): {fix}"
+        )
+    if dtype is not None and tensor.dtype != dtype:
+        return (
+            f"{what} is {tensor.dtype} where its format stores {dtype}: a state tensor "
+            "replaced or cast by hand; load a state dict (load_state_dict converts what it "
+            "can) instead of assigning state"
+        )
+    if dtype is not None and not tensor.is_contiguous():
+        return (
+            f"{what} is not laid out like its parameter (strides {tensor.stride()}): "
+            "assign state tensors made like the parameter (torch.empty_like), or load a "
+            "state dict"
+        )
+    return None
 
 
 @functools.cache

@@ -537,3 +537,27 @@ def test_a_state_tensor_of_another_type_is_refused_alike_by_every_path(
     with pytest.raises(ValueError, match=rf"state\['{key}'\] is "):
         opt.step()
     assert all(torch.equal(p.detach(), b) for p, b in zip(params, before, strict=True))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_parameter_re_pointed_by_set_is_followed_or_refused_by_name(fused: bool) -> None:
+    """Found by review: `p.set_(t)` to another shape raised torch's bare "The size of
+    tensor a (4) must match the size of tensor b (8)" from the master's reset."""
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(8, 4).bfloat16())
+    opt = AdamW([p], lr=1e-2, master="exact", fused=fused)
+    p.grad = torch.randn(8, 4).bfloat16()
+    opt.step()
+    new = torch.randn(4, 8).bfloat16()
+    with torch.no_grad():
+        p.set_(new.clone())  # the same size, another shape: followed
+    p.grad = torch.zeros(4, 8).bfloat16()
+    opt.step()
+    assert opt.master_weights()[0].shape == (4, 8)
+    with torch.no_grad():
+        p.set_(torch.randn(4, 4).bfloat16())  # another size: refused, by name
+    p.grad = torch.zeros(4, 4).bfloat16()
+    before = p.detach().clone()
+    with pytest.raises(ValueError, match=r"state\['remainder_hi'\] holds 32 elements"):
+        opt.step()
+    assert torch.equal(p.detach(), before)

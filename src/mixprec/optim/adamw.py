@@ -30,7 +30,7 @@ from mixprec.formats import (
 )
 from mixprec.formats.catalog import DEFAULT_MASTER, DEFAULT_MOMENTS
 from mixprec.optim import ops, sharding
-from mixprec.optim.batches import GroupHyper, StepBatch, StepKernel, kernel_for
+from mixprec.optim.batches import GroupHyper, StepBatch, StepKernel, kernel_for, state_misfit
 from mixprec.optim.kernels import KernelMode, resolve_mode
 from mixprec.optim.layout import flat_view, like_param
 from mixprec.optim.options import check_hyper, refuse_unsupported, scalar
@@ -749,6 +749,11 @@ class AdamW(torch.optim.Optimizer):
         if not sharding.is_dtensor(p):
             _follow_layout(lp, state, plan)
         tensors = [sharding.local(state[k]) for k in plan.master.spec.state_keys]
+        for key, tensor in zip(plan.master.spec.state_keys, tensors, strict=True):
+            # (`p.set_(t)` of another size bumps the version, unlike `p.data = t`)
+            misfit = state_misfit(f"state[{key!r}]", tensor, lp.numel(), None)
+            if misfit is not None:
+                raise ValueError(f"parameter {tuple(p.shape)}: its {misfit} (not stepped)")
         writes = sharding.write_version(p) - self._versions.get(p, 0)
         if p in self._restored and writes == 1:  # one copy_: the checkpoint's weights
             resync_master(plan.master, lp, tensors)

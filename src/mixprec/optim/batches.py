@@ -344,7 +344,7 @@ class StepKernel:
             if batch.seeds:
                 slots.append(("state['rng_seed']", batch.seeds[i], 1, torch.int64))
             for what, tensor, expected, dtype in slots:
-                found = _misfit_of(what, tensor, expected, dtype)
+                found = state_misfit(what, tensor, expected, dtype)
                 if found is not None:
                     return f"parameter {tuple(p.shape)}: its {found}"
         return None
@@ -477,7 +477,7 @@ _NUMEL = torch.Tensor.numel
 _TENSOR = itertools.repeat(torch.Tensor)
 
 
-def _misfit_of(what: str, tensor: object, numel: int, dtype: torch.dtype | None) -> str | None:
+def state_misfit(what: str, tensor: object, numel: int, dtype: torch.dtype | None) -> str | None:
     """How `tensor` (`what`: "gradient", "state['exp_avg']", ...) fails to fit, or None."""
     if not isinstance(tensor, torch.Tensor) and what == "state['step']":
         return (

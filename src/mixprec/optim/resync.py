@@ -66,4 +66,7 @@ def reset_master(fmt: MasterFormat, param: torch.Tensor, state: list[torch.Tenso
         return
     fresh = fmt.init_state(param)
     for dst, key in zip(state, fmt.spec.state_keys, strict=True):
-        dst.copy_(fresh[key])
+        src = fresh[key]
+        # (a parameter re-pointed by `p.set_(t)` to another shape of the same size: its
+        # state keeps its shape, and is stepped element by element as after `p.data = t`)
+        dst.copy_(src if src.shape == dst.shape else src.reshape(dst.shape))

@@ -185,7 +185,7 @@ class StepKernel:
                         hyper=(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay),
                         block_size=self._block_size,
                     )
-                except ValueError as exc:  # (nothing was written) name the tensor if a size
+                except ValueError as exc:  # (nothing was written) name the tensor that misfits
                     misfit = self.misfit(native_batch)
                     if misfit is None:
                         raise
@@ -324,7 +324,7 @@ class StepKernel:
             and list(map(_DTYPE, batch.seeds)) == [torch.int64] * len(batch.seeds)
             and list(map(_NUMEL, batch.seeds)) == [1] * len(batch.seeds)
         ):
-            return None  # the usual case, checked in C-level loops
+            return None  # the usual case, checked in mostly C-level loops
         nm, nmo = len(self._master), len(self._moments)
         for i, p in enumerate(batch.params):
             n = p.numel()

@@ -478,6 +478,19 @@ def test_a_state_tensor_of_the_wrong_size_is_named_and_nothing_steps(
         )
 
 
+def _stepped_once_then(
+    edit: Any, master: str, *, fused: bool
+) -> tuple[list[torch.nn.Parameter], AdamW]:
+    """Two bf16 parameters stepped once, then `edit` applied to the second one's state."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64, 64).bfloat16()) for _ in range(2)]
+    opt = AdamW(params, lr=1e-2, master=master, fused=fused, seed=7)
+    _grads(params, 1)
+    opt.step()
+    edit(opt.state[params[1]])
+    return params, opt
+
+
 @pytest.mark.parametrize(
     ("master", "edit"),
     [
@@ -490,12 +503,7 @@ def test_a_state_tensor_of_the_wrong_size_is_named_and_nothing_steps(
 def test_an_eager_step_that_fails_moves_no_step_counter(master: str, edit: Any) -> None:
     """Found by review: the portable path advanced every step counter of the batch, then
     failed on a view, a stack or a seed, so a retry counted the step twice."""
-    torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(64, 64).bfloat16()) for _ in range(2)]
-    opt = AdamW(params, lr=1e-2, master=master, fused=False, seed=7)
-    _grads(params, 1)
-    opt.step()
-    edit(opt.state[params[1]])
+    params, opt = _stepped_once_then(edit, master, fused=False)
     before = [(p.detach().clone(), opt.state[p]["step"].clone()) for p in params]
     _grads(params, 2)
     with pytest.raises((ValueError, RuntimeError)):
@@ -526,12 +534,7 @@ def test_a_state_tensor_of_another_type_is_refused_alike_by_every_path(
 ) -> None:
     """Found by review: the native path refused these (without naming the tensor, or
     with an AttributeError for an int seed) where the eager path stepped them."""
-    torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(64, 64).bfloat16()) for _ in range(2)]
-    opt = AdamW(params, lr=1e-2, master=master, fused=fused, seed=7)
-    _grads(params, 1)
-    opt.step()
-    edit(opt.state[params[1]])
+    params, opt = _stepped_once_then(edit, master, fused=fused)
     before = [p.detach().clone() for p in params]
     _grads(params, 2)
     with pytest.raises(ValueError, match=rf"state\['{key}'\] is "):

@@ -102,6 +102,23 @@ def _interrupted_run(
     return fired, params, opt
 
 
+def _counter(opt: AdamW, p: torch.nn.Parameter) -> int:
+    st = opt.state.get(p)
+    return int(st["step"]) if st else 0
+
+
+def _carry_on(params: list[torch.nn.Parameter], opt: AdamW, at_step: int) -> None:
+    """After an interrupted step `at_step`: re-run it for the parameters it did not
+    reach, then the rest of the run."""
+    for step in range(at_step, STEPS):
+        _grads(params, step)
+        for p in params:
+            if _counter(opt, p) != step:
+                p.grad = None
+        if any(p.grad is not None for p in params):
+            opt.step()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("master", ["exact", "kahan"])
 @pytest.mark.parametrize("at_step", [0, 2])  # the full path; a replayed step
@@ -113,10 +130,6 @@ def test_an_interrupt_anywhere_in_a_native_step_loses_nothing(master: str, at_st
         ref.step()
         snapshots.append(_snapshot(ref_params, ref))
 
-    def counter(opt: AdamW, p: torch.nn.Parameter) -> int:
-        st = opt.state.get(p)
-        return int(st["step"]) if st else 0
-
     point, checked = 1, 0
     while True:
         fired, params, opt = _interrupted_run(master, True, at_step, point)
@@ -124,28 +137,16 @@ def test_an_interrupt_anywhere_in_a_native_step_loses_nothing(master: str, at_st
             break
         # Each parameter was stepped by its group's native call, or not at all.
         for i, p in enumerate(params):
-            assert counter(opt, p) in (at_step, at_step + 1), (point, i)
-        # Carry on: re-run the step for parameters it did not reach, then the rest.
-        for step in range(at_step, STEPS):
-            _grads(params, step)
-            for p in params:
-                if counter(opt, p) != step:
-                    p.grad = None
-            if any(p.grad is not None for p in params):
-                opt.step()
+            assert _counter(opt, p) in (at_step, at_step + 1), (point, i)
+        _carry_on(params, opt, at_step)
         for i, p in enumerate(params):
-            expected = snapshots[counter(opt, p)][i]
+            expected = snapshots[_counter(opt, p)][i]
             got = {"param": p.detach(), **opt.state[p]}
             bad = [k for k, v in expected.items() if not _same(got[k], v)]
             assert not bad, f"interrupt at line {point}: parameter {i} differs in {bad}"
         checked += 1
         point += 1
     assert checked > 50  # the step ran through that many traced lines
-
-
-def _counter(opt: AdamW, p: torch.nn.Parameter) -> int:
-    st = opt.state.get(p)
-    return int(st["step"]) if st else 0
 
 
 def _edited_reference(master: str, edit_at: int) -> dict[str, torch.Tensor]:
@@ -185,13 +186,7 @@ def test_an_edit_after_an_interrupted_step_is_followed(
         edit_at = _counter(opt, params[0])
         with torch.no_grad():
             params[0].mul_(0.5)
-        for step in range(at_step, STEPS):
-            _grads(params, step)
-            for p in params:
-                if _counter(opt, p) != step:
-                    p.grad = None
-            if any(p.grad is not None for p in params):
-                opt.step()
+        _carry_on(params, opt, at_step)
         got = {"param": params[0].detach(), **opt.state[params[0]]}
         expected = references[edit_at]
         bad = [k for k, v in expected.items() if not _same(got[k], v)]

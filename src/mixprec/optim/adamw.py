@@ -467,10 +467,11 @@ class AdamW(torch.optim.Optimizer):
             if replayable:
                 prepared = self._prepared.get(id(group))
                 if prepared is not None:
-                    if prepared.group is group:
+                    hyper = hypers[index]
+                    if prepared.group is group and hyper is not None:
                         prepared.arm()
                         self._in_flight = prepared
-                        replayed = prepared.replay(group, self.state, hypers[index])
+                        replayed = prepared.replay(group, self.state, hyper)
                         self._in_flight = None
                         if replayed:
                             continue

@@ -46,7 +46,6 @@ import torch
 from mixprec import ctrl_c
 from mixprec.optim import native
 from mixprec.optim.batches import GroupHyper, StepBatch, StepKernel
-from mixprec.optim.options import scalar
 from mixprec.optim.param_plan import ParamPlan
 
 __all__ = ["PreparedGroup", "counter_value", "prepare_group", "wrote"]
@@ -128,10 +127,11 @@ class PreparedGroup:
         self._calls = calls
 
     def replay(
-        self, group: dict[str, Any], state: dict[torch.Tensor, Any], hyper: GroupHyper | None
+        self, group: dict[str, Any], state: dict[torch.Tensor, Any], hyper: GroupHyper
     ) -> bool:
         """Step `group` with the prepared calls if every check of the module passes
         (True); otherwise change nothing and return False (take the full path).
+        `hyper`: the group's hyperparameters as `AdamW.step` checked them.
 
         Raises:
             ValueError: the kernel refused a step counter (as the full path would).
@@ -157,15 +157,6 @@ class PreparedGroup:
             if pointers is None:
                 return False
             runs.append((call, pointers))
-        if hyper is None:
-            betas = group["betas"]
-            hyper = GroupHyper(
-                scalar(group["lr"]),
-                scalar(betas[0]),
-                scalar(betas[1]),
-                float(group["eps"]),
-                float(group["weight_decay"]),
-            )
         values = (hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay)
         for call, pointers in runs:
             # A Ctrl-C between the write and its recording would make the write look

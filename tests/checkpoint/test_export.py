@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -348,3 +350,18 @@ def test_frozen_params_and_buffers_come_from_the_model(tmp_path: Path) -> None:
     assert json.loads(meta["model_params"]) == ["2.weight", "2.bias"]
     assert mixprec.Policy.from_dict(json.loads(meta["policy"])) == prec.policy
     assert meta["mixprec_version"] == mixprec.__version__
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_exported_files_get_the_mode_of_an_ordinary_new_file(tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        (tmp_path / "plain").write_bytes(b"")
+        file_info = export(make_mlp(), None, tmp_path / "m.safetensors")
+        dir_info = export(make_mlp(), None, tmp_path / "out")
+    finally:
+        os.umask(old)
+    expected = 0o666 & ~umask
+    assert stat.S_IMODE((tmp_path / "plain").stat().st_mode) == expected
+    for path in (file_info.path, dir_info.path):
+        assert stat.S_IMODE(path.stat().st_mode) == expected, (path, oct(expected))

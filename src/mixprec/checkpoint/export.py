@@ -23,8 +23,9 @@ Rules, in one place:
 * Tied weights: every key is written, each with its own copy (safetensors
   refuses shared storage), so ``load_state_dict(strict=True)`` works.
 * The file is written to a temporary file in the same directory, flushed,
-  fsynced and renamed into place: ``path`` holds either the old file or the
-  complete new one. Every check runs before anything is written.
+  fsynced and renamed into place (`mixprec.checkpoint.files.atomic_path`):
+  ``path`` holds either the old file or the complete new one, with the mode any
+  new file gets (the umask's). Every check runs before anything is written.
 * A `DistributedDataParallel` model is exported under its module's keys (no
   ``module.`` prefix), as the unwrapped model would be.
 * Sharded (DTensor) values are gathered with ``full_tensor()`` on every rank;
@@ -34,12 +35,11 @@ Rules, in one place:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -47,6 +47,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from mixprec.checkpoint.files import atomic_path
 from mixprec.checkpoint.ranks import unwrap
 from mixprec.dtypes import DtypeLike, dtype_name, is_16bit, parse_dtype
 from mixprec.optim.sharding import is_dtensor
@@ -201,9 +202,8 @@ def export(
         **extra,
     }
     file.parent.mkdir(parents=True, exist_ok=True)
-    with _temporary_beside(file) as tmp:
+    with atomic_path(file) as tmp:
         save_file(tensors, tmp, metadata=metadata)
-        _fsync_and_replace(tmp, file)
     config_path = _save_config(model, directory, target) if directory is not None else None
     return ExportInfo(
         path=file,
@@ -328,31 +328,6 @@ def _is_writer() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-@contextlib.contextmanager
-def _temporary_beside(target: Path) -> Iterator[Path]:
-    """A fresh temporary path in `target`'s directory, removed unless renamed away."""
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _fsync_and_replace(tmp: Path, target: Path) -> None:
-    with open(tmp, "rb+") as f:
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-    with contextlib.suppress(OSError):  # directory fsync: POSIX only
-        fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _save_config(model: nn.Module, directory: Path, dtype: torch.dtype) -> Path | None:
     """Write a HuggingFace model's ``config.json`` (with the export dtype) beside the file.
 
@@ -369,8 +344,8 @@ def _save_config(model: nn.Module, directory: Path, dtype: torch.dtype) -> Path 
         config.architectures = [type(model).__name__]
     with tempfile.TemporaryDirectory(dir=directory, prefix=".config.") as staging:
         config.save_pretrained(staging)
-        written = sorted(Path(staging).iterdir())
-        for item in written:
-            _fsync_and_replace(item, directory / item.name)
+        for item in sorted(Path(staging).iterdir()):
+            with atomic_path(directory / item.name) as tmp:
+                tmp.write_bytes(item.read_bytes())
     target = directory / "config.json"
     return target if target.exists() else None

@@ -20,6 +20,8 @@ import io
 import json
 import os
 import pickle
+import secrets
+import stat
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -36,6 +38,7 @@ __all__ = [
     "MANIFEST",
     "SafeReader",
     "TreeError",
+    "atomic_path",
     "atomic_write_text",
     "file_digest",
     "fsync_dir",
@@ -267,15 +270,40 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A fresh temporary path beside `path` to write; renamed over `path` on success.
+
+    When the block returns, the file is given the mode any new file gets here
+    (0o666 less the umask, as the empty file created first got it; writers such
+    as safetensors' ``save_file`` and ``tempfile.mkstemp`` leave 0o600), flushed
+    to disk and renamed over `path`, and the directory is flushed: `path` holds
+    the old file or the complete new one, never part of one. When the block
+    raises, the temporary file is removed.
+    """
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            break
+        except FileExistsError:
+            continue
+    try:
+        mode = stat.S_IMODE(tmp.stat().st_mode)
+        yield tmp
+        os.chmod(tmp, mode)
+        with tmp.open("rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a flushed temporary file and a rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    """Write `text` to `path` atomically (`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def canonical_json(data: Any) -> str:

@@ -365,3 +365,46 @@ def test_exported_files_get_the_mode_of_an_ordinary_new_file(tmp_path: Path, uma
     assert stat.S_IMODE((tmp_path / "plain").stat().st_mode) == expected
     for path in (file_info.path, dir_info.path):
         assert stat.S_IMODE(path.stat().st_mode) == expected, (path, oct(expected))
+
+
+class _Pair(nn.Module):
+    """Two linear layers registered in the order given (same names, same values)."""
+
+    def __init__(self, order: tuple[str, str]) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        layers = {"enc": nn.Linear(4, 3), "dec": nn.Linear(3, 2)}
+        for name in order:
+            setattr(self, name, layers[name])
+
+
+def test_exports_of_equal_tensors_are_byte_identical(tmp_path: Path) -> None:
+    a, b = _Pair(("enc", "dec")), _Pair(("dec", "enc"))
+    assert list(a.state_dict()) != list(b.state_dict())
+    meta = {"run": "r1", "note": "tab\there, \u00e9, \x01"}
+    prec = mixprec.Precision("bf16_master")
+    first = export(
+        a, None, tmp_path / "a.safetensors", policy=prec.policy, step=3, extra_metadata=meta
+    )
+    second = export(
+        b,
+        None,
+        tmp_path / "b.safetensors",
+        policy=prec.policy,
+        step=3,
+        extra_metadata=dict(reversed(meta.items())),
+    )
+    assert first.path.read_bytes() == second.path.read_bytes()
+    with safetensors_torch.safe_open(first.path, "pt") as f:
+        assert f.metadata()["note"] == meta["note"]
+    # Metadata is a hash map inside safetensors: its order must not leak into the bytes.
+    for i in range(4):
+        again = export(
+            a,
+            None,
+            tmp_path / f"again{i}.safetensors",
+            policy=prec.policy,
+            step=3,
+            extra_metadata=meta,
+        )
+        assert again.path.read_bytes() == first.path.read_bytes()

@@ -89,6 +89,8 @@ def test_every_preset_stopped_and_resumed_is_bitwise_the_uninterrupted_run(
     _assert_bitwise(_final_state(whole, policy), _final_state(rest, policy))
     assert rest.summary["final"] == whole.summary["final"]
     assert rest.summary["skipped_steps"] == whole.summary["skipped_steps"]
+    exported = [out / "export" / "model.safetensors" for out in (whole.out, rest.out)]
+    assert exported[0].read_bytes() == exported[1].read_bytes()
 
 
 def test_metrics_summary_checkpoints_and_export(tmp_path: Path) -> None:

@@ -204,6 +204,7 @@ def export(
     file.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(file) as tmp:
         save_file(tensors, tmp, metadata=metadata)
+        _sort_metadata(tmp)
     config_path = _save_config(model, directory, target) if directory is not None else None
     return ExportInfo(
         path=file,
@@ -326,6 +327,29 @@ def _summary(from_master: int, model_params: int) -> str:
 def _is_writer() -> bool:
     dist = torch.distributed
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def _sort_metadata(path: Path) -> None:
+    """Rewrite the safetensors header of `path` in place with its metadata keys sorted.
+
+    safetensors keeps the metadata in a Rust hash map, so the order of its keys in
+    the header changes from one call to the next; the tensors are already in a
+    fixed order (by dtype alignment, then name). Sorted, equal weights and
+    metadata give the same bytes (a resumed run exports what the uninterrupted
+    one does). The JSON is as long as before (the same keys and values, escaped
+    alike by serde_json and Python), so nothing else moves.
+    """
+    with path.open("rb+") as f:
+        size = int.from_bytes(f.read(8), "little")
+        raw = f.read(size)
+        header = json.loads(raw)
+        metadata = header.pop("__metadata__", None)
+        ordered = {} if metadata is None else {"__metadata__": dict(sorted(metadata.items()))}
+        text = json.dumps({**ordered, **header}, separators=(",", ":"), ensure_ascii=False)
+        canonical = text.encode("utf-8")
+        assert len(canonical) <= size, "safetensors header grew when its keys were sorted"
+        f.seek(8)
+        f.write(canonical.ljust(size, b" "))
 
 
 def _save_config(model: nn.Module, directory: Path, dtype: torch.dtype) -> Path | None:

@@ -36,6 +36,11 @@ class StepReport:
         stepped: for each optimizer of the step, in the order given, whether it
             applied an update (False for all on a skipped step; False for one
             whose parameters had no gradient).
+        nonfinite_weights: after an applied update, how many elements of the
+            parameters stored in fp16 that it wrote are inf or NaN: finite
+            gradients whose update left fp16's range (max 65504). The update is
+            not undone. 0 on a skipped step and when no parameter is stored in
+            fp16 (bf16 and fp32 storage share fp32's range and are not checked).
     """
 
     step: int
@@ -45,6 +50,7 @@ class StepReport:
     grad_norm: float
     nonfinite_grads: int
     stepped: tuple[bool, ...] = ()
+    nonfinite_weights: int = 0
 
     @property
     def skipped(self) -> bool:

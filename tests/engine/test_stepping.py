@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
-from mixprec import LossScaling, Policy, Precision, PrecisionError
+from mixprec import LossScaling, Policy, Precision, PrecisionError, PrecisionWarning, StepReport
 
 from .helpers import grad_step, make_model
 
@@ -150,3 +151,43 @@ def test_consecutive_skips_limit_is_configurable() -> None:
         grad_step(prec, model, opt, inject=True)
     with pytest.raises(ValueError, match="max_consecutive_skips"):
         Precision("fp32", max_consecutive_skips=0)
+
+
+#: Parameters stored in fp16 (no loss scaling: GradScaler refuses fp16 gradients).
+FP16_STORAGE = Policy(name="fp16_storage", param_dtype=torch.float16, master="fp32")
+
+
+def _ascend(prec: Precision, model: nn.Module, opt: torch.optim.Optimizer) -> StepReport:
+    """A step whose gradients are finite (-1 for every weight) and push the weights up."""
+    opt.zero_grad(set_to_none=True)
+    loss = -model(torch.ones(1, 4, dtype=model.weight.dtype)).float().sum()
+    prec.backward(loss)
+    return prec.step(opt)
+
+
+def test_an_update_that_overflows_fp16_storage_is_reported_and_warned_once() -> None:
+    prec = Precision(FP16_STORAGE)
+    model = prec.prepare(nn.Linear(4, 2))
+    with torch.no_grad():
+        model.weight.fill_(65000.0)  # fp16 max is 65504
+        model.bias.zero_()
+    opt = prec.optimizer(model, lr=1000.0, weight_decay=0.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = _ascend(prec, model, opt)
+        second = _ascend(prec, model, opt)
+    # The gradients were finite, so the steps were applied; the new weights were not.
+    assert first.applied and first.nonfinite_grads == 0 and math.isfinite(first.grad_norm)
+    assert torch.isinf(model.weight).all() and torch.isfinite(model.bias).all()
+    assert first.nonfinite_weights == second.nonfinite_weights == model.weight.numel()
+    messages = [str(w.message) for w in caught if issubclass(w.category, PrecisionWarning)]
+    assert len(messages) == 1, messages
+    assert "overflowed fp16" in messages[0] and "8 elements" in messages[0]
+
+
+@pytest.mark.parametrize("policy", ["fp32", "bf16_master", FP16_STORAGE])
+def test_updates_within_range_report_no_nonfinite_weights(policy: str | Policy) -> None:
+    prec = Precision(policy)
+    model = prec.prepare(nn.Linear(4, 2))
+    opt = prec.optimizer(model, lr=1e-2)
+    assert _ascend(prec, model, opt).nonfinite_weights == 0

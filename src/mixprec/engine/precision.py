@@ -68,6 +68,7 @@ from mixprec.engine.scaling import (
 )
 from mixprec.engine.state import parse_state, precision_state
 from mixprec.engine.stepping import (
+    WEIGHT_OVERFLOW_WARNING,
     ClipNote,
     Closure,
     check_collapse,
@@ -173,6 +174,7 @@ class Precision:
         self._grads = ScaledGradients(scales_loss=self.plan.scales_loss)
         self._clip: ClipNote | None = None
         self._warned_scaled_edit = False
+        self._warned_weight_overflow = False
         self._model: nn.Module | None = None  # the model last prepared
         self.fp8: Float8Conversion | None = None
         self.observers: list[StepObserver] = []
@@ -510,6 +512,13 @@ class Precision:
                 scale_before=scale_before,
                 scale_after=self.loss_scale,
                 stepped=stepped,
+            )
+        if report.nonfinite_weights and not self._warned_weight_overflow:
+            self._warned_weight_overflow = True
+            warnings.warn(
+                WEIGHT_OVERFLOW_WARNING.format(step=report.step, count=report.nonfinite_weights),
+                PrecisionWarning,
+                stacklevel=user_stacklevel(),
             )
         for observer in self.observers:
             observer.after_step(self, optimizers, report)

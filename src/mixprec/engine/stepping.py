@@ -5,6 +5,11 @@ finite (decided on every rank together); with loss scaling it goes through
 `GradScaler.step` and `GradScaler.update`, without it the same check still
 skips the step. Closure steps (LBFGS) evaluate the closure here, unscale and
 check each evaluation, and roll back a step that meets non-finite gradients.
+A non-finite update is one thing this cannot see before it is applied: finite
+gradients whose update takes a weight past the range of its storage format.
+fp16 is the one storage format where that is ordinary (max 65504; bf16 shares
+fp32's range), so after an applied update the parameters stored in fp16 are
+checked (`count_nonfinite_weights`) and the count reported, never undone.
 `record_step` turns the outcome into a `StepReport` and telemetry;
 `check_collapse` stops a run whose loss scale or skip count says it is stuck.
 """
@@ -31,14 +36,17 @@ from mixprec.engine.gradients import (
 from mixprec.engine.plan import PrecisionPlan
 from mixprec.engine.scaling import ScaledGradients, update_scale
 from mixprec.errors import PrecisionError
+from mixprec.optim.sharding import is_dtensor
 from mixprec.telemetry import PrecisionStats, StepReport
 
 __all__ = [
+    "WEIGHT_OVERFLOW_WARNING",
     "ClipNote",
     "Closure",
     "StepOutcome",
     "check_collapse",
     "check_grads",
+    "count_nonfinite_weights",
     "record_step",
     "run_step",
     "step_plain",
@@ -47,13 +55,25 @@ __all__ = [
 
 Closure = Callable[[], Any]
 
+#: Said once per `Precision`, at the first applied update that left fp16 weights
+#: inf or NaN (`StepReport.nonfinite_weights` counts them at every step).
+WEIGHT_OVERFLOW_WARNING = (
+    "step {step}: the update overflowed fp16 storage: {count} elements of parameters "
+    "stored in fp16 are now inf or NaN (fp16 holds at most 65504). The gradients were "
+    "finite, so the step was applied; an overflow of the new weights is not undone. "
+    "Lower the learning rate or weight decay, or store parameters in bf16 (fp32's range); "
+    "StepReport.nonfinite_weights counts such elements at every step"
+)
+
 
 class StepOutcome(NamedTuple):
-    """What a step did: applied or not, the reported norm, non-finite elements seen."""
+    """What a step did: applied or not, the reported norm, non-finite gradient
+    elements seen, and non-finite fp16 weight elements after the update."""
 
     applied: bool
     grad_norm: float
     nonfinite: int
+    nonfinite_weights: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,6 +117,29 @@ def check_grads(
     # The norm can overflow fp32 on finite gradients (an element of 2e19): decide on
     # the elements themselves, not on the norm.
     return (norm if not math.isfinite(norm) else now), count_nonfinite(grads)
+
+
+def count_nonfinite_weights(optimizers: Sequence[torch.optim.Optimizer]) -> int:
+    """How many elements of the fp16-stored parameters just updated are inf or NaN.
+
+    Only parameters with a gradient (the ones an update wrote) stored in fp16 are
+    read: one min/max per parameter, read with one host sync (an exact count only
+    when something is non-finite). A sharded (`DTensor`) parameter is counted on
+    this rank's shard, without a collective.
+    """
+    weights = [
+        p.to_local() if is_dtensor(p) else p  # type: ignore[attr-defined]
+        for opt in optimizers
+        for p in optimizer_params(opt)
+        if p.grad is not None and p.dtype == torch.float16
+    ]
+    weights = [w.detach() for w in weights if w.numel()]
+    if not weights:
+        return 0
+    extremes = torch.stack([e for w in weights for e in torch.aminmax(w)])
+    if bool(torch.isfinite(extremes).all()):
+        return 0
+    return count_nonfinite(weights)
 
 
 def step_plain(
@@ -151,14 +194,16 @@ def step_plain(
             scaler.update()
         else:  # nothing was unscaled: end the iteration without moving the scale
             scaler.update(new_scale=float(scaler.get_scale()))
-        return StepOutcome(True, norm, nonfinite)
+        return StepOutcome(True, norm, nonfinite, count_nonfinite_weights(optimizers))
     if not bad:
         for opt in optimizers:
             opt.step()
     if ls is not None:
         # Static scale: end GradScaler's iteration without moving the scale.
         scaler.update(new_scale=float(ls.init_scale))
-    return StepOutcome(not bad, norm, nonfinite)
+    if bad:
+        return StepOutcome(False, norm, nonfinite)
+    return StepOutcome(True, norm, nonfinite, count_nonfinite_weights(optimizers))
 
 
 def step_with_closure(
@@ -217,7 +262,7 @@ def step_with_closure(
         update_scale(scaler, plan.loss_scaling, found_inf=True)
         return StepOutcome(False, norm, max(nonfinite, 1))
     update_scale(scaler, plan.loss_scaling, found_inf=False)
-    return StepOutcome(True, norm, nonfinite)
+    return StepOutcome(True, norm, nonfinite, count_nonfinite_weights([opt]))
 
 
 def run_step(
@@ -290,6 +335,7 @@ def record_step(
         grad_norm=outcome.grad_norm,
         nonfinite_grads=outcome.nonfinite,
         stepped=stepped,
+        nonfinite_weights=outcome.nonfinite_weights,
     )
 
 

@@ -41,6 +41,11 @@ class StepReport:
             gradients whose update left fp16's range (max 65504). The update is
             not undone. 0 on a skipped step and when no parameter is stored in
             fp16 (bf16 and fp32 storage share fp32's range and are not checked).
+        loss_finite: on a skipped step, whether every loss given to
+            ``prec.backward`` this step was finite (on this rank): True means the
+            gradients overflowed in backward, False that the forward pass or the
+            loss did. None on an applied step, or when no loss went through
+            ``prec.backward``.
     """
 
     step: int
@@ -51,6 +56,7 @@ class StepReport:
     nonfinite_grads: int
     stepped: tuple[bool, ...] = ()
     nonfinite_weights: int = 0
+    loss_finite: bool | None = None
 
     @property
     def skipped(self) -> bool:

@@ -191,3 +191,28 @@ def test_updates_within_range_report_no_nonfinite_weights(policy: str | Policy) 
     model = prec.prepare(nn.Linear(4, 2))
     opt = prec.optimizer(model, lr=1e-2)
     assert _ascend(prec, model, opt).nonfinite_weights == 0
+
+
+@pytest.mark.parametrize(
+    ("overflow", "said"),
+    [
+        ("backward", r"the loss was finite.*overflow is in the backward pass"),
+        ("forward", r"the loss itself was inf/NaN.*forward pass or the loss"),
+    ],
+)
+def test_a_collapse_says_where_the_overflow_was_seen(overflow: str, said: str) -> None:
+    prec = Precision("amp_fp16", max_consecutive_skips=None)
+    model = prec.prepare(nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 8)
+    with pytest.raises(PrecisionError, match=said):
+        for _ in range(40):
+            with prec.autocast():
+                out = model(x)  # fp16
+                if overflow == "forward":
+                    out = out * 1e6  # past fp16's max: the loss is inf
+                # The loss's gradient, 1e6 / 4 at a scale of 1, overflows fp16 in backward.
+                loss = out.float().mean() * 1e6 if overflow == "backward" else out.float().mean()
+            prec.backward(loss)
+            prec.step(opt)
+            opt.zero_grad(set_to_none=True)

@@ -526,6 +526,7 @@ class Precision:
             self.stats,
             min_loss_scale=self.min_loss_scale,
             max_consecutive_skips=self.max_consecutive_skips,
+            loss_finite=report.loss_finite,
         )
         return report
 

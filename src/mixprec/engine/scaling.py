@@ -128,6 +128,9 @@ class ScaledGradients:
         # their unscale (torch's clip on scaled gradients) is then seen.
         self._scaled_versions: dict[int, tuple[int, int]] = {}
         self._changed_while_scaled = False
+        # Whether every loss given to `backward` this step was finite: a device
+        # tensor, read only when a step is skipped (`loss_was_finite`).
+        self._loss_finite: torch.Tensor | None = None
 
     @property
     def are_scaled(self) -> bool:
@@ -151,7 +154,10 @@ class ScaledGradients:
         optimizers: Iterable[torch.optim.Optimizer],
         **kwargs: Any,
     ) -> None:
-        """Backpropagate ``scaler.scale(loss)`` and note the gradients' versions."""
+        """Backpropagate ``scaler.scale(loss)`` and note the gradients' versions and
+        whether the loss was finite (without a host sync)."""
+        finite = torch.isfinite(loss.detach()).all()
+        self._loss_finite = finite if self._loss_finite is None else self._loss_finite & finite
         scaled: torch.Tensor = scaler.scale(loss)
         with self.accumulation.scaled_backward():
             torch.autograd.backward(scaled, **kwargs)
@@ -174,6 +180,11 @@ class ScaledGradients:
                 scaler.unscale_(opt)
                 self._unscaled.add(id(opt))
 
+    def loss_was_finite(self) -> bool | None:
+        """Whether every loss given to `backward` this step was finite (one host sync);
+        None when no loss went through `backward`."""
+        return None if self._loss_finite is None else bool(self._loss_finite)
+
     def end_step(self) -> None:
         """Forget this step's state (the step applied or skipped, or raised)."""
         self._unscaled.clear()
@@ -181,3 +192,4 @@ class ScaledGradients:
         self.accumulation.reset()
         self._scaled_versions = {}
         self._changed_while_scaled = False
+        self._loss_finite = None

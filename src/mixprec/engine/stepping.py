@@ -68,12 +68,14 @@ WEIGHT_OVERFLOW_WARNING = (
 
 class StepOutcome(NamedTuple):
     """What a step did: applied or not, the reported norm, non-finite gradient
-    elements seen, and non-finite fp16 weight elements after the update."""
+    elements seen, non-finite fp16 weight elements after the update, and on a
+    skipped step whether its loss was finite."""
 
     applied: bool
     grad_norm: float
     nonfinite: int
     nonfinite_weights: int = 0
+    loss_finite: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,7 @@ def step_plain(
     if ls is not None and ls.dynamic:
         if bad:
             update_scale(scaler, ls, found_inf=True)  # back off, as GradScaler does
-            return StepOutcome(False, norm, nonfinite)
+            return StepOutcome(False, norm, nonfinite, loss_finite=grads.loss_was_finite())
         stepping = [opt for opt in optimizers if has_grads(opt)]
         for opt in stepping:
             scaler.step(opt)
@@ -202,7 +204,7 @@ def step_plain(
         # Static scale: end GradScaler's iteration without moving the scale.
         scaler.update(new_scale=float(ls.init_scale))
     if bad:
-        return StepOutcome(False, norm, nonfinite)
+        return StepOutcome(False, norm, nonfinite, loss_finite=grads.loss_was_finite())
     return StepOutcome(True, norm, nonfinite, count_nonfinite_weights(optimizers))
 
 
@@ -227,7 +229,7 @@ def step_with_closure(
     notify()
     if nonfinite > 0:
         update_scale(scaler, plan.loss_scaling, found_inf=True)
-        return StepOutcome(False, norm, nonfinite)
+        return StepOutcome(False, norm, nonfinite, loss_finite=grads.loss_was_finite())
     params = optimizer_params(opt)
     saved_params = [p.detach().clone() for p in params]
     saved_state = copy.deepcopy(opt.state_dict())
@@ -260,7 +262,7 @@ def step_with_closure(
                 p.copy_(saved)
         opt.load_state_dict(saved_state)
         update_scale(scaler, plan.loss_scaling, found_inf=True)
-        return StepOutcome(False, norm, max(nonfinite, 1))
+        return StepOutcome(False, norm, max(nonfinite, 1), loss_finite=grads.loss_was_finite())
     update_scale(scaler, plan.loss_scaling, found_inf=False)
     return StepOutcome(True, norm, nonfinite, count_nonfinite_weights([opt]))
 
@@ -336,30 +338,60 @@ def record_step(
         nonfinite_grads=outcome.nonfinite,
         stepped=stepped,
         nonfinite_weights=outcome.nonfinite_weights,
+        loss_finite=outcome.loss_finite,
     )
 
 
 def check_collapse(
-    stats: PrecisionStats, *, min_loss_scale: float | None, max_consecutive_skips: int | None
+    stats: PrecisionStats,
+    *,
+    min_loss_scale: float | None,
+    max_consecutive_skips: int | None,
+    loss_finite: bool | None = None,
 ) -> None:
     """Raise `PrecisionError` when the loss scale fell below `min_loss_scale` or
-    `max_consecutive_skips` steps in a row were skipped (None: never)."""
+    `max_consecutive_skips` steps in a row were skipped (None: never); the message
+    says where the overflow was seen from `loss_finite` (the last step's
+    `StepReport.loss_finite`)."""
     history = ", ".join(f"step {s}: {v:g}" for s, v in list(stats.scale_history)[-12:])
     scale = stats.loss_scale
     if scale is not None and min_loss_scale is not None and scale < min_loss_scale:
         raise PrecisionError(
             f"the loss scale collapsed to {scale:g} (below {min_loss_scale:g}) after "
             f"{stats.consecutive_skips} consecutive skipped steps; gradients are non-finite "
-            f"even unscaled, so the forward pass or the loss is producing inf/NaN. "
-            f"Recent loss scales: {history}. Find the source with mixprec's doctor "
-            "(nonfinite-source), lower the learning rate, or compute in bf16"
+            f"even unscaled: {_where_seen(loss_finite)}. Recent loss scales: {history}. "
+            f"{_where_fix(loss_finite)}"
         )
     limit = max_consecutive_skips
     if limit is not None and stats.consecutive_skips >= limit:
         raise PrecisionError(
             f"{stats.consecutive_skips} consecutive steps had non-finite gradients and were "
-            f"skipped (limit max_consecutive_skips={limit}); training is not progressing. "
+            f"skipped (limit max_consecutive_skips={limit}); training is not progressing: "
+            f"{_where_seen(loss_finite)}. "
             + (f"Recent loss scales: {history}. " if history else "")
-            + "Find the source with mixprec's doctor (nonfinite-source) or lower the "
-            "learning rate"
+            + _where_fix(loss_finite)
         )
+
+
+def _where_seen(loss_finite: bool | None) -> str:
+    if loss_finite is None:
+        return "the loss did not go through prec.backward, so where is not known"
+    if loss_finite:
+        return (
+            "the loss was finite, so the overflow is in the backward pass (a gradient "
+            "past the compute format's range)"
+        )
+    return "the loss itself was inf/NaN, so the forward pass or the loss produces it"
+
+
+def _where_fix(loss_finite: bool | None) -> str:
+    if loss_finite:
+        return (
+            "Scale the loss down (a mean rather than a sum, a smaller multiplier: the "
+            "gradient of a large loss is large in every layer), keep the layers the "
+            "gradient overflows in fp32 (Policy.fp32_modules), or compute in bf16"
+        )
+    return (
+        "Find the source with mixprec's doctor (nonfinite-source), lower the learning "
+        "rate, or compute in bf16"
+    )

@@ -235,7 +235,33 @@ def test_a_run_that_keeps_overflowing_reports_loss_scale_collapse() -> None:
     assert collapse.severity == "error"
     assert collapse.evidence["current_scale"] < collapse.evidence["init_scale"] / 2**8
     assert collapse.evidence["skipped_in_window"] == collapse.evidence["window_steps"]
+    assert collapse.evidence["skipped_with_nonfinite_loss"] == collapse.evidence["window_steps"]
+    assert "the loss was inf/NaN" in collapse.message and "forward" in collapse.message
     assert by_rule["nonfinite-source"].where == "big"
+
+
+def test_a_collapse_from_a_backward_overflow_says_backward() -> None:
+    prec = mixprec.Precision("amp_fp16")
+    torch.manual_seed(0)
+    model = _prepare(prec, nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = Probe(every=1, model=model)
+    prec.add_observer(probe)
+    x = torch.randn(4, 8)
+    with pytest.raises(PrecisionError, match="collapsed"):
+        for _ in range(40):
+            with prec.autocast():
+                # A finite loss whose gradient (1e6 / 4 at any scale >= 1) overflows fp16.
+                loss = model(x).float().mean() * 1e6
+            prec.backward(loss)
+            prec.step(opt)
+            opt.zero_grad()
+    by_rule = {f.rule: f for f in probe.findings()}
+    collapse = by_rule["loss-scale-collapse"]
+    assert collapse.evidence["skipped_with_finite_loss"] == collapse.evidence["window_steps"]
+    assert "the loss was finite" in collapse.message and "backward" in collapse.message
+    assert "first module with inf output" not in collapse.fix
+    assert "nonfinite-source" not in by_rule  # every forward output stayed finite
 
 
 def test_a_healthy_scaled_run_has_no_collapse() -> None:

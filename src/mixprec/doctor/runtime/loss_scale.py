@@ -51,6 +51,7 @@ class LossScaleObserver:
                 scale=report.scale,
                 next_scale=report.next_scale,
                 applied=report.applied,
+                loss_finite=report.loss_finite,
             )
         )
         if self._init_scale is None:

@@ -313,12 +313,15 @@ class ScaleEntry:
         scale: the loss scale the step's gradients carried.
         next_scale: the scale for the next step.
         applied: whether the update was applied (False: skipped).
+        loss_finite: on a skipped step, whether its loss was finite
+            (`StepReport.loss_finite`: True, the overflow was in backward), else None.
     """
 
     step: int
     scale: float
     next_scale: float
     applied: bool
+    loss_finite: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -333,6 +336,10 @@ class ScaleVerdict:
         window_steps: steps looked at.
         drops_since_growth: scale decreases since the last growth.
         reason: ``"far-below-initial"`` or ``"keeps-falling"``.
+        skipped_with_finite_loss: skipped steps in the window whose loss was finite
+            (the overflow was in backward).
+        skipped_with_nonfinite_loss: skipped steps in the window whose loss was
+            inf/NaN (the forward pass or the loss overflowed).
     """
 
     init_scale: float
@@ -342,6 +349,8 @@ class ScaleVerdict:
     window_steps: int
     drops_since_growth: int
     reason: str
+    skipped_with_finite_loss: int = 0
+    skipped_with_nonfinite_loss: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -397,6 +406,10 @@ def judge_loss_scale(
         window_steps=len(recent),
         drops_since_growth=drops,
         reason=reason,
+        skipped_with_finite_loss=sum(1 for e in recent if not e.applied and e.loss_finite),
+        skipped_with_nonfinite_loss=sum(
+            1 for e in recent if not e.applied and e.loss_finite is False
+        ),
     )
 
 

@@ -306,7 +306,41 @@ def loss_scale_collapse(
     skipped_steps: int,
     recent_scales: list[list[float]],
 ) -> Finding:
-    """The dynamic loss scale collapsed (see `mixprec.doctor.runtime.measure.judge_loss_scale`)."""
+    """The dynamic loss scale collapsed (see `mixprec.doctor.runtime.measure.judge_loss_scale`),
+    saying where the overflow was seen: in backward when the skipped steps' losses
+    were finite, in the forward pass or the loss when they were not."""
+    finite, nonfinite = verdict.skipped_with_finite_loss, verdict.skipped_with_nonfinite_loss
+    forward_fix = (
+        "find what overflows (Probe(model=...) names the first module with inf output: "
+        "nonfinite-source) and keep it in fp32 (Policy.fp32_modules), lower the learning "
+        "rate, or compute in bf16 (no loss scaling needed)"
+    )
+    if finite and not nonfinite:
+        where = (
+            f"the loss was finite on all {finite} of them, so the overflow is in the "
+            "backward pass: a gradient passes fp16's max at any scale"
+        )
+        fix = (
+            "scale the loss down (a mean rather than a sum, a smaller multiplier: the "
+            "gradient of a large loss is large in every layer), keep the layers the "
+            "gradient overflows in fp32 (Policy.fp32_modules), or compute in bf16 (no loss "
+            "scaling needed)"
+        )
+    elif nonfinite and not finite:
+        where = (
+            f"the loss was inf/NaN on all {nonfinite} of them, so the forward pass or the "
+            "loss overflows fp16 at any scale"
+        )
+        fix = forward_fix
+    elif finite and nonfinite:
+        where = (
+            f"the loss was inf/NaN on {nonfinite} of them (forward pass or loss) and finite "
+            f"on {finite} (there the overflow is in backward)"
+        )
+        fix = forward_fix
+    else:  # the losses did not go through prec.backward
+        where = "something overflows fp16 at any scale"
+        fix = forward_fix
     return Finding(
         rule="loss-scale-collapse",
         severity="error",
@@ -314,8 +348,8 @@ def loss_scale_collapse(
         message=(
             f"the loss scale fell from {verdict.init_scale:g} to {verdict.current_scale:g} "
             f"({verdict.octaves_below_init:.0f} halvings) with {verdict.skipped_in_window} of "
-            f"the last {verdict.window_steps} steps skipped: something overflows fp16 at any "
-            "scale, so steps keep being skipped"
+            f"the last {verdict.window_steps} steps skipped: {where}, so steps keep being "
+            "skipped"
         ),
         evidence={
             "step": step,
@@ -324,11 +358,7 @@ def loss_scale_collapse(
             "skipped_steps": skipped_steps,
             "recent_scales": recent_scales,
         },
-        fix=(
-            "find what overflows (Probe(model=...) names the first module with inf output: "
-            "nonfinite-source) and keep it in fp32 (Policy.fp32_modules), lower the learning "
-            "rate, or compute in bf16 (no loss scaling needed)"
-        ),
+        fix=fix,
     )
 
 

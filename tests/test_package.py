@@ -54,3 +54,33 @@ def test_no_tracker_backend_is_loaded_until_a_run_is_tracked() -> None:
         "if m in sys.modules))"
     )
     assert loaded == "[]"
+
+
+def test_torchao_is_imported_only_for_an_fp8_policy() -> None:
+    """torchao prints failed extension loads and warnings when imported (0.18 on CPU):
+    mixprec imports it in `Precision.prepare` under an FP8 policy and nowhere else."""
+    code = """
+import sys, warnings
+import torch
+from torch import nn
+import mixprec
+from mixprec.doctor import Probe
+from mixprec.policy import PRESET_NAMES
+warnings.simplefilter("ignore")
+for name in PRESET_NAMES:
+    prec = mixprec.Precision(name)  # FP8 presets too: the policy is plain data
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2))
+    mixprec.memory.estimate(model, name, inputs=torch.randn(2, 4))  # FP8 too: no torchao
+    if prec.policy.fp8 is not None:
+        continue
+    model = prec.prepare(model)
+    opt = prec.optimizer(model, lr=1e-3)
+    with Probe(model=model).watching(prec):
+        with prec.autocast():
+            x = torch.randn(2, 4, dtype=next(model.parameters()).dtype)
+            loss = model(x).float().sum()
+        prec.backward(loss)
+        prec.step(opt)
+print(sorted(m for m in sys.modules if m.split(".")[0] == "torchao"))
+"""
+    assert _run(code) == "[]"

@@ -181,7 +181,10 @@ def test_bad_input_exits_2_with_one_line(
     run = tmp_path / "run"
     base = ["train", *TINY, "--steps", "4"]
     cases: list[tuple[list[str], str]] = [
-        ([*base, "--policy", "bf16_mastr", "--out", str(run)], "unknown precision policy"),
+        (
+            [*base, "--policy", "bf16_mastr", "--out", str(run)],
+            "unknown precision policy 'bf16_mastr' (did you mean 'bf16_master'?)",
+        ),
         ([*base, "--policy", "fp32", "--steps", "0", "--out", str(run)], "steps must be"),
         (["train", *TINY, "--out", str(run)], "names no policy"),
         ([*base, "--policy", "fp32", "--out", str(run), "--resume"], "nothing to resume"),

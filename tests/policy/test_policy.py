@@ -103,6 +103,19 @@ def test_unknown_policy_lists_valid_names() -> None:
         policy("bf17")
 
 
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("bf16_mastr", "bf16_master"), ("BF16-Mastr", "bf16_master"), ("bf16-mixd", "bf16-mixed")],
+)
+def test_a_typo_of_a_name_says_what_was_meant(typo: str, meant: str) -> None:
+    """Found in issue 30: a typo printed the whole list with no suggestion."""
+    with pytest.raises(ValueError, match=rf"'{typo}' \(did you mean '{meant}'\?\); valid"):
+        policy(typo)
+    with pytest.raises(ValueError) as info:
+        policy("zzz")  # nothing close: no suggestion
+    assert "did you mean" not in str(info.value)
+
+
 def test_pure_bf16_warns_where_it_is_used_not_when_built() -> None:
     pure = policy("bf16_pure")  # plain data: no warning (pytest turns one into an error)
     assert re.search(r"bf16 with no master.*master='exact'", pure.risks()[0])

@@ -16,6 +16,7 @@ model is prepared.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -177,10 +178,17 @@ def policy(name: str | Policy, *, device: torch.device | str | None = None) -> P
     factories = _presets()
     if key not in factories:
         raise ValueError(
-            f"unknown precision policy {name!r}; valid presets: {', '.join(preset_names())}; "
-            f"aliases: {', '.join(sorted(ALIASES))}"
+            f"unknown precision policy {name!r}{_did_you_mean(key)}; valid presets: "
+            f"{', '.join(preset_names())}; aliases: {', '.join(sorted(ALIASES))}"
         )
     return factories[key]()
+
+
+def _did_you_mean(key: str) -> str:
+    """`` (did you mean 'bf16_master'?)`` for the closest preset or alias, or nothing."""
+    names = {_normalize(n): n for n in (*preset_names(), *ALIASES)}
+    close = difflib.get_close_matches(key, names, n=1)
+    return f" (did you mean {names[close[0]]!r}?)" if close else ""
 
 
 #: What a measured `auto` may choose: the compute format it measured fastest, and the

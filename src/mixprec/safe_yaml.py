@@ -18,6 +18,7 @@ model configs for `budget`) goes through `load_yaml`:
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,9 +205,7 @@ def read_config_text(path: str | os.PathLike[str]) -> str:
         if p.exists():
             raise ValueError(f"{p}: not a regular file")
         if p.is_symlink():
-            raise FileNotFoundError(
-                f"{p}: a broken symbolic link (to {os.readlink(p)!r}, which does not exist)"
-            )
+            raise FileNotFoundError(_dangling(p))
         raise FileNotFoundError(f"{p}: no such file")
     try:
         if p.stat().st_size > MAX_BYTES:
@@ -216,6 +215,24 @@ def read_config_text(path: str | os.PathLike[str]) -> str:
         raise ValueError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
         raise ValueError(f"{p}: cannot read: {exc.strerror or exc}") from None
+
+
+def _dangling(link: Path) -> str:
+    """Why a symbolic link leads to no file: a loop, or a target that does not exist
+    (at the end of a chain of links, the path that is missing)."""
+    target = os.readlink(link)
+    try:
+        os.stat(link)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return (
+                f"{link}: a symbolic link loop (following {target!r} never reaches a file); "
+                "point the link at a file"
+            )
+    to = repr(target)
+    if (link.parent / target).is_symlink():  # a chain: name the end that is missing
+        to += f", a link to {os.path.realpath(link)!r}"
+    return f"{link}: a broken symbolic link (to {to}, which does not exist)"
 
 
 def read_yaml_file(path: str | os.PathLike[str]) -> YamlDocument:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -156,8 +157,9 @@ def test_a_forced_format_skips_walked_files_of_other_formats_and_refuses_named_o
     assert data["skipped"] == 1
     assert mixprec_main(["doctor", CLEAN, "--format", "nemo"]) == 2
     captured = capsys.readouterr()
-    assert "no nemo keys found" in captured.out
+    assert captured.out == ""  # the text report leaves out what is on stderr
     (line,) = captured.err.splitlines()
+    assert "no nemo keys found" in line
     assert "is this a mixprec file? use --format mixprec or omit --format" in line
 
 
@@ -217,11 +219,11 @@ def test_control_characters_in_file_names_never_break_a_line(
     args = ["doctor", str(odd), str(judged)]
     assert mixprec_main(args) == 2
     captured = capsys.readouterr()
-    assert "bad\\nname\\x1b.yaml (unknown): 1 error" in captured.out
     assert "second\\u2028line.yaml (nemo): 1 error" in captured.out
     assert not any(c in captured.out + captured.err for c in "\x1b\u2028")
     (line,) = captured.err.splitlines()
-    assert "bad\\nname\\x1b.yaml" in line
+    assert line.startswith("mixprec doctor: ") and "bad\\nname\\x1b.yaml" in line
+    assert line.endswith(": not valid YAML: did not find expected ',' or ']'")
     assert mixprec_main([*args, "--json"]) == 2
     files = _json(capsys)["files"]
     assert [f["file"] for f in files] == [str(odd), str(judged)]
@@ -254,3 +256,79 @@ def test_a_walk_skips_broken_links_with_skip_unknown_and_reports_them_otherwise(
     (finding,) = files[1]["findings"]  # type: ignore[misc]
     assert finding["rule"] == "config-unreadable"
     assert "a broken symbolic link (to " in finding["message"]
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    """Stdout and the one line on stderr."""
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and captured.err.count("\n") == 1, captured.err
+    return captured.out, captured.err.strip()
+
+
+def test_a_file_that_cannot_be_read_is_one_line_on_stderr_and_not_repeated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found in issue 30: `mixprec doctor missing.yaml` printed its error twice (the
+    report on stdout, then the line on stderr)."""
+    missing = tmp_path / "missing.yaml"
+    assert mixprec_main(["doctor", str(missing)]) == 2
+    out, err = _one_line(capsys)
+    assert out == ""
+    assert err == f"mixprec doctor: {missing}: no such file"
+    assert mixprec_main(["doctor", str(missing), CLEAN]) == 2
+    out, err = _one_line(capsys)
+    assert f"{CLEAN} (mixprec): no findings" in out and str(missing) not in out
+    assert mixprec_main(["doctor", str(missing), "--json"]) == 2  # stdout hides it: also stderr
+    out, err = _one_line(capsys)
+    assert json.loads(out)["files"][0]["file"] == str(missing)
+    assert err == f"mixprec doctor: {missing}: no such file"
+
+
+def test_a_folder_or_glob_with_no_config_file_is_exit_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found in issue 30: `mixprec doctor EMPTY_DIR` exited 0 with no output, so a CI
+    step pointed at the wrong folder passed."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert mixprec_main(["doctor", str(empty)]) == 2
+    out, err = _one_line(capsys)
+    assert out == ""
+    assert err.startswith(f"mixprec doctor: {empty}: no config file found (it holds no file)")
+    assert "check the path" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("hello\n")
+    (other / "ci.yaml").write_text("on: push\n")
+    assert mixprec_main(["doctor", str(other), CLEAN, "--skip-unknown"]) == 2
+    out, err = _one_line(capsys)
+    assert f"{CLEAN} (mixprec): no findings" in out
+    assert f"{other}: no config file found (2 files skipped: of no known format)" in err
+    pattern = str(other / "*.yaml")
+    assert mixprec_main(["doctor", pattern, "--json"]) == 2
+    out, err = _one_line(capsys)
+    (entry,) = json.loads(out)["files"]
+    assert entry["file"] == pattern and entry["findings"][0]["rule"] == "config-unreadable"
+    assert f"{pattern}: no config file found (1 file skipped" in err
+
+
+def test_a_symlink_loop_is_named_a_loop(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found in issue 30: a loop was 'a broken symbolic link (to 'b.yaml', which does not
+    exist)', although b.yaml exists (a link back to a.yaml)."""
+    (tmp_path / "a.yaml").symlink_to("b.yaml")
+    (tmp_path / "b.yaml").symlink_to("a.yaml")
+    assert mixprec_main(["doctor", str(tmp_path / "a.yaml")]) == 2
+    _, err = _one_line(capsys)
+    assert err == (
+        f"mixprec doctor: {tmp_path / 'a.yaml'}: a symbolic link loop (following 'b.yaml' "
+        "never reaches a file); point the link at a file"
+    )
+    assert mixprec_main(["doctor", str(tmp_path), "--skip-unknown"]) == 2  # links: skipped
+    _, err = _one_line(capsys)
+    assert "no config file found (2 broken symbolic links skipped)" in err
+    (tmp_path / "c.yaml").symlink_to("d.yaml")  # a chain whose end is missing
+    (tmp_path / "d.yaml").symlink_to("gone.yaml")
+    assert mixprec_main(["doctor", str(tmp_path / "c.yaml")]) == 2
+    _, err = _one_line(capsys)
+    gone = os.path.realpath(tmp_path / "gone.yaml")
+    assert err.endswith(f"(to 'd.yaml', a link to {gone!r}, which does not exist)")

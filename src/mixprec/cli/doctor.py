@@ -6,7 +6,9 @@ its own: a file that cannot be read, or holds a value of an unexpected type, is 
 ``config-unreadable`` finding for that file, and the others are still judged.
 Exit codes: 0 no errors found, 1 any finding is an error, 2 when a file could not
 be read at all (missing, not valid YAML, no known format, not of the format
-``--format`` names); the worst over all files. An unknown ``--format`` raises
+``--format`` names) or a folder or glob held no config file; the worst over all
+files. Each of those is one line on stderr, and the text report leaves it out (the
+machine-readable outputs list it too). An unknown ``--format`` raises
 `ValueError`, which `mixprec.cli.exits` turns into exit code 2 (also for
 ``python -m mixprec.doctor``).
 """
@@ -31,15 +33,16 @@ OUTPUTS: tuple[str, ...] = ("text", "json", "github", "sarif")
 
 def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Register ``doctor`` on the main CLI's subparsers (handler: `run`)."""
-    from mixprec.doctor.frontends.dispatch import FORMATS  # the registered front ends
+    from mixprec.doctor.frontends.dispatch import FORMATS, FRONT_ENDS  # the registry
 
     p = subparsers.add_parser(
         "doctor",
-        help="lint training configs (mixprec YAML, NeMo AutoModel YAML)",
+        help=f"lint training configs ({', '.join(fe.name for fe in FRONT_ENDS)})",
         description=(
             "Find precision problems in training configs before a run: each finding "
             "has a rule id, severity, location, evidence and fix. Exit code 1 when any "
-            "finding is an error, 2 when a file could not be read."
+            "finding is an error, 2 when a file could not be read or a folder or glob "
+            "held no config file."
         ),
     )
     p.add_argument(
@@ -137,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         should_stop=INTERRUPTED.is_set,  # Ctrl-C: print what was judged, then exit 130
     )
     results = [(f.source, f.format, list(f.findings)) for f in batch.files]
+    read = [(f.source, f.format, list(f.findings)) for f in batch.files if f.readable]
     output = getattr(args, "output", "text")
     if output == "json":
         payload = {
@@ -166,19 +170,17 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         unknown = {f.source: f.facts.unknown for f in batch.files if f.facts is not None}
-        print(
-            format_report(
-                results,
-                skipped=len(batch.skipped),
-                broken_links=len(batch.broken_links),
-                unknown=unknown,
-            )
+        text = format_report(
+            read, skipped=len(batch.skipped), broken_links=len(batch.broken_links), unknown=unknown
         )
+        if text:
+            print(text)
     from mixprec.doctor.output import printable
 
     for report in batch.files:
-        if not report.readable:  # also on stderr, where machine-readable stdout hides it
-            line = f"mixprec doctor: {report.findings[0].message} ({report.source})"
+        if not report.readable:  # one line on stderr (the text report leaves it out)
+            finding = report.findings[0]
+            line = f"mixprec doctor: {finding.where}: {finding.evidence['reason']}"
             print(printable(line), file=sys.stderr)
     if not batch.all_readable:
         return 2

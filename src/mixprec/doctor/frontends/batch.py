@@ -6,7 +6,8 @@ that file alone: a file that cannot be read (missing, not valid YAML, no front
 end claims it) and a value of an unexpected type (``max_steps: [1, 2]``).
 Unknown keys never fail a file; the front ends ignore them. Files reached
 through a directory or a glob whose format no front end knows are skipped and
-counted, not reported.
+counted, not reported; a directory or glob under which no file was judged is a
+``config-unreadable`` of its own (a CI step pointed at the wrong folder).
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ def _split_where(source: str, message: str) -> tuple[str, str]:
 
 def unreadable(source: str, exc: BaseException) -> Finding:
     """The ``config-unreadable`` finding for `source`, from the error that stopped it."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    where, reason = _split_where(source, text)
+    # The source is cut off first: a file name may hold a newline (one line each).
+    where, reason = _split_where(source, str(exc).strip() or type(exc).__name__)
+    reason = reason.splitlines()[0]
     return Finding(
         rule="config-unreadable",
         severity="error",
@@ -162,6 +164,21 @@ def _no_match(pattern: str) -> str:
     )
 
 
+def _no_config(arg: str | os.PathLike[str], skipped: int, broken_links: int) -> str:
+    held = [
+        f"{n} {what}{'s' if n != 1 else ''} skipped{why}"
+        for n, what, why in (
+            (skipped, "file", ": of no known format"),
+            (broken_links, "broken symbolic link", ""),
+        )
+        if n
+    ]
+    return (
+        f"{os.fspath(arg)}: no config file found ({', '.join(held) or 'it holds no file'}); "
+        "check the path, or name the config files"
+    )
+
+
 def _unread(source: str, exc: BaseException) -> FileReport:
     finding = unreadable(source, exc)
     return FileReport(source=source, format=UNKNOWN_FORMAT, findings=(finding,), readable=False)
@@ -218,7 +235,9 @@ def check_paths(
             walking a directory or expanding a glob are always skipped). A file
             that cannot be read or parsed is ``config-unreadable`` either way,
             except a broken symbolic link met while walking or expanding a glob,
-            which `skip_unknown` skips and counts (`BatchReport.broken_links`).
+            which `skip_unknown` skips and counts (`BatchReport.broken_links`). A
+            directory or glob under which no file is judged (empty, or every file
+            skipped) is ``config-unreadable`` itself, with or without `skip_unknown`.
         should_stop: asked before each file; when it answers True the batch ends
             there and reports the files judged so far (the CLI passes its Ctrl-C flag).
 
@@ -233,17 +252,26 @@ def check_paths(
     files: list[FileReport] = []
     skipped: list[str] = []
     broken: list[str] = []
-    for path, explicit in expand_paths(paths):
-        if should_stop is not None and should_stop():
-            break
-        if skip_unknown and not explicit and _broken_link(path):
-            broken.append(str(path))  # found by a walk or a glob: skipped and counted
-            continue
-        report = _check_one(
-            path, explicit=explicit, format=format, device=device, skip_unknown=skip_unknown
-        )
-        if report is None:
-            skipped.append(str(path))
-        else:
-            files.append(report)
+    for arg in paths:
+        found = expand_paths([arg])
+        judged, passed, links = len(files), len(skipped), len(broken)
+        for path, explicit in found:
+            if should_stop is not None and should_stop():
+                return BatchReport(
+                    files=tuple(files), skipped=tuple(skipped), broken_links=tuple(broken)
+                )
+            if skip_unknown and not explicit and _broken_link(path):
+                broken.append(str(path))  # found by a walk or a glob: skipped and counted
+                continue
+            report = _check_one(
+                path, explicit=explicit, format=format, device=device, skip_unknown=skip_unknown
+            )
+            if report is None:
+                skipped.append(str(path))
+            else:
+                files.append(report)
+        if not any(explicit for _, explicit in found) and len(files) == judged:
+            # A folder or a glob with nothing judged: a CI step pointed at the wrong place.
+            why = _no_config(arg, len(skipped) - passed, len(broken) - links)
+            files.append(_unread(os.fspath(arg), FileNotFoundError(why)))
     return BatchReport(files=tuple(files), skipped=tuple(skipped), broken_links=tuple(broken))

@@ -225,12 +225,21 @@ def test_resume_refuses_another_policy_other_settings_and_a_damaged_checkpoint(
     assert "corrupt" in err and "--resume latest-valid" in err
 
 
-def _compare_folder(folder: Path, recommended: str | None) -> Path:
+def _compare_folder(
+    folder: Path,
+    recommended: str | None,
+    *,
+    workload: str = "digits",
+    size: str | None = "tiny",
+    train: dict[str, object] | None = None,
+) -> Path:
     """The parts of a finished `mixprec compare --out` folder that --policy-from reads."""
     folder.mkdir()
-    contract = Contract(workload="digits", size="tiny", candidates=("bf16_master",), seeds=1)
+    contract = Contract(
+        workload=workload, size=size, candidates=("bf16_master",), seeds=1, train=train or {}
+    )
     decision = {"recommended": recommended, "too_short": "", "baseline_reason": ""}
-    results = {"workload": "digits", "contract": contract.to_dict(), "decision": decision}
+    results = {"workload": workload, "contract": contract.to_dict(), "decision": decision}
     (folder / "results.json").write_text(json.dumps(results))
     return folder
 
@@ -257,6 +266,49 @@ def test_policy_from_takes_the_recommendation_and_refuses_none(
     unfinished.mkdir()
     err = _one_line_exit_2(["train", "--policy-from", str(unfinished), "--out", str(out)], capsys)
     assert "results.json does not exist" in err
+
+
+def test_policy_from_trains_the_compared_workload_and_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in issue 30: after a compare of a `module:function` workload, `train
+    --policy-from` trained the built-in Shakespeare model without a word."""
+    monkeypatch.syspath_prepend(str(HERE))
+    spec = "signal_workload:make_workload"  # tiny digits
+    compared = {"steps": 3, "lr": 0.02, "batch_size": 16}
+    folder = _compare_folder(
+        tmp_path / "cmp", "bf16_master", workload=spec, size=None, train=compared
+    )
+    argv = ["train", "--policy-from", str(folder), "--json"]
+    assert main([*argv, "--workload", spec, "--out", str(tmp_path / "a")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["recipe"]["workload"] == spec and summary["policy"] == "bf16_master"
+    assert {k: summary["settings"][k] for k in compared} == compared
+    assert summary["step"] == 3
+    # Flags win over the compared settings: a longer run of what was compared.
+    assert main([*argv, "--workload", spec, "--steps", "4", "--out", str(tmp_path / "b")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["step"] == 4 and summary["settings"]["lr"] == 0.02
+    # A folder never names code to import: the command line names it again.
+    err = _one_line_exit_2([*argv, "--out", str(tmp_path / "c")], capsys)
+    assert f"compared the workload {spec!r}" in err and f"--workload {spec}" in err
+    # Another workload than the compared one is refused, naming both ways on.
+    err = _one_line_exit_2([*argv, *TINY, "--out", str(tmp_path / "c")], capsys)
+    assert f"{folder} compared the workload {spec!r}, not 'digits'" in err
+    assert "--policy bf16_master" in err
+    assert not (tmp_path / "c").exists()
+
+
+def test_resume_of_a_folder_without_a_run_says_nothing_to_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found in issue 30: `--out EMPTY_DIR --resume` said 'the recipe names no policy'."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for out in (empty, tmp_path / "absent"):
+        err = _one_line_exit_2(["train", "--out", str(out), "--resume"], capsys)
+        assert err.startswith(f"mixprec: error: nothing to resume: {out} holds no run"), err
+        assert "start without --resume" in err
 
 
 def test_a_yaml_recipe_trains_what_the_flags_train(

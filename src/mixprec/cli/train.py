@@ -40,7 +40,8 @@ def add_parser(sub: Any) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="take the policy a finished `mixprec compare --out DIR` recommended",
+        help="train the policy a finished `mixprec compare --out DIR` recommended, on the "
+        "workload, size and training settings it compared (flags win; not another workload)",
     )
     p.add_argument("--steps", type=int, default=None, help="optimizer steps of the whole run")
     p.add_argument("--seed", type=int, default=None, help="initial weights and data order")
@@ -99,7 +100,7 @@ def _positive(text: str) -> int:
 def _recipe_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The recipe's dict form: --config (or, resuming, the run's own recipe), then
     --policy-from, then the flags."""
-    from mixprec.experiment.training import stored_recipe
+    from mixprec.experiment.training import RECIPE_FILE, stored_recipe
 
     data: dict[str, Any] = {}
     if args.config is not None:
@@ -114,7 +115,13 @@ def _recipe_from_args(args: argparse.Namespace) -> dict[str, Any]:
                 )
             data = dict(section)
     elif args.resume is not None:
-        data = stored_recipe(args.out) or {}
+        stored = stored_recipe(args.out)
+        if stored is None:
+            raise ValueError(
+                f"nothing to resume: {args.out} holds no run (no {RECIPE_FILE}); start "
+                "without --resume, or check --out"
+            )
+        data = stored
     if args.workload is None and ":" in str(data.get("workload", "")):
         raise ValueError(
             f"the recipe names workload {data['workload']!r}: files may only name built-in "
@@ -132,8 +139,9 @@ def _recipe_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _take_recommendation(folder: Path, data: dict[str, Any], args: argparse.Namespace) -> None:
+    """The recommended policy, on the workload, size and training settings compared;
+    the recipe's keys and the flags win, but not another workload."""
     from mixprec.experiment.compare import recommendation
-    from mixprec.workloads import workload_names
 
     rec = recommendation(folder)
     if rec.policy is None:
@@ -141,10 +149,25 @@ def _take_recommendation(folder: Path, data: dict[str, Any], args: argparse.Name
             f"{folder}: compare recommended no policy ({rec.why_none}); pass --policy instead"
         )
     data["policy"] = rec.policy
-    if args.workload is None and "workload" not in data and rec.workload in workload_names():
-        data["workload"] = rec.workload  # train what was compared
-        if args.size is None and "size" not in data and rec.size is not None:
-            data["size"] = rec.size
+    asked = args.workload if args.workload is not None else data.get("workload")
+    user_code = ":" in rec.workload  # named on the command line only, never by a file
+    if asked is not None and asked != rec.workload:
+        same = f"--workload {rec.workload}" if user_code else "no other workload"
+        raise ValueError(
+            f"{folder} compared the workload {rec.workload!r}, not {asked!r}: train what was "
+            f"compared ({same}), or pass --policy {rec.policy} instead of --policy-from to "
+            f"train {asked!r} with it"
+        )
+    if asked is None and user_code:
+        raise ValueError(
+            f"{folder} compared the workload {rec.workload!r}, which imports code: to train "
+            f"it, name it on the command line too: --workload {rec.workload}"
+        )
+    data["workload"] = rec.workload
+    if args.size is None and "size" not in data and rec.size is not None:
+        data["size"] = rec.size
+    for key, value in rec.train.items():  # the recipe's own keys and the flags win
+        data.setdefault(key, value)
 
 
 def _resume_hint(args: argparse.Namespace) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from mixprec.experiment.contract import Contract, Gates, candidates_from
+from mixprec.experiment.contract import TRAIN_KEYS, Contract, Gates, candidates_from
 from mixprec.experiment.decision import Decision, decide, missing_runs
 from mixprec.experiment.records import RunRecord, load_records
 from mixprec.experiment.report import Report, render
@@ -270,6 +270,9 @@ class Recommendation:
     """The workload the experiment ran."""
     size: str | None
     """Its size preset (None: the workload's default for a contract)."""
+    train: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    """The contract's overrides of the workload's `TrainSettings`, by field name (those
+    it left unset are not listed)."""
 
 
 def recommendation(folder: str | Path) -> Recommendation:
@@ -329,6 +332,7 @@ def recommendation(folder: str | Path) -> Recommendation:
         why_none=why,
         workload=str(contract.get("workload", "")),
         size=size if isinstance(size, str) else None,
+        train={k: contract[k] for k in TRAIN_KEYS if contract.get(k) is not None},
     )
 
 

@@ -47,6 +47,14 @@ def test_two_ranks_stopped_by_sigterm_resume_bitwise_equal_to_a_torchrun_run(
         f"{SPEC} --nproc 2 --strategy {strategy} --out {stopped} --resume"
     )
     assert [line["step"] for line in _metrics(stopped)] == [1, 2, 3, 4]
+    # Found in issue 30: a resume without --nproc went on in one process without a word.
+    code, out, err = _finish(_cli("train", "--workload", SPEC, "--out", str(stopped), "--resume"))
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err == (
+        f"mixprec: error: {stopped / 'checkpoints' / 'step_00000004'} was saved by 2 ranks "
+        f"and this run has 1: resume with --nproc 2 --strategy {strategy}, or pass --nproc 1 "
+        "to go on in one process (equal within the reduction order)\n"
+    )
 
     resume = ["train", "--workload", SPEC, "--nproc", "2", "--strategy", strategy]
     code, out, err = _finish(_cli(*resume, "--out", str(stopped), "--resume", "--json"))

@@ -226,10 +226,11 @@ def run(args: argparse.Namespace) -> int:
             "--nproc out under torchrun"
         )
     with process_group(args.device) as device:
-        return _train(args, device)
+        # A resume with neither --nproc nor torchrun choosing the ranks goes on as saved.
+        return _train(args, device, ranks_as_saved=args.nproc is None and launched == 1)
 
 
-def _train(args: argparse.Namespace, device: str) -> int:
+def _train(args: argparse.Namespace, device: str, *, ranks_as_saved: bool) -> int:
     from mixprec.checkpoint import CheckpointError
     from mixprec.distributed import rank
     from mixprec.experiment.recipe import Recipe
@@ -251,6 +252,7 @@ def _train(args: argparse.Namespace, device: str) -> int:
                 should_stop=lambda: INTERRUPTED.is_set() or TERMINATED.is_set(),
                 strategy=args.strategy,
                 tracker=tracker_from_args(args, args.out) if rank() == 0 else None,
+                ranks_as_saved=ranks_as_saved,
             )
         except CheckpointError as exc:  # the library's spelling of the option, as a flag
             raise CheckpointError(

@@ -139,6 +139,7 @@ def train(
     should_stop: Callable[[], bool] | None = None,
     strategy: str = "fsdp2",
     tracker: Tracker | None = None,
+    ranks_as_saved: bool = False,
 ) -> TrainResult:
     """Train `recipe` into the folder `out`, or go on with the run there.
 
@@ -161,6 +162,9 @@ def train(
         tracker: also log the run there (`mixprec.tracking.open_tracker`; rank 0
             only); see `mixprec.experiment.tracked`. A failure while tracking warns
             once and training goes on.
+        ranks_as_saved: resuming, refuse a checkpoint saved by another number of
+            ranks (one resumes on any number, equal within the reduction order; the
+            command line asks for this when neither ``--nproc`` nor torchrun chose).
 
     Returns:
         The `TrainResult`; ``train.json`` holds its summary.
@@ -206,10 +210,19 @@ def train(
     with lock:
         run = _Run(recipe, workload, settings, out, device=device, stream=stream, strategy=strategy)
         run.tracker = None if tracker is None else guarded(tracker)
-        return run.run(resume=resume, stop_after=stop_after, should_stop=should_stop)
+        return run.run(
+            resume=resume,
+            stop_after=stop_after,
+            should_stop=should_stop,
+            ranks_as_saved=ranks_as_saved,
+        )
 
 
 _RESUME = ("latest", "latest-valid")
+
+#: How a checkpoint of several ranks was saved (`CheckpointInfo.strategy`), as the flag
+#: that saves it so.
+_STRATEGY_FLAG = {"sharded": " --strategy fsdp2", "replicated": " --strategy ddp"}
 
 
 class _Run:
@@ -270,7 +283,7 @@ class _Run:
 
     # ------------------------------------------------------------ resume
 
-    def _start(self, resume: str | None) -> int:
+    def _start(self, resume: str | None, *, ranks_as_saved: bool) -> int:
         """The step the run goes on from (0: a new run), restored from a checkpoint."""
         from mixprec.checkpoint import list_checkpoints, load
         from mixprec.checkpoint.store import resolve
@@ -288,6 +301,14 @@ class _Run:
                 f"nothing to resume: {self.root} holds no checkpoint; start without --resume"
             )
         info = resolve(self.root, resume)
+        if ranks_as_saved and info.world_size != self.world:
+            raise ValueError(
+                f"{info.path} was saved by {info.world_size} ranks and this run has "
+                f"{self.world}: resume with --nproc {info.world_size}"
+                f"{_STRATEGY_FLAG.get(info.strategy, '')}, or pass --nproc {self.world} to go "
+                f"on in {'one process' if self.world == 1 else f'{self.world} processes'} "
+                "(equal within the reduction order)"
+            )
         self._check_policy(info)
         loaded = load(info.path, model=self.model, optimizer=self.optimizer, precision=self.prec)
         self._check_extra(info, loaded["extra"])
@@ -354,6 +375,7 @@ class _Run:
         resume: str | None,
         stop_after: int | None,
         should_stop: Callable[[], bool] | None,
+        ranks_as_saved: bool,
     ) -> TrainResult:
         first_batch = self._batch(0)
         # Before the probe hooks anything and before a checkpoint restores the RNGs
@@ -363,7 +385,7 @@ class _Run:
             if self.world == 1
             else {}
         )
-        start = self._start(resume)
+        start = self._start(resume, ranks_as_saved=ranks_as_saved)
         if self.rank == 0:
             write_json_atomic(self.out / RECIPE_FILE, self.recipe.to_dict())
         if self.tracker is not None:

@@ -184,3 +184,30 @@ def test_budget_fp8_from_a_module_says_how_many_layers_convert_and_a_cli_fix(
     assert "mixprec budget --config CONFIG.json --seq-len N --micro-batch B" in out
     assert main([*argv, "fp8_tensorwise", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fp8"]["converted"] == 2
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "source",
+    [["--params", "7B"], ["--model", "tests.cli.budget_models:four_linears"]],
+    ids=["params", "model"],
+)
+def test_budget_world_size_costs_no_time_per_rank(
+    capsys: pytest.CaptureFixture[str], source: list[str]
+) -> None:
+    """Reported: --world-size took time linear in its value (10^7: over 100 s, 10^20:
+    never returned). Rank 0 of 10^20 holds one row of each tensor (torch.chunk rounds
+    up), padded on every rank."""
+    ranks = 10**20
+    argv = ["budget", *source, "--policy", "bf16_lean", "--world-size", str(ranks), "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["world_size"] == ranks
+    if source[0] == "--params":
+        assert d["per_rank"]["params"] == 2  # one bf16 element of the one long tensor
+        assert d["all_ranks"]["params"] == 2 * ranks
+        # masters come from each rank's unpadded shard: the model once (remainder8: 1 B)
+        assert d["all_ranks"]["master"] == 7_000_000_000
+    else:
+        assert d["per_rank"]["params"] == 2 * (64 + 1 + 3 * (128 + 1))  # a row of each tensor
+    assert main([*argv[:-1]]) == 0  # the table too

@@ -9,7 +9,6 @@ measures the same components on a real step.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -30,7 +29,7 @@ from mixprec.memory.fp8 import (
 )
 from mixprec.memory.state_layout import int8_eligible, state_nbytes
 from mixprec.memory.transformer import TransformerShape
-from mixprec.optim.sharding import dim0_rows
+from mixprec.optim.sharding import dim0_row_counts
 from mixprec.policy import Policy
 from mixprec.policy import policy as get_policy
 
@@ -91,11 +90,11 @@ def _tensor_bytes(
     rows = t.shape[0] if t.shape else 1
     row = t.numel // rows if rows else 0
     int8 = t.aggregate or int8_eligible(t.shape, parts=world_size)
-    shares = dim0_rows(rows, world_size)
-    storage = _storage(t, pol, shares[0] * row)
-    rank0 = storage + _state(t, pol, shares[0] * row, int8=int8)
+    shares = dim0_row_counts(rows, world_size)  # rank 0 holds the most
+    storage = _storage(t, pol, max(shares) * row)
+    rank0 = storage + _state(t, pol, max(shares) * row, int8=int8)
     total = _times(storage, world_size)
-    for share, ranks in Counter(shares).items():
+    for share, ranks in shares.items():
         total = total + _times(_state(t, pol, share * row, int8=int8), ranks)
     return rank0, total
 
@@ -226,7 +225,7 @@ def estimate(
             numel = t.numel
             if sharded:  # padded: W times rank 0's share
                 rows = t.shape[0] if t.shape else 1
-                numel = dim0_rows(rows, world_size)[0] * (t.numel // rows if rows else 0)
+                numel = max(dim0_row_counts(rows, world_size)) * (t.numel // rows if rows else 0)
                 numel *= world_size
             if sharded:
                 gather = numel * (4 if t.island else _nbytes(gather_dtype))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 __all__ = [
+    "dim0_row_counts",
     "dim0_rows",
     "global_flat_offset",
     "int8_blocks_fit",
@@ -100,23 +101,46 @@ def dim0_rows(rows: int, parts: int) -> list[int]:
     return [size for _, size in _chunks(rows, parts)]
 
 
+def dim0_row_counts(rows: int, parts: int) -> dict[int, int]:
+    """`dim0_rows` as {rows held: ranks holding that many}, in time independent of
+    `parts`: ``ceil(rows / parts)`` rows on the first ranks, the rest on one, none on
+    the others."""
+    step = -(-rows // parts) if rows else 0
+    full, rest = divmod(rows, step) if step else (0, 0)
+    counts = {step: full} if full else {}
+    if rest:
+        counts[rest] = 1
+    empty = parts - full - (1 if rest else 0)
+    if empty:
+        counts[0] = counts.get(0, 0) + empty
+    return counts
+
+
 def int8_shards_fit(
     shape: tuple[int, ...], block_size: int, scale_shape: tuple[int, ...], parts: int
 ) -> bool:
     """Whether every one of `parts` dim-0 shards of a tensor of `shape` holds whole
-    int8 blocks (`int8_blocks_fit` for a DTensor sharded on dim 0 over one mesh dim)."""
+    int8 blocks (`int8_blocks_fit` for a DTensor sharded on dim 0 over one mesh dim).
+
+    Rank i's rows start at element ``min(i ceil(rows / parts), rows) * row`` and its
+    blocks at ``min(i ceil(blocks / parts), blocks) * block_size``: two lines that
+    level off at the tensor's end. They agree at every rank (in time independent of
+    `parts`) when they cover the same elements and rise equally, or when both reach
+    the end at the first rank already.
+    """
     if len(scale_shape) == 2 or parts == 1 or not shape:
         return True
     numel = 1
     for size in shape:
         numel *= size
     row = numel // shape[0] if shape[0] else 0
-    rows = _chunks(shape[0], parts)
-    blocks = _chunks(scale_shape[0], parts)
-    return all(
-        r0 * row == b0 * block_size and rn * row == bn * block_size
-        for (r0, rn), (b0, bn) in zip(rows, blocks, strict=True)
-    )
+    rows, blocks = shape[0], scale_shape[0]
+    if rows * row != blocks * block_size:
+        return False
+    rows_per_rank = -(-rows // parts) * row
+    blocks_per_rank = -(-blocks // parts) * block_size
+    end = rows * row
+    return rows_per_rank == blocks_per_rank or min(rows_per_rank, blocks_per_rank) >= end
 
 
 def int8_blocks_fit(param: torch.Tensor, block_size: int, scale_shape: tuple[int, ...]) -> bool:

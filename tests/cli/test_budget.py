@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
+from tests.memory.hf_configs import GPT2
 
 from mixprec.cli import main
+from mixprec.memory import format_bytes
 from mixprec.policy import PRESET_NAMES
-
-GiB = 2.0**30
 
 
 def test_budget_cli_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
@@ -35,7 +36,7 @@ def test_budget_cli_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
         "per_rank",
         "comm_bytes_per_step",
     }
-    assert f"{fp32['bytes']['total'] / GiB:.2f}" in out
+    assert _table(out, "Per rank")["fp32"]["total"] == format_bytes(fp32["bytes"]["total"])
 
 
 def test_budget_cli_huge_inputs_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -61,12 +62,17 @@ def test_budget_cli_huge_inputs_and_errors(capsys: pytest.CaptureFixture[str]) -
     assert main(["budget", "--config", "/nonexistent.json"]) == 2
 
 
-def _rows(out: str) -> dict[str, list[str]]:
+def _table(out: str, title: str) -> dict[str, dict[str, str]]:
+    """The table under the line starting with `title`: policy -> column -> cell."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    header = re.split(r"\s{2,}", lines[start + 1].strip())
     rows = {}
-    for line in out.splitlines():
-        cells = line.split()
-        if len(cells) >= 2 and cells[0].isidentifier():
-            rows[cells[0]] = cells[1:]
+    for line in lines[start + 3 :]:
+        if not line.strip():
+            break
+        cells = re.split(r"\s{2,}", line.strip())
+        rows[cells[0]] = dict(zip(header[1:], cells[1:], strict=False))
     return rows
 
 
@@ -82,8 +88,8 @@ def test_budget_rows_are_per_rank_with_the_all_rank_total_beside(
     argv = ["budget", "--params", "7B", "--policy", "bf16_master", "--world-size", "8"]
     assert main([*argv, "--sharding", sharding]) == 0
     out = capsys.readouterr().out
-    assert "per rank (of 8" in out
-    assert _rows(out)["params"] == [f"{rank_params / GiB:.2f}", f"{all_params / GiB:.2f}"]
+    assert _table(out, "Per rank")["bf16_master"]["params"] == format_bytes(rank_params)
+    assert _table(out, "All 8 ranks")["bf16_master"]["params"] == format_bytes(all_params)
     assert main([*argv, "--sharding", sharding, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["per_rank"]["params"] == rank_params
@@ -99,11 +105,12 @@ def test_budget_zero_activations_say_how_to_get_a_figure(
 ) -> None:
     assert main(["budget", "--params", "7B", "--policy", "bf16_master"]) == 0
     out = capsys.readouterr().out
-    assert _rows(out)["activations"][0] == "n/a"
+    assert _table(out, "Per rank")["bf16_master"]["activations"] == "n/a"
     assert "--activations" in out and "--config" in out
     argv = ["budget", "--params", "7B", "--policy", "bf16_master", "--activations", "1e9"]
     assert main(argv) == 0
-    assert _rows(capsys.readouterr().out)["activations"][0] == f"{2e9 / GiB:.2f}"
+    got = _table(capsys.readouterr().out, "Per rank")["bf16_master"]["activations"]
+    assert got == "1.86 GiB"  # 1e9 bf16 values
 
 
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor")
@@ -127,9 +134,11 @@ def test_budget_fp8_from_a_count_says_the_state_and_not_the_casts(
     argv = ["budget", "--params", "7B", "--policy", "bf16_master,fp8_tensorwise"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    rows = _rows(out)
-    assert rows["fp8_cast_temporaries"] == ["0.00", "n/a"]
-    assert rows["total"][0] == rows["total"][1]
+    rows = _table(out, "Per rank")
+    assert (
+        rows["bf16_master"]["fp8_casts"] == "0 B" and rows["fp8_tensorwise"]["fp8_casts"] == "n/a"
+    )
+    assert rows["bf16_master"]["total"] == rows["fp8_tensorwise"]["total"]
     assert "fp8 cast temporaries not estimated" in out and "--config" in out
     assert main([*argv, "--json"]) == 0
     bf16, fp8 = json.loads(capsys.readouterr().out)
@@ -137,7 +146,7 @@ def test_budget_fp8_from_a_count_says_the_state_and_not_the_casts(
     assert bf16["fp8"] is None
     assert fp8["fp8"]["estimated"] is False and fp8["fp8"]["emulate"] is True
     assert main(["budget", "--params", "7B", "--policy", "bf16_master"]) == 0
-    assert "fp8_cast_temporaries" not in capsys.readouterr().out  # no fp8 policy: no row
+    assert "fp8_casts" not in capsys.readouterr().out  # no fp8 policy: no column
 
 
 def test_budget_fp8_from_a_config_sizes_the_casts_for_the_device(
@@ -211,3 +220,43 @@ def test_budget_world_size_costs_no_time_per_rank(
     else:
         assert d["per_rank"]["params"] == 2 * (64 + 1 + 3 * (128 + 1))  # a row of each tensor
     assert main([*argv[:-1]]) == 0  # the table too
+
+
+def test_budget_small_models_get_units_that_show_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Reported: a small model printed 0.00 everywhere (fixed GiB). Each value takes its
+    own unit; --json stays in exact bytes."""
+    assert main(["budget", "--params", "1000", "--policy", "fp32"]) == 0
+    out = capsys.readouterr().out
+    assert "0.00" not in out
+    fp32 = _table(out, "Per rank")["fp32"]
+    assert fp32["params"] == "3.91 KiB"  # 4000 bytes
+    assert fp32["moments"] == "7.81 KiB"  # 8000 bytes
+    assert fp32["master"] == "0 B"
+    assert main(["budget", "--params", "1000", "--policy", "fp32", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["per_rank"]["params"] == 4000
+    assert main(["budget", "--params", "7B", "--policy", "fp32"]) == 0
+    assert _table(capsys.readouterr().out, "Per rank")["fp32"]["params"] == "26.1 GiB"
+
+
+@pytest.mark.parametrize("source", [["--params", "7B"], ["--config", "GPT2"]])
+def test_budget_every_policy_on_8_ranks_fits_120_columns(
+    capsys: pytest.CaptureFixture[str], tmp_path: object, source: list[str]
+) -> None:
+    """Reported: the 8-rank table of every policy was about 330 columns wide."""
+    import pathlib
+
+    if source[1] == "GPT2":
+        config = pathlib.Path(str(tmp_path)) / "gpt2.json"
+        config.write_text(json.dumps(GPT2))
+        source = ["--config", str(config)]
+    assert main(["budget", *source, "--policy", "all", "--world-size", "8"]) == 0
+    out = capsys.readouterr().out
+    for line in out.splitlines():
+        if not line.startswith("note: "):  # prose: the terminal wraps it
+            assert len(line) <= 120, line
+    per_rank, all_ranks = _table(out, "Per rank"), _table(out, "All 8 ranks")
+    assert list(per_rank) == list(all_ranks) == list(PRESET_NAMES)
+    comm = _table(out, "Communication")
+    assert comm["fp32"]["all_gather"] and comm["fp32"]["(all 8)"]

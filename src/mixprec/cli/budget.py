@@ -172,83 +172,76 @@ def _load_model(spec: str) -> Any:
     return model
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f}"
-
-
 _NO_ACTIVATIONS = (
     "activations n/a: not estimated (totals leave them out); give --activations N (values "
     "saved for backward by one rank's micro-batch) with --params, or --config FILE "
     "[--seq-len S --micro-batch B] to size them from the model"
 )
 
+#: Table headers of components whose name is too wide for a column.
+_HEADER = {"fp8_cast_temporaries": "fp8_casts"}
+
 
 def _budget_table(results: Sequence[Any], world_size: int) -> str:
-    from mixprec.memory import COMPONENTS
+    """One row per policy, one column per component (each value in its own unit): rank
+    0's bytes, and with several ranks their sum and the communication below."""
+    from mixprec.memory import COMPONENTS, format_bytes
 
     first = results[0]
-    if world_size > 1:
-        share = (
-            "rank 0, the largest shard: FSDP2 splits dim 0 of each tensor as torch.chunk does"
-            if first.sharding == "fsdp"
-            else "every rank holds the same: DDP replicates params, grads and optimizer state"
-        )
-        head = (
-            f"{first.params:,} parameters, {first.sharding}; per rank (of {world_size}: "
-            f"{share}), all {world_size} ranks summed beside"
-        )
-    else:
-        head = f"{first.params:,} parameters, one rank"
-    lines = [f"Memory by component (GiB), {head}", ""]
-
-    def cols(per_rank: str, all_ranks: str) -> list[str]:
-        return [per_rank, all_ranks] if world_size > 1 else [per_rank]
-
-    headers = ["component"]
-    for r in results:
-        headers += [r.policy, f"(all {world_size})"] if world_size > 1 else [r.policy]
-    rows = []
     fp8 = any(r.fp8 is not None for r in results)
-    for comp in COMPONENTS:
-        if comp == "fp8_cast_temporaries" and not fp8:
-            continue  # no fp8 policy asked: a row of zeros says nothing
-        row = [comp]
+    comps = [c for c in COMPONENTS if c != "fp8_cast_temporaries" or fp8]  # no fp8: no column
+
+    def cell(r: Any, held: Any, comp: str) -> str:
+        unknown = comp == "fp8_cast_temporaries" and r.fp8 is not None and not r.fp8.estimated
+        if (comp == "activations" and not r.activations_estimated) or unknown:
+            return "n/a"
+        return format_bytes(getattr(held, comp))
+
+    def memory(per_rank: bool) -> str:
+        headers = ["policy", *[_HEADER.get(c, c) for c in comps], "total"]
+        headers += ["bytes/param"] if per_rank else []
+        rows = []
         for r in results:
-            unknown = comp == "fp8_cast_temporaries" and r.fp8 is not None and not r.fp8.estimated
-            if (comp == "activations" and not r.activations_estimated) or unknown:
-                row += cols("n/a", "n/a")
-            else:
-                row += cols(_gib(getattr(r.per_rank, comp)), _gib(getattr(r.bytes, comp)))
-        rows.append(row)
-    rows.append(
-        [
-            "total",
-            *[c for r in results for c in cols(_gib(r.per_rank.total), _gib(r.bytes.total))],
+            held = r.per_rank if per_rank else r.bytes
+            row = [r.policy, *[cell(r, held, c) for c in comps], format_bytes(held.total)]
+            rows.append(row + ([f"{r.state_bytes_per_param:.2f}"] if per_rank else []))
+        return table(headers, rows)
+
+    if world_size == 1:
+        lines = [f"{first.params:,} parameters, one rank", "", "Per rank:", memory(True)]
+    else:
+        held = (
+            f"rank 0 of {world_size}, the largest shard"
+            if first.sharding == "fsdp"
+            else f"each of {world_size} holds the same"
+        )
+        lines = [
+            f"{first.params:,} parameters, {first.sharding} over {world_size} ranks",
+            "",
+            f"Per rank ({held}):",
+            memory(True),
+            "",
+            f"All {world_size} ranks summed:",
+            memory(False),
         ]
-    )
-    rows.append(
-        [
-            "bytes/param",
-            *[c for r in results for c in cols(f"{r.state_bytes_per_param:.2f}", "")],
+        keys = [
+            k
+            for k in ("all_gather", "reduce_scatter", "all_reduce")
+            if any(r.comm_bytes_per_step.get(k) for r in results)
         ]
-    )
-    if world_size > 1:
-        for key in ("all_gather", "reduce_scatter", "all_reduce"):
-            if any(r.comm_bytes_per_step.get(key) for r in results):
-                rows.append(
-                    [
-                        f"{key}/step",
-                        *[
-                            c
-                            for r in results
-                            for c in cols(
-                                _gib(r.comm_bytes_per_step[key]),
-                                _gib(r.comm_bytes_per_step_all_ranks[key]),
-                            )
-                        ],
-                    ]
-                )
-    lines.append(table(headers, rows))
+        if keys:
+            headers = ["policy"] + [h for k in keys for h in (k, f"(all {world_size})")]
+            rows = [
+                [r.policy]
+                + [
+                    format_bytes(v)
+                    for k in keys
+                    for v in (r.comm_bytes_per_step[k], r.comm_bytes_per_step_all_ranks[k])
+                ]
+                for r in results
+            ]
+            lines += ["", "Communication per step (each rank's buffer; all ranks):"]
+            lines.append(table(headers, rows))
     notes = sorted({n for r in results for n in r.notes if not n.startswith("activations not")})
     if not all(r.activations_estimated for r in results):
         notes.append(_NO_ACTIVATIONS)
@@ -259,12 +252,18 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
     )
     if fp8:
         lines.append(
-            "fp8_cast_temporaries: the most one converted linear allocates and frees again in "
-            "its forward or backward (eager torchao casts; see docs/memory.md, FP8)"
+            "fp8_casts: fp8_cast_temporaries, the most one converted linear allocates and frees"
+        )
+        lines.append(
+            "  again in its forward or backward (eager torchao casts; docs/memory.md, FP8)"
         )
     if world_size > 1:
         lines.append(
-            "<comm>/step: each rank's collective buffer per step; a ring sends about "
-            f"{world_size - 1}/{world_size} of an all-gather or reduce-scatter buffer per rank"
+            f"communication: a ring sends about {world_size - 1}/{world_size} of an all-gather "
+            "or reduce-scatter buffer per rank"
+        )
+    if first.sharding == "fsdp":
+        lines.append(
+            "rank 0 holds the largest shard: FSDP2 splits dim 0 of each tensor as torch.chunk"
         )
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from mixprec.memory.breakdown import (
     Fp8Memory,
     MemoryBreakdown,
     Sharding,
-    format_gib,
+    format_bytes,
 )
 from mixprec.memory.estimation import estimate
 from mixprec.memory.fp8 import FP8_RECIPE_CASTS, fp8_layer_transients, fp8_transient_windows
@@ -55,7 +55,7 @@ __all__ = [
     "Sharding",
     "TransformerShape",
     "estimate",
-    "format_gib",
+    "format_bytes",
     "fp8_layer_transients",
     "fp8_transient_windows",
     "measure",

@@ -30,7 +30,7 @@ __all__ = [
     "Fp8Memory",
     "MemoryBreakdown",
     "Sharding",
-    "format_gib",
+    "format_bytes",
 ]
 
 Sharding = Literal["none", "fsdp", "ddp"]
@@ -46,7 +46,7 @@ COMPONENTS: tuple[str, ...] = (
     "fp8_cast_temporaries",
 )
 
-_GiB = 2.0**30
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,6 +200,15 @@ class MemoryBreakdown:
         }
 
 
-def format_gib(n: float) -> str:
-    """Bytes as GiB with two decimals."""
-    return f"{n / _GiB:.2f}"
+def format_bytes(n: float) -> str:
+    """Bytes in the largest binary unit that keeps the value at 1 or more, with three
+    significant digits (``512 B``, ``3.91 KiB``, ``26.1 GiB``, ``104 GiB``)."""
+    if abs(n) < 1024:
+        return f"{n:.0f} B"
+    value = float(n)
+    for unit in _UNITS:
+        value /= 1024
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            break
+    decimals = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    return f"{value:.{decimals}f} {unit}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["four_linears"]
+__all__ = ["four_linears", "with_buffers"]
 
 
 def four_linears() -> nn.Module:
@@ -13,3 +13,8 @@ def four_linears() -> nn.Module:
         nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 128),
         nn.GELU(), nn.Linear(128, 10),
     )  # fmt: skip
+
+
+def with_buffers() -> nn.Module:
+    """`four_linears` after a BatchNorm, whose running statistics are buffers."""
+    return nn.Sequential(nn.BatchNorm1d(64), four_linears())

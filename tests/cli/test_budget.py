@@ -240,7 +240,11 @@ def test_budget_small_models_get_units_that_show_them(
     assert _table(capsys.readouterr().out, "Per rank")["fp32"]["params"] == "26.1 GiB"
 
 
-@pytest.mark.parametrize("source", [["--params", "7B"], ["--config", "GPT2"]])
+@pytest.mark.parametrize(
+    "source",
+    [["--params", "7B"], ["--config", "GPT2"], ["--model", "tests.cli.budget_models:with_buffers"]],
+    ids=["params", "config", "model"],
+)
 def test_budget_every_policy_on_8_ranks_fits_120_columns(
     capsys: pytest.CaptureFixture[str], tmp_path: object, source: list[str]
 ) -> None:
@@ -260,3 +264,4 @@ def test_budget_every_policy_on_8_ranks_fits_120_columns(
     assert list(per_rank) == list(all_ranks) == list(PRESET_NAMES)
     comm = _table(out, "Communication")
     assert comm["fp32"]["all_gather"] and comm["fp32"]["(all 8)"]
+    assert ("buffers" in per_rank["fp32"]) == (source[0] == "--model")  # BatchNorm statistics

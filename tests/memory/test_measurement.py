@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -171,3 +174,78 @@ def test_frozen_and_tied_parameters_are_predicted_as_measured(name: str, make: t
     got = measure(model, opt, step, policy=prec.policy)
     for comp in ("params", "fp32_islands", "grads", "master", "moments"):
         assert getattr(got.bytes, comp) == getattr(predicted.bytes, comp), comp
+
+
+class _CachedRotary(nn.Module):
+    """A linear scaled by a cached table (a rotary cache, ``persistent=False``), and a
+    trainable parameter that the forward never uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+        self.register_buffer("cos", torch.randn(16, 32), persistent=False)
+        self.spare = nn.Parameter(torch.zeros(64, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * self.cos  # the product saves the cache for backward
+
+
+def _tiny_llama() -> tuple[nn.Module, torch.Tensor, Callable[[Any, Any], torch.Tensor]]:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    return model, torch.randint(0, 128, (2, 16)), lambda out, _: out.logits.float().pow(2).mean()
+
+
+def _toy() -> tuple[nn.Module, torch.Tensor, Callable[[Any, Any], torch.Tensor]]:
+    torch.manual_seed(0)
+    return _CachedRotary(), torch.randn(16, 32), lambda out, _: out.float().pow(2).mean()
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16_master", "amp_bf16"])
+@pytest.mark.parametrize("make", [_toy, _tiny_llama], ids=["toy", "llama"])
+def test_buffers_and_unused_parameters_are_predicted_as_measured(name: str, make: Any) -> None:
+    """Reported: a buffer the forward saves (a rotary cache) was an estimated activation
+    and no measured component; a trainable parameter that gets no gradient was
+    estimated with a gradient, master and moments (none exist after a real step)."""
+    model, x, loss_fn = make()
+    prec = Precision(name)
+    prec.prepare(model)
+    opt = prec.optimizer(model, lr=1e-3)
+    predicted = estimate(model, prec.policy, inputs=x, loss_fn=loss_fn)
+
+    def step() -> None:
+        with prec.autocast():
+            out = model(x)
+        prec.backward(loss_fn(out, None))
+        prec.step(opt)
+        opt.zero_grad(set_to_none=True)
+
+    got = measure(model, opt, step, policy=prec.policy)
+    buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
+    assert got.bytes.buffers == predicted.bytes.buffers == buffers > 0
+    assert got.bytes.to_dict() == predicted.bytes.to_dict()
+
+
+def test_without_a_forward_every_trainable_parameter_is_assumed_to_get_a_gradient() -> None:
+    """Only a forward shows which parameters get no gradient: without inputs the estimate
+    counts a gradient for every trainable one and says so; a frozen one never gets one."""
+    model, x, loss_fn = _toy()
+    model.proj.bias.requires_grad_(False)
+    blind = estimate(model, "fp32")
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert blind.bytes.grads == 4 * trainable
+    assert any("assumed to get a gradient" in n for n in blind.notes)
+    seen = estimate(model, "fp32", inputs=x, loss_fn=loss_fn)
+    assert seen.bytes.grads == 4 * model.proj.weight.numel()
+    assert any("spare" in n for n in seen.notes)

@@ -178,8 +178,8 @@ _NO_ACTIVATIONS = (
     "[--seq-len S --micro-batch B] to size them from the model"
 )
 
-#: Table headers of components whose name is too wide for a column.
-_HEADER = {"fp8_cast_temporaries": "fp8_casts"}
+#: Table headers of components whose name is too wide for a column (said under the table).
+_HEADER = {"fp32_islands": "islands", "fp8_cast_temporaries": "fp8_casts"}
 
 
 def _budget_table(results: Sequence[Any], world_size: int) -> str:
@@ -189,7 +189,13 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
 
     first = results[0]
     fp8 = any(r.fp8 is not None for r in results)
-    comps = [c for c in COMPONENTS if c != "fp8_cast_temporaries" or fp8]  # no fp8: no column
+    buffers = any(r.bytes.buffers for r in results)
+    # No fp8 policy, or no buffers (a count, a config): a column of zeros says nothing.
+    comps = [
+        c
+        for c in COMPONENTS
+        if (c != "fp8_cast_temporaries" or fp8) and (c != "buffers" or buffers)
+    ]
 
     def cell(r: Any, held: Any, comp: str) -> str:
         unknown = comp == "fp8_cast_temporaries" and r.fp8 is not None and not r.fp8.estimated
@@ -199,7 +205,7 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
 
     def memory(per_rank: bool) -> str:
         headers = ["policy", *[_HEADER.get(c, c) for c in comps], "total"]
-        headers += ["bytes/param"] if per_rank else []
+        headers += ["B/param"] if per_rank else []
         rows = []
         for r in results:
             held = r.per_rank if per_rank else r.bytes
@@ -247,9 +253,10 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
         notes.append(_NO_ACTIVATIONS)
     lines += ["", *[f"note: {n}" for n in notes]] if notes else []
     lines.append(
-        "bytes/param: training state (params, grads, master, moments) of one model copy per "
-        "parameter"
+        "B/param: training state (params, islands, grads, master, moments) of one model copy "
+        "per parameter"
     )
+    lines.append("islands: fp32_islands, parameters of modules kept in fp32 (norms)")
     if fp8:
         lines.append(
             "fp8_casts: fp8_cast_temporaries, the most one converted linear allocates and frees"

@@ -10,7 +10,8 @@ One module per concept:
 * `breakdown`: the components (`COMPONENTS`, `Components`, `MemoryBreakdown`);
 * `estimation`: the analytic prediction (`estimate`), with communication per step;
 * `state_layout`: optimizer-state bytes per tensor from the formats' layout;
-* `activations`: bytes saved for backward (`saved_activation_bytes`);
+* `activations`: bytes saved for backward, and which parameters get a gradient, from
+  a fake forward (`fake_forward`, `saved_activation_bytes`);
 * `fp8`: FP8 linears: what torchao saves, the casts' temporaries replayed per layer
   (`fp8_layer_transients`) and measured (`fp8_transient_windows`);
 * `transients`: memory allocated and freed inside windows of a real step (`LiveBytes`);
@@ -18,7 +19,7 @@ One module per concept:
 * `measurement`: real tensors (`measure`, `optimizer_state_bytes`, `training_state_bytes`).
 """
 
-from mixprec.memory.activations import saved_activation_bytes
+from mixprec.memory.activations import FakeForward, fake_forward, saved_activation_bytes
 from mixprec.memory.breakdown import (
     COMPONENTS,
     Components,
@@ -49,12 +50,14 @@ __all__ = [
     "MASTER_STATE_KEYS",
     "MOMENT_STATE_KEYS",
     "Components",
+    "FakeForward",
     "Fp8Memory",
     "LiveBytes",
     "MemoryBreakdown",
     "Sharding",
     "TransformerShape",
     "estimate",
+    "fake_forward",
     "format_bytes",
     "fp8_layer_transients",
     "fp8_transient_windows",

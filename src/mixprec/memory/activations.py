@@ -1,14 +1,18 @@
 """Activation accounting: the bytes a forward (and loss) saves for backward.
 
 Saved tensors are seen through `torch.autograd.graph.saved_tensors_hooks` and
-counted once per storage, parameters excluded. `saved_activation_bytes` predicts
-them on fake tensors; `measure` counts them on a real step with the same hook.
+counted once per storage, parameters and buffers excluded (they are held anyway:
+components ``params`` and ``buffers``). `saved_activation_bytes` predicts them on
+fake tensors; `measure` counts them on a real step with the same hook.
+`fake_forward` also says which parameters the forward's graph reaches: those that
+get a gradient in a real step.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,7 +22,7 @@ from mixprec.islands import island_param_names, temporary_fp32_islands
 from mixprec.policy import Policy
 from mixprec.policy import policy as get_policy
 
-__all__ = ["count_saved", "saved_activation_bytes", "storage_key"]
+__all__ = ["FakeForward", "count_saved", "fake_forward", "saved_activation_bytes", "storage_key"]
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -48,7 +52,22 @@ def count_saved(exclude: set[int]) -> Iterator[dict[int, int]]:
         yield saved
 
 
-def saved_activation_bytes(
+@dataclass(frozen=True)
+class FakeForward:
+    """What one forward (and loss) on fake tensors showed.
+
+    Attributes:
+        saved_bytes: bytes saved for backward, each storage once, parameters and
+            buffers excluded.
+        grad_params: names of the parameters the graph reaches from the loss (or the
+            output): those a backward gives a gradient.
+    """
+
+    saved_bytes: int
+    grad_params: frozenset[str]
+
+
+def fake_forward(
     model: nn.Module,
     inputs: torch.Tensor | Sequence[torch.Tensor],
     *,
@@ -56,8 +75,9 @@ def saved_activation_bytes(
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     targets: Any = None,
     device_type: str = "cpu",
-) -> int:
-    """Predict the bytes saved for backward by one forward (and loss) under `policy`.
+) -> FakeForward:
+    """Run one forward (and loss) under `policy` on fake tensors: what it saves, and
+    which parameters get a gradient.
 
     The forward runs on fake tensors (`torch._subclasses.FakeTensorMode`): shapes
     and dtypes propagate, autocast decides op dtypes exactly as in a real run,
@@ -79,7 +99,7 @@ def saved_activation_bytes(
         buffers = {name: mode.from_tensor(b) for name, b in model.named_buffers()}
         fake_args = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
         fake_targets = mode.from_tensor(targets) if isinstance(targets, torch.Tensor) else targets
-        exclude = {storage_key(t) for t in params.values()}
+        exclude = {storage_key(t) for t in (*params.values(), *buffers.values())}
         autocast: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if pol.compute_dtype is not None:
             autocast = torch.autocast(device_type=device_type, dtype=pol.compute_dtype)
@@ -90,8 +110,55 @@ def saved_activation_bytes(
         ):
             out = torch.func.functional_call(model, {**params, **buffers}, fake_args)
             if loss_fn is not None:
-                loss_fn(out, fake_targets)
-        return sum(saved.values())
+                out = loss_fn(out, fake_targets)
+        reached = _leaves_reached(_tensors_in(out))
+        names = frozenset(n for n, p in params.items() if id(p) in reached)
+        return FakeForward(saved_bytes=sum(saved.values()), grad_params=names)
+
+
+def saved_activation_bytes(
+    model: nn.Module,
+    inputs: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    policy: Policy | str,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    targets: Any = None,
+    device_type: str = "cpu",
+) -> int:
+    """Predict the bytes saved for backward by one forward (and loss) under `policy`
+    (`fake_forward`'s `saved_bytes`: no memory used, the model not changed)."""
+    return fake_forward(
+        model, inputs, policy=policy, loss_fn=loss_fn, targets=targets, device_type=device_type
+    ).saved_bytes
+
+
+def _tensors_in(out: Any) -> list[torch.Tensor]:
+    """The tensors in a model's output (a tensor, a mapping such as transformers'
+    ``ModelOutput``, or a list or tuple of them)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, Mapping):
+        return [t for v in out.values() for t in _tensors_in(v)]
+    if isinstance(out, list | tuple):
+        return [t for v in out for t in _tensors_in(v)]
+    return []
+
+
+def _leaves_reached(outputs: list[torch.Tensor]) -> set[int]:
+    """``id`` of every leaf tensor the autograd graph of `outputs` accumulates into."""
+    seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused meanwhile
+    leaves: set[int] = set()
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node
+        variable = getattr(node, "variable", None)  # an AccumulateGrad node
+        if isinstance(variable, torch.Tensor):
+            leaves.add(id(variable))
+        stack.extend(f for f, _ in node.next_functions if f is not None)
+    return leaves
 
 
 def _param_dtype_for(policy: Policy, islands: set[str], name: str) -> torch.dtype:

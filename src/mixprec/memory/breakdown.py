@@ -4,6 +4,9 @@ Components (bytes):
 
 * ``params``: parameter storage in the policy's storage dtype (fp32 islands apart);
 * ``fp32_islands``: parameters of modules kept in fp32 (norm layers by default);
+* ``buffers``: the module's buffers (persistent or not: running statistics, rotary
+  caches) as they are held, each storage once; a buffer a forward saves for
+  backward is counted here, not in ``activations``;
 * ``grads``: gradients, in the dtype of their parameter;
 * ``master``: the optimizer's full-precision representation of 16-bit params
   (fp32 copy, int16/int8 remainders, Kahan compensation);
@@ -39,6 +42,7 @@ Sharding = Literal["none", "fsdp", "ddp"]
 COMPONENTS: tuple[str, ...] = (
     "params",
     "fp32_islands",
+    "buffers",
     "grads",
     "master",
     "moments",
@@ -55,6 +59,7 @@ class Components:
 
     params: int = 0
     fp32_islands: int = 0
+    buffers: int = 0
     grads: int = 0
     master: int = 0
     moments: int = 0
@@ -171,11 +176,11 @@ class MemoryBreakdown:
 
     @property
     def state_bytes_per_param(self) -> float:
-        """Training-state bytes (everything but activations and FP8 cast temporaries) of
-        one model replica per parameter: all ranks together under FSDP2 (padding
-        included), one rank otherwise."""
+        """Training-state bytes (everything but buffers, activations and FP8 cast
+        temporaries) of one model replica per parameter: all ranks together under FSDP2
+        (padding included), one rank otherwise."""
         held = self.bytes if self.sharding == "fsdp" else self.per_rank
-        state = held.total - held.activations - held.fp8_cast_temporaries
+        state = held.total - held.buffers - held.activations - held.fp8_cast_temporaries
         return state / self.params if self.params else 0.0
 
     def to_dict(self) -> dict[str, Any]:

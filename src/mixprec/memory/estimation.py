@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from mixprec.islands import island_param_names
-from mixprec.memory.activations import saved_activation_bytes
+from mixprec.memory.activations import fake_forward, storage_key
 from mixprec.memory.breakdown import Components, Fp8Memory, MemoryBreakdown, Sharding
 from mixprec.memory.fp8 import (
     Fp8Layer,
@@ -48,7 +48,7 @@ class _Tensor:
     shape: tuple[int, ...]  # FSDP2 shards dim 0; an aggregate is one long row of rows
     island: bool
     aggregate: bool = False  # a count standing for many large tensors
-    trainable: bool = True  # frozen: stored, but no gradient and no optimizer state
+    trainable: bool = True  # gets a gradient: frozen or unreached ones are only stored
 
 
 def _storage(t: _Tensor, pol: Policy, numel: int) -> Components:
@@ -151,23 +151,16 @@ def estimate(
     notes: list[str] = []
     compute_bytes = _nbytes(pol.effective_compute_dtype)
     tensors: list[_Tensor]
-    act_rank = 0
+    act_rank = buffer_bytes = 0
     act_known = isinstance(model, nn.Module | TransformerShape)  # a module: with inputs
     if isinstance(model, nn.Module):
         refuse_converted(model, pol, device_type)
         islands = island_param_names(model, pol)
-        # Every parameter is stored (tied ones once: named_parameters skips repeats);
-        # frozen ones get no gradient and no optimizer state.
-        tensors = [
-            _Tensor(p.numel(), tuple(p.shape), name in islands, False, p.requires_grad)
-            for name, p in model.named_parameters()
-        ]
-        if any(not t.trainable for t in tensors):
-            frozen = sum(t.numel for t in tensors if not t.trainable)
-            notes.append(f"{frozen:,} frozen parameters: stored, no gradients or optimizer state")
+        named = list(model.named_parameters())  # tied ones once: named_parameters skips repeats
         with fp8_layers(model, pol) as layers:
+            step = None
             if inputs is not None:
-                act_rank = saved_activation_bytes(
+                step = fake_forward(
                     model,
                     inputs,
                     policy=pol,
@@ -175,10 +168,41 @@ def estimate(
                     targets=targets,
                     device_type=device_type,
                 )
+                act_rank = step.saved_bytes
         fp8 = _fp8_memory(pol, layers, device_type, converted=len(layers), notes=notes)
+        # Every parameter is stored; frozen ones, and (known from a forward) those its
+        # graph does not reach, get no gradient and no optimizer state, as in a real step.
+        tensors = [
+            _Tensor(
+                p.numel(),
+                tuple(p.shape),
+                name in islands,
+                False,
+                p.requires_grad and (step is None or name in step.grad_params),
+            )
+            for name, p in named
+        ]
+        frozen = sum(p.numel() for _, p in named if not p.requires_grad)
+        if frozen:
+            notes.append(f"{frozen:,} frozen parameters: stored, no gradients or optimizer state")
+        unused = [
+            n
+            for (n, p), t in zip(named, tensors, strict=True)
+            if p.requires_grad and not t.trainable
+        ]
+        if unused:
+            notes.append(
+                f"{len(unused)} trainable parameter(s) the forward does not reach ({unused[0]}"
+                f"{', ...' if len(unused) > 1 else ''}): no gradient, so no optimizer state"
+            )
+        buffer_storages = {storage_key(b): b.untyped_storage().nbytes() for b in model.buffers()}
+        buffer_bytes = sum(buffer_storages.values())
         if inputs is None and activation_values is None:
             act_known = False
-            notes.append("activations not estimated: pass inputs= (and loss_fn=) to include them")
+            notes.append(
+                "activations not estimated, and every trainable parameter assumed to get a "
+                "gradient: pass inputs= (and loss_fn=) to include them"
+            )
     elif isinstance(model, TransformerShape):
         fp8 = _fp8_memory(pol, transformer_fp8_layers(model, pol), device_type, notes=notes)
         matrices, norms = model.param_counts()
@@ -210,8 +234,8 @@ def estimate(
     # Rank 0's bytes (the largest share under FSDP2; every rank's under DDP) and
     # the sum over all ranks; each rank runs its own micro-batch.
     casts = fp8.peak if fp8 is not None else 0
-    rank0 = Components(activations=act_rank, fp8_cast_temporaries=casts)
-    whole = Components(activations=act_rank * world_size, fp8_cast_temporaries=casts * world_size)
+    rank0 = Components(buffers=buffer_bytes, activations=act_rank, fp8_cast_temporaries=casts)
+    whole = _times(rank0, world_size)  # buffers are not sharded: every rank holds them
     for t in tensors:
         one, every = _tensor_bytes(t, pol, world_size, sharded)
         rank0, whole = rank0 + one, whole + every

@@ -144,10 +144,10 @@ def measure(
     tensor counts its local shard's storage (padding included where FSDP2 pads).
 
     `step_fn` runs one full step (forward, loss, backward, optimizer step). During
-    it, tensors saved for backward are recorded (unique storages, parameters
-    excluded) and each gradient's size is taken as it is accumulated, so
-    `zero_grad` inside `step_fn` does not hide them. Afterwards parameters and
-    optimizer state (`optimizer_state_bytes`) are walked (unique storages). On
+    it, tensors saved for backward are recorded (unique storages, parameters and
+    buffers excluded) and each gradient's size is taken as it is accumulated, so
+    `zero_grad` inside `step_fn` does not hide them. Afterwards parameters, buffers
+    and optimizer state (`optimizer_state_bytes`) are walked (unique storages). On
     CUDA the peak allocated memory of the step is added to the notes.
 
     A model with torchao ``Float8Linear`` layers (an FP8 policy, prepared) also gets
@@ -197,12 +197,14 @@ def measure(
             islands_bytes += size
         else:
             params_bytes += size
+    buffers_bytes = counter.bytes_of(model.buffers())
     state = optimizer_state_bytes(optimizer)
     fwd, bwd, where = measured_transients(windows)
     fp8 = _fp8_memory(model, fwd, bwd, where, pol)
     comps = Components(
         params=params_bytes,
         fp32_islands=islands_bytes,
+        buffers=buffers_bytes,
         grads=sum(grad_sizes.values()),
         master=state["master"],
         moments=state["moments"],

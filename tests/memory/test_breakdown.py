@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from mixprec.memory import COMPONENTS, Components, MemoryBreakdown
+import pytest
+
+from mixprec.memory import COMPONENTS, Components, MemoryBreakdown, format_bytes
 
 
 def test_components_sum_and_serialize_in_report_order() -> None:
@@ -30,3 +32,27 @@ def test_state_bytes_per_param_counts_sharded_state_once() -> None:
     d = fsdp.to_dict()
     assert set(d) >= {"policy", "bytes", "per_rank", "all_ranks", "rank", "comm_bytes_per_step"}
     assert d["all_ranks"] == d["bytes"] == both.to_dict() and d["rank"] == 0
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.00 KiB"),
+        (4000, "3.91 KiB"),
+        (150 * 2**20, "150 MiB"),
+        (13 * 2**30 + 2**29, "13.5 GiB"),
+        (2**40, "1.00 TiB"),
+        (2**70, "1024 EiB"),  # past the last unit: it grows
+    ],
+)
+def test_format_bytes_picks_a_unit_per_value(n: int, text: str) -> None:
+    assert format_bytes(n) == text
+
+
+def test_buffers_are_not_training_state() -> None:
+    state = Components(params=2, grads=2, master=2, moments=8)
+    held = state + Components(buffers=100)
+    one = MemoryBreakdown(policy="x", params=1, bytes=held, per_rank=held)
+    assert one.state_bytes_per_param == state.total == 14

@@ -124,7 +124,8 @@ def estimate(
             rank 0 holds the largest share), ``ddp`` (every rank holds them
             whole), or ``none`` (one rank).
         inputs, loss_fn, targets: an example micro-batch for a module: activations
-            are then predicted by a fake-tensor forward (no memory used).
+            are then predicted by a fake-tensor forward (no memory used), which also
+            shows which trainable parameters get a gradient (without it, all do).
         activation_values: for a parameter count, the number of activation values
             saved for backward; bytes follow the compute dtype (fp32 without autocast).
         device_type: the device type autocast would run on; under an FP8 policy it

@@ -330,3 +330,21 @@ def test_measured_auto_only_chooses_safe_presets() -> None:
         assert p.risks() == () and p.param_dtype == FP32 and p.moments == "fp32"
         assert p.compute_dtype == (None if fmt == "fp32" else mixprec.parse_dtype(fmt))
         assert (p.loss_scaling is not None) == (fmt == "fp16") and not p.allow_unscaled
+
+
+def test_grad_accum_dtype_is_fp32_or_none_and_reads_from_configs() -> None:
+    """Issue 30: the dtype gradients of 16-bit parameters are summed in over a step's
+    backward passes; None (the default) keeps today's behaviour (in .grad)."""
+    assert policy("bf16_master").grad_accum_dtype is None
+    pol = Policy.from_dict({"preset": "bf16_master", "grad_accum_dtype": "fp32"})
+    assert pol.grad_accum_dtype == FP32
+    assert Policy.from_dict(json.loads(json.dumps(pol.to_dict()))) == pol
+    assert Policy.from_dict({"preset": "bf16_master", "grad_accum_dtype": None}) == policy(
+        "bf16_master"
+    ).replace(name="custom")
+    assert "accumulate grads fp32" in pol.describe()
+    assert "gradient accumulation over micro-batches: fp32" in mixprec.Precision(pol).summary()
+    with pytest.raises(ValueError, match=r"grad_accum_dtype=torch\.bfloat16 is not supported"):
+        policy("bf16_master").replace(grad_accum_dtype=BF16)
+    with pytest.raises(TypeError, match="grad_accum_dtype='fp32' is a string"):
+        Policy(grad_accum_dtype="fp32")  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
-"""Gradient-hook bookkeeping: accumulation that bypassed `Precision.backward`.
+"""Gradient-hook bookkeeping: accumulation that bypassed `Precision.backward`, and
+accumulation over micro-batches in fp32 (`Fp32Accumulation`).
 
 Under loss scaling, a plain ``loss.backward()`` among ``prec.backward(loss)``
 calls accumulates unscaled parts into scaled gradients; unscaling them would
@@ -18,7 +19,9 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-__all__ = ["AccumulationWatch"]
+from mixprec.engine.gradients import SIXTEEN_BIT
+
+__all__ = ["AccumulationWatch", "Fp32Accumulation"]
 
 
 class AccumulationWatch:
@@ -61,3 +64,90 @@ class AccumulationWatch:
             if p.requires_grad and (known is None or known() is not p):
                 p.register_post_accumulate_grad_hook(seen)  # type: ignore[no-untyped-call]
                 self._watched[id(p)] = weakref.ref(p)
+
+
+class Fp32Accumulation:
+    """Sums the gradients of 16-bit parameters in fp32 over the backward passes of a step.
+
+    ``Policy(grad_accum_dtype=torch.float32)``. Autograd adds each backward's gradient
+    into ``.grad`` in the parameter's dtype, so under bf16 storage a sum over N
+    micro-batches is rounded N - 1 times (its relative error grows with N). Here a
+    tensor hook sees each backward's exact incoming gradient and adds it to an fp32
+    sum, and a post-accumulate-grad hook writes that sum, rounded once, into
+    ``.grad``: after every backward ``.grad`` holds the fp32 sum rounded to the
+    parameter's dtype, wherever the loop reads it (clip, unscale, the optimizer).
+
+    A sum exists only from a parameter's second backward of a step (the first
+    gradient is stored exactly as is) until `release` (`Precision.step`, applied or
+    skipped): 4 bytes per 16-bit parameter while a step accumulates. It continues
+    only while ``.grad`` is what the last backward left there: a gradient set to
+    None (``zero_grad()``) restarts the sum at the next gradient, and one changed in
+    place (``zero_grad(set_to_none=False)``, a clip, a data-parallel reduction that
+    writes ``.grad``) restarts it from ``.grad`` as it stands.
+
+    The hooks hold only weak references: they do nothing once the owner is gone.
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[int, torch.Tensor] = {}  # fp32, by id(param)
+        self._left: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        self._hooked: dict[int, weakref.ref[torch.Tensor]] = {}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the fp32 sums hold now."""
+        return sum(t.numel() * t.element_size() for t in self._sums.values())
+
+    def release(self) -> None:
+        """Free every sum (the step consumed the gradients)."""
+        self._sums.clear()
+        self._left.clear()
+
+    def hook(self, params: Iterable[torch.Tensor]) -> None:
+        """Sum the gradients of the 16-bit dense parameters among `params` in fp32."""
+        owner = weakref.ref(self)
+        for p in params:
+            known = self._hooked.get(id(p))
+            if not p.requires_grad or p.dtype not in SIXTEEN_BIT or p.layout != torch.strided:
+                continue
+            if known is not None and known() is p:
+                continue
+            param = weakref.ref(p)
+
+            def incoming(grad: torch.Tensor, param: weakref.ref[torch.Tensor] = param) -> None:
+                acc, p_ = owner(), param()
+                if acc is not None and p_ is not None:
+                    acc._add(p_, grad)
+
+            def accumulated(p_: torch.Tensor) -> None:
+                acc = owner()
+                if acc is not None:
+                    acc._write(p_)
+
+            p.register_hook(incoming)
+            p.register_post_accumulate_grad_hook(accumulated)  # type: ignore[no-untyped-call]
+            self._hooked[id(p)] = param
+
+    def _add(self, p: torch.Tensor, grad: torch.Tensor) -> None:
+        key, held = id(p), p.grad
+        if held is None or grad.layout != torch.strided:
+            self._sums.pop(key, None)  # the step's first gradient: stored exactly as is
+            return
+        total = self._sums.get(key)
+        left = self._left.get(key)
+        continues = left is not None and left[0]() is held and left[1] == held._version
+        with torch.no_grad():
+            if total is None:
+                total = held.to(torch.float32, copy=True)
+                self._sums[key] = total
+            elif not continues:
+                total.copy_(held)
+            total.add_(grad)
+
+    def _write(self, p: torch.Tensor) -> None:
+        total, held = self._sums.get(id(p)), p.grad
+        if total is None or held is None:
+            return
+        with torch.no_grad():
+            held.copy_(total)  # the one rounding of the fp32 sum
+        self._left[id(p)] = (weakref.ref(held), held._version)

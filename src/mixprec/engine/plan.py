@@ -55,6 +55,9 @@ class PrecisionPlan:
         reduce_dtype: the dtype gradients are reduced in across ranks (applied by
             `mixprec.distributed.shard`/`ddp`; checked by `Precision.prepare`).
         output_dtype: the dtype an FSDP2 root casts the model's outputs to, or None.
+        grad_accum_dtype: the dtype 16-bit parameters' gradients are summed in over
+            the backward passes of a step (`mixprec.engine.accumulation`), or None:
+            in ``.grad``, in the parameter's dtype.
         fp8: the FP8 settings of the linear layers (`Float8Training`), or None: no FP8.
         risks: what the policy risks, one sentence each; `Precision.prepare` warns
             with them (`PrecisionWarning`).
@@ -69,6 +72,7 @@ class PrecisionPlan:
     loss_scaling: LossScaling | None
     reduce_dtype: torch.dtype
     output_dtype: torch.dtype | None = None
+    grad_accum_dtype: torch.dtype | None = None
     fp8: Float8Training | None = None
     risks: tuple[str, ...] = ()
 
@@ -99,6 +103,7 @@ class PrecisionPlan:
             "loss_scaling": None if self.loss_scaling is None else self.loss_scaling.to_dict(),
             "reduce_dtype": dtype_name(self.reduce_dtype),
             "output_dtype": dtype_name(self.output_dtype),
+            "grad_accum_dtype": dtype_name(self.grad_accum_dtype),
             "fp8": None if self.fp8 is None else self.fp8.to_dict(),
         }
 
@@ -117,6 +122,7 @@ class PrecisionPlan:
                 f"moments: {self.moments.name} ({self.moments.summary})",
                 f"loss scaling: {_scaling_text(self.loss_scaling)}",
                 f"gradient reduction across ranks: {dtype_name(self.reduce_dtype)}",
+                f"gradient accumulation over micro-batches: {_accum_text(self)}",
             ]
             + (
                 []
@@ -125,6 +131,14 @@ class PrecisionPlan:
             )
             + ([] if self.fp8 is None else [f"linear layers: {self.fp8.describe()}"])
         )
+
+
+def _accum_text(plan: PrecisionPlan) -> str:
+    if plan.storage_dtype == torch.float32:
+        return "fp32 (in .grad)"
+    if plan.grad_accum_dtype is None:
+        return f"{dtype_name(plan.storage_dtype)} (in .grad, rounded at every backward)"
+    return f"{dtype_name(plan.grad_accum_dtype)} (a sum per 16-bit parameter, rounded once)"
 
 
 def _scaling_text(ls: LossScaling | None) -> str:
@@ -150,6 +164,7 @@ def resolve_plan(policy: Policy) -> PrecisionPlan:
         loss_scaling=policy.loss_scaling,
         reduce_dtype=policy.reduce_dtype,
         output_dtype=policy.output_dtype,
+        grad_accum_dtype=policy.grad_accum_dtype,
         fp8=policy.fp8,
         risks=policy.risks(),
     )

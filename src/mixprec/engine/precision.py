@@ -8,6 +8,8 @@ FSDP2 models). What it adds is the discipline around them:
 * gradients are always unscaled before they are clipped, and the clipped norm is
   the true one;
 * a step with non-finite gradients is never applied, with or without a scaler;
+* under ``Policy.grad_accum_dtype=torch.float32`` the gradients of 16-bit
+  parameters are summed in fp32 over a step's backward passes (`Fp32Accumulation`);
 * closure-based optimizers (LBFGS) work under loss scaling, which
   `GradScaler.step` refuses;
 * every step returns a `StepReport`, and `Precision.stats` keeps the telemetry
@@ -40,6 +42,7 @@ import torch
 from torch import nn
 
 from mixprec import ctrl_c
+from mixprec.engine.accumulation import Fp32Accumulation
 from mixprec.engine.effective import (
     check_compute,
     effective_precision,
@@ -51,7 +54,7 @@ from mixprec.engine.fp8 import (
     convert_fp8_linears,
     refuse_float8_layers,
 )
-from mixprec.engine.gradients import check_max_norm, has_grads
+from mixprec.engine.gradients import check_max_norm, has_grads, optimizer_params
 from mixprec.engine.observers import StepObserver
 from mixprec.engine.optimizers import (
     ParamsArg,
@@ -77,7 +80,7 @@ from mixprec.engine.stepping import (
 )
 from mixprec.engine.storage import apply_storage
 from mixprec.engine.wrappers import check_wrapped, fsdp_modules, is_ddp
-from mixprec.errors import PrecisionWarning, user_stacklevel
+from mixprec.errors import PrecisionError, PrecisionWarning, user_stacklevel
 from mixprec.islands import is_fp32_island, island_names
 from mixprec.optim.sharding import is_dtensor
 from mixprec.policy import Policy, policy, resolve_auto
@@ -172,6 +175,7 @@ class Precision:
         self._sharded = False
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._grads = ScaledGradients(scales_loss=self.plan.scales_loss)
+        self._accumulation = Fp32Accumulation()
         self._clip: ClipNote | None = None
         self._warned_scaled_edit = False
         self._warned_weight_overflow = False
@@ -249,6 +253,7 @@ class Precision:
         self._scaler = None  # rebuilt for this model's device and sharding
         islands = apply_storage(model, self.plan, self.device.type)
         check_wrapped(model, self.plan)
+        self._accumulate_in_fp32(model.parameters())
         self.fp8 = None
         if self.plan.fp8 is not None:
             model = self._convert_fp8(model, islands)
@@ -256,6 +261,24 @@ class Precision:
             refuse_float8_layers(model, self.plan.policy_name)
         self._model = model
         return model
+
+    def _accumulate_in_fp32(self, params: Iterable[torch.Tensor]) -> None:
+        """Hook `params` for `Fp32Accumulation` when the plan asks for it (from `prepare`
+        and `register`: an optimizer may hold parameters a later wrapper made)."""
+        if self.plan.grad_accum_dtype is None:
+            return
+        params = list(params)
+        if any(is_dtensor(p) for p in params):
+            # FSDP2 sums each backward's gradient into the sharded .grad in its post-backward
+            # hook, outside autograd's accumulation, where no tensor hook sees it.
+            raise PrecisionError(
+                f"policy {self.plan.policy_name!r}: grad_accum_dtype=fp32 cannot reach the "
+                "gradients of an FSDP2 model (FSDP2 accumulates them itself); fix: drop "
+                "grad_accum_dtype and skip the reduction of all but the last micro-batch "
+                "(model.set_requires_gradient_sync(False)): FSDP2 then accumulates unsharded "
+                "gradients in its reduce_dtype (fp32)"
+            )
+        self._accumulation.hook(params)
 
     def _convert_fp8(self, model: nn.Module, islands: tuple[str, ...]) -> nn.Module:
         settings = self.plan.fp8
@@ -348,6 +371,7 @@ class Precision:
         under loss scaling, so clipping can unscale its gradients first)."""
         self._optimizers.add(optimizer)
         self._grads.watch(optimizer)
+        self._accumulate_in_fp32(optimizer_params(optimizer))
         return optimizer
 
     # --------------------------------------------------------------- forward
@@ -504,6 +528,7 @@ class Precision:
                 raise
             finally:
                 self._grads.end_step()
+                self._accumulation.release()
                 self._clip = None
             stepped = tuple(outcome.applied and g for g in with_grads)
             report = record_step(

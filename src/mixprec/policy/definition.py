@@ -3,10 +3,11 @@
 A `Policy` says separately how activations are computed (`compute_dtype`),
 how parameters are stored (`param_dtype`), how the optimizer keeps full
 precision (`master`) and its moments (`moments`), how gradients are reduced
-across ranks (`reduce_dtype`), what dtype modules return under FSDP2
-(`output_dtype`), whether the loss is scaled (`loss_scaling`), which
-modules stay in fp32 (`fp32_modules`), and whether linear layers train in FP8
-(`fp8`, a `Float8Training`). A single "mixed precision on" flag hides
+across ranks (`reduce_dtype`) and summed over the micro-batches of a step
+(`grad_accum_dtype`), what dtype modules return under FSDP2 (`output_dtype`),
+whether the loss is scaled (`loss_scaling`), which modules stay in fp32
+(`fp32_modules`), and whether linear layers train in FP8 (`fp8`, a
+`Float8Training`). A single "mixed precision on" flag hides
 exactly the decisions that break runs; here each one is visible.
 """
 
@@ -108,6 +109,13 @@ class Policy:
             ``none``, ``fp32``, ``exact``, ``remainder8``, ``kahan``, ``stochastic``.
         moments: optimizer moment storage; one of ``fp32``, ``bf16``, ``int8``.
         reduce_dtype: dtype of gradient reduction across ranks.
+        grad_accum_dtype: dtype the gradients of 16-bit parameters are summed in
+            over the backward passes of one step (gradient accumulation): None (the
+            default) sums into ``.grad`` in the parameter's dtype, rounding at every
+            micro-batch; ``torch.float32`` makes `Precision` keep an fp32 sum per
+            16-bit parameter from its second backward of a step to the step, so the
+            ``.grad`` the optimizer reads is that sum rounded once (4 bytes per
+            16-bit parameter while a step accumulates; no effect on fp32 parameters).
         output_dtype: dtype of module outputs under FSDP2, or None to leave them.
         loss_scaling: `LossScaling` settings, or None for no loss scaling.
         fp32_modules: module types, or fnmatch patterns matched against module
@@ -128,6 +136,7 @@ class Policy:
     master: str = "none"
     moments: str = "fp32"
     reduce_dtype: torch.dtype = torch.float32
+    grad_accum_dtype: torch.dtype | None = None
     output_dtype: torch.dtype | None = None
     loss_scaling: LossScaling | None = None
     fp32_modules: tuple[type[nn.Module] | str, ...] = DEFAULT_FP32_MODULES
@@ -144,6 +153,7 @@ class Policy:
         _check_dtype_field("param_dtype", self.param_dtype, _STORAGE_DTYPES, False)
         _check_dtype_field("reduce_dtype", self.reduce_dtype, _STORAGE_DTYPES, False)
         _check_dtype_field("output_dtype", self.output_dtype, _STORAGE_DTYPES, True)
+        _check_dtype_field("grad_accum_dtype", self.grad_accum_dtype, (torch.float32,), True)
         check_master(self.master)
         check_moments(self.moments)
         if self.loss_scaling is not None and not isinstance(self.loss_scaling, LossScaling):
@@ -282,6 +292,7 @@ class Policy:
             "master": self.master,
             "moments": self.moments,
             "reduce_dtype": dtype_name(self.reduce_dtype),
+            "grad_accum_dtype": dtype_name(self.grad_accum_dtype),
             "output_dtype": dtype_name(self.output_dtype),
             "loss_scaling": None if self.loss_scaling is None else self.loss_scaling.to_dict(),
             "fp32_modules": [e if isinstance(e, str) else e.__name__ for e in self.fp32_modules],
@@ -318,7 +329,7 @@ class Policy:
 
             base = policy(str(values.pop("preset")))
         kwargs: dict[str, Any] = {}
-        for key in ("compute_dtype", "output_dtype"):
+        for key in ("compute_dtype", "output_dtype", "grad_accum_dtype"):
             if key in values:
                 raw = values[key]
                 kwargs[key] = (
@@ -367,10 +378,15 @@ class Policy:
                 else f"static {self.loss_scaling.init_scale:g}"
             )
         fp8 = "" if self.fp8 is None else f", fp8 linears {self.fp8.recipe}"
+        accum = (
+            ""
+            if self.grad_accum_dtype is None
+            else f", accumulate grads {dtype_name(self.grad_accum_dtype)}"
+        )
         return (
             f"compute {dtype_name(self.compute_dtype)}, params {dtype_name(self.param_dtype)}, "
             f"master {self.master}, moments {self.moments}, "
-            f"reduce {dtype_name(self.reduce_dtype)}, "
+            f"reduce {dtype_name(self.reduce_dtype)}{accum}, "
             f"loss scaling {scaling}{fp8}"
         )
 

@@ -32,6 +32,7 @@ PINNED_RUNTIME = (
     "gradient-underflow",
     "vanishing-updates",
     "nonfinite-source",
+    "grad-accum-16bit",
     "fp8-saturation",
     "fp8-underflow",
 )

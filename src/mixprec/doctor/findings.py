@@ -123,6 +123,11 @@ _RULE_LIST: tuple[RuleInfo, ...] = (
         summary="the first module whose forward output turned inf/NaN",
     ),
     RuleInfo(
+        id="grad-accum-16bit",
+        kind="runtime",
+        summary="gradients of 16-bit parameters summed in 16 bits over a step's micro-batches",
+    ),
+    RuleInfo(
         id="fp8-saturation",
         kind="runtime",
         summary="fp8 casts that clip at the format's max (measured, or under a delayed-scaling "

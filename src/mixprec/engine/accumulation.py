@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -85,22 +86,43 @@ class Fp32Accumulation:
     place (``zero_grad(set_to_none=False)``, a clip, a data-parallel reduction that
     writes ``.grad``) restarts it from ``.grad`` as it stands.
 
+    With ``write=False`` nothing is written: the sums only witness what an fp32
+    accumulation would hold (the doctor's ``grad-accum-16bit`` measures against them).
     The hooks hold only weak references: they do nothing once the owner is gone.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, write: bool = True) -> None:
+        self.write = write
         self._sums: dict[int, torch.Tensor] = {}  # fp32, by id(param)
+        self._counts: dict[int, int] = {}  # gradients summed in .grad since it was last set
         self._left: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         self._hooked: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._handles: list[Any] = []
 
     @property
     def nbytes(self) -> int:
         """Bytes the fp32 sums hold now."""
         return sum(t.numel() * t.element_size() for t in self._sums.values())
 
+    @property
+    def backwards(self) -> int:
+        """The most backward passes whose gradients one parameter's ``.grad`` holds
+        summed, since `release` (0: no gradient seen)."""
+        return max(self._counts.values(), default=0)
+
+    def sums(self) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """(parameter, its fp32 sum, backward passes summed) for each sum held now."""
+        out = []
+        for key, total in self._sums.items():
+            p = self._hooked[key]()
+            if p is not None:
+                out.append((p, total, self._counts.get(key, 0)))
+        return out
+
     def release(self) -> None:
         """Free every sum (the step consumed the gradients)."""
         self._sums.clear()
+        self._counts.clear()
         self._left.clear()
 
     def hook(self, params: Iterable[torch.Tensor]) -> None:
@@ -122,20 +144,31 @@ class Fp32Accumulation:
             def accumulated(p_: torch.Tensor) -> None:
                 acc = owner()
                 if acc is not None:
-                    acc._write(p_)
+                    acc._accumulated(p_)
 
-            p.register_hook(incoming)
-            p.register_post_accumulate_grad_hook(accumulated)  # type: ignore[no-untyped-call]
+            self._handles.append(p.register_hook(incoming))
+            self._handles.append(p.register_post_accumulate_grad_hook(accumulated))  # type: ignore[no-untyped-call]
             self._hooked[id(p)] = param
+
+    def unhook(self) -> None:
+        """Remove every hook and free every sum."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._hooked.clear()
+        self.release()
 
     def _add(self, p: torch.Tensor, grad: torch.Tensor) -> None:
         key, held = id(p), p.grad
+        left = self._left.get(key)
+        continues = (
+            held is not None and left is not None and left[0]() is held and left[1] == held._version
+        )
+        self._counts[key] = self._counts.get(key, 0) + 1 if continues else 1
         if held is None or grad.layout != torch.strided:
-            self._sums.pop(key, None)  # the step's first gradient: stored exactly as is
+            self._sums.pop(key, None)  # the first gradient: stored exactly as is
             return
         total = self._sums.get(key)
-        left = self._left.get(key)
-        continues = left is not None and left[0]() is held and left[1] == held._version
         with torch.no_grad():
             if total is None:
                 total = held.to(torch.float32, copy=True)
@@ -144,10 +177,11 @@ class Fp32Accumulation:
                 total.copy_(held)
             total.add_(grad)
 
-    def _write(self, p: torch.Tensor) -> None:
+    def _accumulated(self, p: torch.Tensor) -> None:
         total, held = self._sums.get(id(p)), p.grad
-        if total is None or held is None:
+        if held is None:
             return
-        with torch.no_grad():
-            held.copy_(total)  # the one rounding of the fp32 sum
+        if total is not None and self.write:
+            with torch.no_grad():
+                held.copy_(total)  # the one rounding of the fp32 sum
         self._left[id(p)] = (weakref.ref(held), held._version)

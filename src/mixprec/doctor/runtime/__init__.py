@@ -2,7 +2,8 @@
 
 Observers (`StepObserver`s, each a module): `GradientObserver`
 (``gradient-underflow``, with the fp32 replay of `reference`), `UpdateObserver`
-(``vanishing-updates``), `LossScaleObserver` (``loss-scale-collapse``),
+(``vanishing-updates``), `AccumulationObserver` (``grad-accum-16bit``),
+`LossScaleObserver` (``loss-scale-collapse``),
 `ClipObserver` (``clip-before-unscale``), `NonfiniteObserver`
 (``nonfinite-source``), `Fp8Observer` (``fp8-saturation``, ``fp8-underflow``:
 the casts of torchao fp8 layers, `fp8_layers`, `fp8_measure`, `fp8_rules`). Their
@@ -12,6 +13,7 @@ measurements (`measure`) and the wording of the findings (`rules`) are pure
 functions.
 """
 
+from mixprec.doctor.runtime.accumulation import AccumulationObserver
 from mixprec.doctor.runtime.clipping import ClipObserver
 from mixprec.doctor.runtime.fp8 import Fp8Observer
 from mixprec.doctor.runtime.fp8_layers import CastPlan, Fp8Layer, fp8_layers
@@ -52,6 +54,7 @@ from mixprec.doctor.runtime.updates import UpdateObserver, UpdateSample
 __all__ = [
     "DEFAULT_EVERY",
     "DEFAULT_OVERHEAD_BUDGET",
+    "AccumulationObserver",
     "CastPlan",
     "ClipObserver",
     "FindingLedger",

@@ -18,7 +18,9 @@ every `every` steps, spaced further so that the probe's own time stays within
 `overhead_budget` of the run's) the gradients against fp16's range, with an
 fp32 replay of the step to split fp16 zeros into underflow and structural ones
 (`GradientObserver`, ``gradient-underflow``), and whether non-zero updates
-changed 16-bit stored parameters (`UpdateObserver`, ``vanishing-updates``); on
+changed 16-bit stored parameters (`UpdateObserver`, ``vanishing-updates``), and
+whether 16-bit gradients were summed in 16 bits over several backward passes, against
+an fp32 sum of the same gradients (`AccumulationObserver`, ``grad-accum-16bit``); on
 every step the loss scale
 (`LossScaleObserver`, ``loss-scale-collapse``), gradients changed in place
 while still scaled (`ClipObserver`, ``clip-before-unscale``), and after
@@ -44,6 +46,7 @@ import torch
 from torch import nn
 
 from mixprec.doctor.findings import Finding
+from mixprec.doctor.runtime.accumulation import AccumulationObserver
 from mixprec.doctor.runtime.clipping import ClipObserver
 from mixprec.doctor.runtime.fp8 import Fp8Observer
 from mixprec.doctor.runtime.fp8_measure import Fp8TensorSample
@@ -233,6 +236,9 @@ class Probe:
         self._fp8 = Fp8Observer(
             ledger=self._ledger, thresholds=t, index=self._index, schedule=self._schedule
         )
+        self._accumulation = AccumulationObserver(
+            ledger=self._ledger, index=self._index, schedule=self._schedule
+        )
 
     @property
     def model(self) -> nn.Module | None:
@@ -282,8 +288,7 @@ class Probe:
         if self not in prec.observers:
             prec.add_observer(self)
         self._see(prec)
-        self._gradients.arm_next(prec, prec.stats.steps)
-        self._fp8.arm_next(prec, prec.stats.steps)
+        self._arm(prec, prec.stats.steps)
         return self
 
     def detach(self, prec: Precision | None = None) -> None:
@@ -292,9 +297,18 @@ class Probe:
         for p in precs:
             if self in p.observers:
                 p.remove_observer(self)
+        self._stop()
+
+    def _arm(self, prec: Precision, step: int) -> None:
+        self._gradients.arm_next(prec, step)
+        self._fp8.arm_next(prec, step)
+        self._accumulation.arm_next(prec, step)
+
+    def _stop(self) -> None:
         self._nonfinite.stop()
         self._gradients.stop()
         self._fp8.stop()
+        self._accumulation.stop()
 
     @contextlib.contextmanager
     def watching(self, prec: Precision | None = None) -> Iterator[Probe]:
@@ -308,14 +322,11 @@ class Probe:
             if added:
                 prec.add_observer(self)
             self._see(prec)
-            self._gradients.arm_next(prec, prec.stats.steps)
-            self._fp8.arm_next(prec, prec.stats.steps)
+            self._arm(prec, prec.stats.steps)
         try:
             yield self
         finally:
-            self._nonfinite.stop()
-            self._gradients.stop()
-            self._fp8.stop()
+            self._stop()
             if prec is not None and added and self in prec.observers:
                 prec.remove_observer(self)
 
@@ -422,6 +433,7 @@ class Probe:
         self._gradients.before_step(prec, optimizers, step)
         self._updates.before_step(prec, optimizers, step)
         self._fp8.before_step(prec, optimizers, step)
+        self._accumulation.before_step(prec, optimizers, step)
         self._schedule.charge(since)
 
     def after_step(
@@ -455,5 +467,4 @@ class Probe:
         self._nonfinite.after_step(prec, optimizers, report)
         self._schedule.charge(since)
         self._schedule.plan_next(report.step)
-        self._gradients.arm_next(prec, report.step + 1)
-        self._fp8.arm_next(prec, report.step + 1)
+        self._arm(prec, report.step + 1)

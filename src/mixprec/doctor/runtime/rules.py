@@ -34,6 +34,7 @@ __all__ = [
     "FP32_REPLAY",
     "UNFAITHFUL_REPLAY_SHARE",
     "clip_before_unscale",
+    "grad_accum_16bit",
     "gradient_underflow",
     "loss_scale_collapse",
     "nonfinite_not_in_forward",
@@ -402,6 +403,53 @@ def clip_before_unscale(
             "clip with prec.clip_grad_norm_(params, max_norm) (it unscales first), or call "
             "prec.unscale_(optimizer) (scaler.unscale_ in plain AMP) before "
             "torch.nn.utils.clip_grad_norm_"
+        ),
+    )
+
+
+def grad_accum_16bit(
+    *,
+    step: int,
+    backwards: int,
+    grad_dtype: torch.dtype,
+    relative_error: float,
+    one_rounding_error: float,
+    params: int,
+    policy: str,
+) -> Finding:
+    """The gradients of 16-bit parameters were summed in their own dtype over several
+    backward passes of one step (gradient accumulation without ``grad_accum_dtype``).
+
+    Evidence: ``step``, ``backwards`` (the most backward passes one gradient summed),
+    ``grad_dtype``, ``relative_error`` (the 2-norm of ``.grad`` minus the fp32 sum of the
+    same gradients, over that sum's norm, across the 16-bit parameters that accumulated),
+    ``fp32_accumulation_error`` (what rounding that fp32 sum once to ``grad_dtype``, as
+    ``grad_accum_dtype: fp32`` does, leaves) and ``params``.
+    """
+    name = dtype_name(grad_dtype)
+    return Finding(
+        rule="grad-accum-16bit",
+        severity="warning",
+        where=f"policy {policy!r} (grad_accum_dtype)",
+        message=(
+            f"the gradients of {params} {name} parameters were summed in {name} .grad over "
+            f"{backwards} backward passes before step {step}, rounded at every one: they are "
+            f"{relative_error:.3%} off the fp32 sum of the same gradients (2-norm, relative), "
+            f"where an fp32 sum rounded once would be {one_rounding_error:.3%} off; the error "
+            "grows with the number of micro-batches"
+        ),
+        evidence={
+            "step": step,
+            "backwards": backwards,
+            "grad_dtype": name,
+            "relative_error": relative_error,
+            "fp32_accumulation_error": one_rounding_error,
+            "params": params,
+        },
+        fix=(
+            "set grad_accum_dtype: fp32 in the policy (Policy.replace(grad_accum_dtype="
+            "torch.float32)): the gradients are summed in fp32 and rounded once, for 4 bytes "
+            "per 16-bit parameter while a step accumulates"
         ),
     )
 

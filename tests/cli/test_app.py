@@ -36,6 +36,7 @@ PINNED: dict[str, set[str]] = {
         "--micro-batch",
         "--activations",
         "--device",
+        "--grad-accum-dtype",
         "--json",
     },
     "compare": {

@@ -55,3 +55,31 @@ def test_bad_arguments_are_named() -> None:
         estimate(10, "fp32", world_size=2, sharding="zero3")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown precision policy"):
         estimate(10, "fp17")
+
+
+def test_grad_accum_counts_the_fp32_sums_the_engine_holds() -> None:
+    """Issue 30: the fp32 sums of Policy.grad_accum_dtype are memory; the estimate
+    counts what the engine holds during accumulation (16-bit params only: not the
+    LayerNorm island, not the frozen layer)."""
+    import torch
+    from torch import nn
+
+    from mixprec import Precision, policy
+
+    pol = policy("bf16_master").replace(grad_accum_dtype=torch.float32)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 4), nn.Linear(4, 4))
+    model[3].requires_grad_(False)
+    predicted = estimate(model, pol)
+    assert estimate(model, "bf16_master").per_rank.grad_accum == 0
+    prec = Precision(pol)
+    prec.prepare(model)
+    for _ in range(2):
+        with prec.autocast():
+            prec.backward(model(torch.randn(8, 16)).float().sum())
+    held = prec._accumulation.nbytes
+    assert held == predicted.per_rank.grad_accum == 4 * (16 * 32 + 32 + 32 * 4 + 4)
+    assert estimate(7_000_000, pol).state_bytes_per_param == 18  # 14 + 4
+    assert estimate(7_000_000, pol, world_size=2, sharding="ddp").per_rank.grad_accum > 0
+    with pytest.raises(ValueError, match="refused under FSDP2"):
+        estimate(7_000_000, pol, world_size=2, sharding="fsdp")

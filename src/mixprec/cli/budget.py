@@ -42,6 +42,13 @@ def add_parser(sub: Any) -> None:
         help="the device type trained on: autocast's, and for fp8 policies the GEMM path "
         "(cpu: emulated; cuda: FP8 units, sm_89+) the cast temporaries are sized for",
     )
+    p.add_argument(
+        "--grad-accum-dtype",
+        choices=["fp32"],
+        default=None,
+        help="sum 16-bit gradients over micro-batches in fp32 (Policy.grad_accum_dtype) in "
+        "every policy: counts the sums as grad_accum",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=run)
 
@@ -71,8 +78,11 @@ def parse_count(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Print the memory and communication breakdown (or JSON)."""
+    import dataclasses
+
+    from mixprec.dtypes import parse_dtype
     from mixprec.memory import TransformerShape, estimate
-    from mixprec.policy import PRESET_NAMES
+    from mixprec.policy import PRESET_NAMES, policy
 
     if sum(x is not None for x in (args.params, args.config, args.model)) != 1:
         raise UsageError(
@@ -121,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
     sharding: Literal["none", "fsdp", "ddp"] = (
         (args.sharding or "fsdp") if args.world_size > 1 else "none"
     )
+    policies: list[Any] = list(names)
+    if args.grad_accum_dtype is not None:
+        accum = parse_dtype(args.grad_accum_dtype)
+        policies = [dataclasses.replace(policy(n), grad_accum_dtype=accum) for n in names]
     results = [
         estimate(
             source,
@@ -130,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             activation_values=activations,
             device_type=args.device,
         )
-        for n in names
+        for n in policies
     ]
     if args.json:
         payload = [r.to_dict() for r in results]
@@ -190,11 +204,14 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
     first = results[0]
     fp8 = any(r.fp8 is not None for r in results)
     buffers = any(r.bytes.buffers for r in results)
+    grad_accum = any(r.per_rank.grad_accum for r in results)  # grad_accum_dtype: fp32 asked
     # No fp8 policy, or no buffers (a count, a config): a column of zeros says nothing.
     comps = [
         c
         for c in COMPONENTS
-        if (c != "fp8_cast_temporaries" or fp8) and (c != "buffers" or buffers)
+        if (c != "fp8_cast_temporaries" or fp8)
+        and (c != "buffers" or buffers)
+        and (c != "grad_accum" or grad_accum)
     ]
 
     def cell(r: Any, held: Any, comp: str) -> str:
@@ -257,6 +274,11 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
         "per parameter"
     )
     lines.append("islands: fp32_islands, parameters of modules kept in fp32 (norms)")
+    if any(r.per_rank.grad_accum for r in results):
+        lines.append(
+            "grad_accum: fp32 sums of 16-bit gradients, held from a step's second micro-batch "
+            "to its update (grad_accum_dtype: fp32; see docs/memory.md)"
+        )
     if fp8:
         lines.append(
             "fp8_casts: fp8_cast_temporaries, the most one converted linear allocates and frees"

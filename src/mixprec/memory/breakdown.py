@@ -8,6 +8,9 @@ Components (bytes):
   caches) as they are held, each storage once; a buffer a forward saves for
   backward is counted here, not in ``activations``;
 * ``grads``: gradients, in the dtype of their parameter;
+* ``grad_accum``: under ``Policy.grad_accum_dtype=torch.float32``, the fp32 sums of
+  the gradients of 16-bit parameters held while a step accumulates micro-batches
+  (from the second backward to the step); 0 otherwise;
 * ``master``: the optimizer's full-precision representation of 16-bit params
   (fp32 copy, int16/int8 remainders, Kahan compensation);
 * ``moments``: optimizer moments, including int8 block scales;
@@ -44,6 +47,7 @@ COMPONENTS: tuple[str, ...] = (
     "fp32_islands",
     "buffers",
     "grads",
+    "grad_accum",
     "master",
     "moments",
     "activations",
@@ -61,6 +65,7 @@ class Components:
     fp32_islands: int = 0
     buffers: int = 0
     grads: int = 0
+    grad_accum: int = 0
     master: int = 0
     moments: int = 0
     activations: int = 0

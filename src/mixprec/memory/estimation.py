@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mixprec.dtypes import dtype_name
 from mixprec.islands import island_param_names
 from mixprec.memory.activations import fake_forward, storage_key
 from mixprec.memory.breakdown import Components, Fp8Memory, MemoryBreakdown, Sharding
@@ -56,7 +57,10 @@ def _storage(t: _Tensor, pol: Policy, numel: int) -> Components:
     grads = size if t.trainable else 0
     if t.island:
         return Components(fp32_islands=size, grads=grads)
-    return Components(params=size, grads=grads)
+    # The fp32 sums of a step's micro-batches (mixprec.engine.accumulation), 16-bit only.
+    summed = t.trainable and pol.grad_accum_dtype is not None and pol.param_dtype != torch.float32
+    accum = numel * _nbytes(pol.grad_accum_dtype or torch.float32) if summed else 0
+    return Components(params=size, grads=grads, grad_accum=accum)
 
 
 def _state(t: _Tensor, pol: Policy, numel: int, *, int8: bool) -> Components:
@@ -132,6 +136,10 @@ def estimate(
             also picks the GEMM path the cast temporaries are replayed for (emulated
             on every device but ``cuda``; see `mixprec.memory.fp8.resolve_emulate`).
 
+    Under ``Policy.grad_accum_dtype=torch.float32`` ``grad_accum`` counts the fp32 sums
+    of the 16-bit parameters' gradients that a step accumulating several micro-batches
+    holds (`mixprec.engine.accumulation`); a step of one micro-batch holds none.
+
     Under an FP8 policy (`Policy.fp8`) the training state is the 16-bit policy's, the
     activations are a 16-bit linear's (torchao saves the high-precision input and
     weight), and ``fp8_cast_temporaries`` is the largest transient of one converted
@@ -139,6 +147,7 @@ def estimate(
     `TransformerShape`; `MemoryBreakdown.fp8` says which path and which layer.
 
     Raises:
+        ValueError: a bad `world_size` or `sharding`; ``grad_accum_dtype`` under FSDP2.
         PrecisionError: a module an FP8 policy's `Precision.prepare` converted, with a
             policy `prepare` would refuse on it (one without fp8, or another recipe).
     """
@@ -231,6 +240,13 @@ def estimate(
         notes.append("activations not estimated: pass activation_values= to include them")
     n_params = sum(t.numel for t in tensors)
     sharded = sharding == "fsdp" and world_size > 1
+    if sharded and pol.grad_accum_dtype is not None:
+        raise ValueError(
+            f"policy {pol.name!r}: grad_accum_dtype={dtype_name(pol.grad_accum_dtype)} is refused "
+            "under FSDP2, which accumulates sharded gradients itself (Precision.prepare refuses "
+            "it); fix: sharding='ddp', or drop grad_accum_dtype (FSDP2 sums unsharded gradients "
+            "in its fp32 reduce_dtype when all but the last micro-batch skip the reduction)"
+        )
 
     # Rank 0's bytes (the largest share under FSDP2; every rank's under DDP) and
     # the sum over all ranks; each rank runs its own micro-batch.

@@ -163,3 +163,13 @@ def test_fp32_parameters_are_left_to_autograd() -> None:
     accumulate(prec, model, batches(4))
     assert prec._accumulation.nbytes == 0
     assert isinstance(prec.policy, Policy)
+
+
+def test_state_saved_before_the_field_existed_loads_as_its_default() -> None:
+    """Found while adding the field: a strict load compared the saved policy key by key,
+    so every state saved before grad_accum_dtype existed would have been refused."""
+    state = Precision(BF16_MASTER).state_dict()
+    del state["policy"]["grad_accum_dtype"]
+    Precision(BF16_MASTER).load_state_dict(state)
+    with pytest.raises(ValueError, match="grad_accum_dtype"):
+        Precision(FP32_ACCUM).load_state_dict(state)

@@ -55,6 +55,7 @@ from mixprec.checkpoint import files, ranks
 from mixprec.checkpoint.files import MANIFEST, TreeError, join_tree, split_tree, tensor_keys
 from mixprec.formats import master_state_keys, moment_state_keys
 from mixprec.optim.sharding import is_dtensor
+from mixprec.policy import Policy
 from mixprec.version import __version__
 
 if TYPE_CHECKING:
@@ -732,6 +733,7 @@ def _policy_diff(saved: Mapping[str, Any] | None, precision: Precision | None) -
     if saved is None or precision is None:
         return {}
     mine = precision.policy.to_dict()
+    saved = {**Policy().to_dict(), **saved}  # a field saved before it existed: its default
     keys = sorted((set(saved) | set(mine)) - set(_DESCRIPTIVE_FIELDS))
     return {k: (saved.get(k), mine.get(k)) for k in keys if saved.get(k) != mine.get(k)}
 

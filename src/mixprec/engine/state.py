@@ -56,11 +56,13 @@ def parse_state(
         raise ValueError(f"Precision state 'policy' must be a dict, got {saved!r}")
     if strict:
         mine = policy.to_dict()
-        diff = sorted(k for k in mine if k not in ("name", "note") and saved.get(k) != mine[k])
+        # A field the saved state lacks did not exist then: it had its default.
+        was = {**Policy().to_dict(), **saved}
+        diff = sorted(k for k in mine if k not in ("name", "note") and was.get(k) != mine[k])
         if diff:
             raise ValueError(
                 f"state was saved under a different policy (fields {diff} differ: saved "
-                f"{ {k: saved.get(k) for k in diff} }, now { {k: mine[k] for k in diff} }); "
+                f"{ {k: was.get(k) for k in diff} }, now { {k: mine[k] for k in diff} }); "
                 "pass strict=False to resume under the new policy deliberately"
             )
     scaler_state = state["scaler"]

@@ -146,8 +146,10 @@ class Fp32Accumulation:
                 if acc is not None:
                     acc._accumulated(p_)
 
-            self._handles.append(p.register_hook(incoming))
-            self._handles.append(p.register_post_accumulate_grad_hook(accumulated))  # type: ignore[no-untyped-call]
+            self._handles.append(p.register_hook(incoming))  # type: ignore[no-untyped-call]
+            self._handles.append(
+                p.register_post_accumulate_grad_hook(accumulated)  # type: ignore[no-untyped-call]
+            )
             self._hooked[id(p)] = param
 
     def unhook(self) -> None:

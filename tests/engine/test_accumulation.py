@@ -7,12 +7,16 @@ hands to ``.grad``).
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import tolerances as tol
-from mixprec import LossScaling, Policy, Precision, policy
+from mixprec import LossScaling, Policy, Precision, PrecisionError, policy
 
 from .helpers import loss_fn, make_model
 
@@ -173,3 +177,47 @@ def test_state_saved_before_the_field_existed_loads_as_its_default() -> None:
     Precision(BF16_MASTER).load_state_dict(state)
     with pytest.raises(ValueError, match="grad_accum_dtype"):
         Precision(FP32_ACCUM).load_state_dict(state)
+
+
+def test_fsdp2_models_are_refused_before_and_after_wrapping(tmp_path: Path) -> None:
+    """FSDP2 sums sharded gradients in its own hook, where no tensor hook sees them: the
+    field is refused rather than silently ignored, however the model was prepared."""
+    from mixprec.distributed import shard
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        prec = Precision(FP32_ACCUM)
+        with pytest.raises(PrecisionError, match="set_requires_gradient_sync"):
+            prec.prepare(shard(make_model(), FP32_ACCUM))
+        prec = Precision(FP32_ACCUM)
+        model = shard(prec.prepare(make_model()), FP32_ACCUM)  # prepared, then wrapped
+        with pytest.raises(PrecisionError, match="grad_accum_dtype=fp32 cannot reach"):
+            prec.optimizer(model)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("no_sync", [True, False])
+def test_ddp_keeps_the_sum_only_with_no_sync(tmp_path: Path, no_sync: bool) -> None:
+    """docs/runtime.md: under DDP the sum holds across micro-batches whose reduction is
+    skipped (no_sync); a reduction on every micro-batch writes .grad back and restarts
+    it, so the gradient is rounded at every micro-batch (one rank over gloo shows both)."""
+    from mixprec.distributed import ddp
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        prec = Precision(FP32_ACCUM)
+        model = prec.prepare(ddp(make_model(), FP32_ACCUM))
+        assert isinstance(model, nn.parallel.DistributedDataParallel)
+        data = batches(64)
+        ref = reference(prec, model.module, data)
+        for i, (x, y) in enumerate(data):
+            skip = no_sync and i < len(data) - 1
+            with model.no_sync() if skip else contextlib.nullcontext():
+                with prec.autocast():
+                    loss = loss_fn(model(x), y)
+                prec.backward(loss)
+        rel, floor, _ = errors(model.module, ref)
+        assert (rel <= floor * tol.ACCUM_FP32_OVER_ONE_ROUNDING) == no_sync, (rel, floor)
+    finally:
+        dist.destroy_process_group()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mixprec.checkpoint import CheckpointError, list_checkpoints, load
-from mixprec.checkpoint.store import CheckpointWarning
+from mixprec.checkpoint.store import CheckpointWarning, _manifest_digest
 from mixprec.engine import Precision
 from mixprec.experiment import Recipe, TrainResult, train
 from mixprec.experiment.metrics_log import read_metrics
@@ -192,3 +192,17 @@ def test_findings_are_printed_once_as_they_appear(tmp_path: Path) -> None:
         "optimizer-state-16bit",
         "vanishing-updates",
     }
+
+
+def test_a_checkpoint_saved_before_a_policy_field_existed_resumes(tmp_path: Path) -> None:
+    """A field added since (grad_accum_dtype) is missing from older checkpoints: it had
+    its default then, so the resume (and the checkpoint's own policy check) go on."""
+    train(_recipe(), tmp_path, stream=None, stop_after=2)
+    manifests = list(tmp_path.rglob("manifest.json"))
+    assert manifests
+    for path in manifests:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        assert manifest["policy"].pop("grad_accum_dtype") == "none"
+        manifest["manifest_sha256"] = _manifest_digest(manifest)  # as an older version wrote it
+        path.write_text(json.dumps(manifest), encoding="utf-8")
+    assert train(_recipe(), tmp_path, stream=None, resume="latest").finished

@@ -733,7 +733,7 @@ def _policy_diff(saved: Mapping[str, Any] | None, precision: Precision | None) -
     if saved is None or precision is None:
         return {}
     mine = precision.policy.to_dict()
-    saved = {**Policy().to_dict(), **saved}  # a field saved before it existed: its default
+    saved = Policy.saved_fields(saved)
     keys = sorted((set(saved) | set(mine)) - set(_DESCRIPTIVE_FIELDS))
     return {k: (saved.get(k), mine.get(k)) for k in keys if saved.get(k) != mine.get(k)}
 

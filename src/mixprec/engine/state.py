@@ -56,8 +56,7 @@ def parse_state(
         raise ValueError(f"Precision state 'policy' must be a dict, got {saved!r}")
     if strict:
         mine = policy.to_dict()
-        # A field the saved state lacks did not exist then: it had its default.
-        was = {**Policy().to_dict(), **saved}
+        was = Policy.saved_fields(saved)
         diff = sorted(k for k in mine if k not in ("name", "note") and was.get(k) != mine[k])
         if diff:
             raise ValueError(

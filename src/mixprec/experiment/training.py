@@ -56,6 +56,7 @@ from mixprec.experiment.recipe import Recipe
 from mixprec.experiment.records import strict_json, write_json_atomic
 from mixprec.experiment.runner import doctor_for, predicted_bytes, training_step
 from mixprec.experiment.tracked import TrainTracking
+from mixprec.policy import Policy
 from mixprec.tracking import Tracker, guarded, tracker_failed
 from mixprec.workloads import EvalResult, Workload, load_workload
 from mixprec.workloads.settings import lr_at
@@ -318,7 +319,7 @@ class _Run:
         return info.step
 
     def _check_policy(self, info: CheckpointInfo) -> None:
-        saved = info.policy or {}
+        saved = Policy.saved_fields(info.policy) if info.policy is not None else {}
         mine = self.prec.policy.to_dict()
         keys = sorted((set(saved) | set(mine)) - set(_DESCRIPTIVE))
         diff = [

@@ -302,6 +302,13 @@ class Policy:
         }
 
     @classmethod
+    def saved_fields(cls, saved: Mapping[str, Any]) -> dict[str, Any]:
+        """A `to_dict` saved by an earlier version with the fields it lacks at their
+        defaults (a field added since, such as ``grad_accum_dtype``, had its default
+        then): what a saved state, checkpoint or run compares with today's `to_dict`."""
+        return {**cls().to_dict(), **saved}
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Policy:
         """Build a policy from plain data (a YAML/JSON mapping); the config edge.
 

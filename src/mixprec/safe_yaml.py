@@ -206,7 +206,7 @@ def read_config_text(path: str | os.PathLike[str]) -> str:
             raise ValueError(f"{p}: not a regular file")
         if p.is_symlink():
             raise FileNotFoundError(_dangling(p))
-        raise FileNotFoundError(f"{p}: no such file")
+        raise FileNotFoundError(f"{p}: no such file; check the path")
     try:
         if p.stat().st_size > MAX_BYTES:
             raise ValueError(f"{p}: larger than {MAX_BYTES // 2**20} MiB; not a config file")

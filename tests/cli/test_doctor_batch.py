@@ -274,14 +274,14 @@ def test_a_file_that_cannot_be_read_is_one_line_on_stderr_and_not_repeated(
     assert mixprec_main(["doctor", str(missing)]) == 2
     out, err = _one_line(capsys)
     assert out == ""
-    assert err == f"mixprec doctor: {missing}: no such file"
+    assert err == f"mixprec doctor: {missing}: no such file; check the path"
     assert mixprec_main(["doctor", str(missing), CLEAN]) == 2
     out, err = _one_line(capsys)
     assert f"{CLEAN} (mixprec): no findings" in out and str(missing) not in out
     assert mixprec_main(["doctor", str(missing), "--json"]) == 2  # stdout hides it: also stderr
     out, err = _one_line(capsys)
     assert json.loads(out)["files"][0]["file"] == str(missing)
-    assert err == f"mixprec doctor: {missing}: no such file"
+    assert err == f"mixprec doctor: {missing}: no such file; check the path"
 
 
 def test_a_folder_or_glob_with_no_config_file_is_exit_2_naming_it(

@@ -174,30 +174,37 @@ def _first_floating_dtype(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torc
 class Fp32Island:
     """The forward hooks that run one module in fp32 (see the module docs).
 
+    Autocast is switched off and back by `torch.set_autocast_enabled`, not by
+    entering a ``torch.autocast`` context in one hook and leaving it in the other:
+    dynamo traces the function call (a graph node) but cannot carry a context
+    object entered in one hook into another, so ``torch.compile`` failed on it.
+
     Args:
         device_type: the device type whose autocast is turned off inside.
     """
 
     def __init__(self, device_type: str) -> None:
         self.device_type = device_type
-        self._calls: list[tuple[contextlib.AbstractContextManager[Any], torch.dtype | None]] = []
+        # One entry per call in flight (a module may run inside itself):
+        # whether autocast was on before it, and the dtype to hand back.
+        self._calls: list[tuple[bool, torch.dtype | None]] = []
 
     def before(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Forward pre-hook: upcast floating inputs, turn autocast off."""
         in_dtype = _first_floating_dtype(args, kwargs)
-        off = torch.autocast(device_type=self.device_type, enabled=False)
-        off.__enter__()  # type: ignore[no-untyped-call]
-        self._calls.append((off, in_dtype))
-        return _cast_floating(args, torch.float32), _cast_floating(kwargs, torch.float32)
+        args, kwargs = _cast_floating(args, torch.float32), _cast_floating(kwargs, torch.float32)
+        self._calls.append((torch.is_autocast_enabled(self.device_type), in_dtype))
+        torch.set_autocast_enabled(self.device_type, False)
+        return args, kwargs
 
     def after(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> Any:
         """Forward hook (always called): restore autocast, cast outputs back."""
-        off, in_dtype = self._calls.pop()
-        off.__exit__(None, None, None)
+        enabled, in_dtype = self._calls.pop()
+        torch.set_autocast_enabled(self.device_type, enabled)
         if output is not None and in_dtype is not None and in_dtype != torch.float32:
             return _cast_floating(output, in_dtype)
         return output

@@ -139,6 +139,15 @@ def test_a_root_linear_is_returned_converted() -> None:
     assert prec.fp8 is not None and prec.fp8.converted == ("",)
 
 
+@pytest.mark.compile
+def test_a_compiled_root_linear_that_would_convert_is_refused() -> None:
+    """torch.compile's wrapper runs the module it was given, not a new Float8Linear."""
+    prec = Precision(policy("fp8_tensorwise").replace(fp8=Float8Training(skip_first_last=False)))
+    compiled = torch.compile(nn.Linear(32, 32))
+    with pytest.warns(PrecisionWarning), pytest.raises(PrecisionError, match="first, then torch"):
+        prec.prepare(compiled)
+
+
 # ------------------------------------------------------------------ the conversion
 
 

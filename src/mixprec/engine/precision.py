@@ -35,10 +35,11 @@ import contextlib
 import math
 import warnings
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch._functorch.config
 from torch import nn
 
 from mixprec import ctrl_c
@@ -78,7 +79,7 @@ from mixprec.engine.stepping import (
     record_step,
     run_step,
 )
-from mixprec.engine.storage import apply_storage
+from mixprec.engine.storage import apply_storage, compiled_inner
 from mixprec.engine.wrappers import check_wrapped, fsdp_modules, is_ddp
 from mixprec.errors import PrecisionError, PrecisionWarning, user_stacklevel
 from mixprec.islands import is_fp32_island, island_names
@@ -90,6 +91,27 @@ if TYPE_CHECKING:
     from mixprec.speed import SpeedMeasurement
 
 __all__ = ["Precision"]
+
+
+@contextlib.contextmanager
+def _forward_autocast(device_type: str, dtype: torch.dtype) -> Iterator[None]:
+    """``torch.autocast`` for a forward pass whose backward runs after it, outside.
+
+    ``torch.compile`` traces a region's backward together with its forward, by
+    default under the autocast active then (``backward_pass_autocast`` is
+    ``"same_as_forward"`` up to at least torch 2.13): the matmuls in the backward of
+    an fp32 island (a Linear named in ``fp32_modules``) then computed in 16 bits,
+    only when compiled (pytorch/pytorch#179804). ``"off"`` is what eager does when
+    the backward runs outside autocast, as in the documented loop. Torch before 2.9
+    has no such setting.
+    """
+    backward = (
+        torch._functorch.config.patch(backward_pass_autocast="off")
+        if hasattr(torch._functorch.config, "backward_pass_autocast")
+        else contextlib.nullcontext()
+    )
+    with backward, torch.autocast(device_type=device_type, dtype=dtype):
+        yield
 
 
 class Precision:
@@ -228,6 +250,8 @@ class Precision:
         Islands apply only when parameters are stored in 16 bits; with fp32
         storage, autocast's own op lists decide. Buffers are left as they are.
         Returns the same model, changed in place; `fp32_islands` names the islands.
+        A model already compiled (``torch.compile(model)``) is prepared through the
+        module it runs, so names match as on the plain model, and comes back as given.
 
         Under an FP8 policy the eligible `nn.Linear` layers are then swapped for
         torchao's ``Float8Linear`` (`mixprec.engine.fp8`): parameters keep their
@@ -242,6 +266,8 @@ class Precision:
         ``output_dtype``; otherwise `PrecisionError` names the fix. FP8 layers must be
         converted before wrapping: call `prepare` first.
         """
+        given = model
+        model = inner = compiled_inner(given)  # torch.compile(model): the module it runs
         first = next(iter(model.parameters()), None)
         if first is not None and self._device is None:
             self._device = first.device
@@ -260,7 +286,15 @@ class Precision:
         else:
             refuse_float8_layers(model, self.plan.policy_name)
         self._model = model
-        return model
+        if given is inner:
+            return model
+        if model is not inner:
+            raise PrecisionError(
+                f"policy {self.plan.policy_name!r}: the compiled model is itself an "
+                "nn.Linear that becomes a Float8Linear, a new module the compiled wrapper "
+                "does not run; fix: prec.prepare(model) first, then torch.compile it"
+            )
+        return given
 
     def _accumulate_in_fp32(self, params: Iterable[torch.Tensor]) -> None:
         """Hook `params` for `Fp32Accumulation` when the plan asks for it (from `prepare`
@@ -386,7 +420,7 @@ class Precision:
         if compute is None:
             return contextlib.nullcontext()
         self.check_device()
-        return torch.autocast(device_type=self.device.type, dtype=compute)
+        return _forward_autocast(self.device.type, compute)
 
     # -------------------------------------------------------------- backward
 

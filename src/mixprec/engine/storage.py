@@ -11,10 +11,16 @@ floating inputs to the storage dtype when autocast is off (as FSDP2's
 ``cast_forward_inputs`` does), so an evaluation loop written the torch way,
 outside `Precision.autocast`, runs instead of failing on mixed dtypes. Under
 autocast the hook does nothing: autocast chooses op dtypes.
+
+A model given already compiled (``torch.compile(model)``, an ``OptimizedModule``
+whose submodule names all start with ``_orig_mod.``) is prepared through the
+module it runs (`compiled_inner`), so fp32 module names match as they would on
+the plain model.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -25,7 +31,7 @@ from mixprec.engine.plan import PrecisionPlan
 from mixprec.engine.wrappers import storage_change_refused
 from mixprec.islands import add_fp32_islands, is_fp32_island, island_names
 
-__all__ = ["CastInputs", "apply_storage"]
+__all__ = ["CastInputs", "apply_storage", "compiled_inner"]
 
 _ATTR = "_mixprec_cast_inputs"  # on the root module: the pre-hook's id
 
@@ -48,6 +54,17 @@ class CastInputs:
         if torch.is_autocast_enabled(self.device_type):
             return None
         return tree_map(self._cast, args), tree_map(self._cast, kwargs)
+
+
+def compiled_inner(model: nn.Module) -> nn.Module:
+    """The module that `torch.compile`'s wrapper `model` runs, or `model` itself."""
+    # A wrapper exists only once dynamo is imported; importing it here would cost
+    # seconds to every prepare.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
+        inner: nn.Module = model._orig_mod
+        return inner
+    return model
 
 
 def _set_input_cast(model: nn.Module, dtype: torch.dtype, device_type: str) -> None:

@@ -1,10 +1,11 @@
-"""fp32 islands by hooks: copies, pickles, exceptions, and what runs in fp32."""
+"""fp32 islands: copies, pickles, exceptions, what runs in fp32, and torch.compile."""
 
 from __future__ import annotations
 
 import copy
 import io
 import pickle
+from typing import Any
 
 import pytest
 import torch
@@ -121,24 +122,44 @@ def test_autocast_is_off_inside_an_island() -> None:
     prec = mixprec.Precision(pol)
     model = nn.Sequential()
     model.add_module("body", nn.Linear(8, 8))
-    model.add_module("head", nn.Linear(8, 2))
+    model.add_module("head", nn.Sequential(nn.Linear(8, 2)))
     prec.prepare(model)
     inner: list[torch.dtype] = []
-    model.head.register_forward_hook(lambda m, a, out: inner.append(out.dtype), prepend=True)
-    out = _forward(prec, model, torch.randn(3, 8))
+    model.head[0].register_forward_hook(lambda m, a, out: inner.append(out.dtype))
+    x = torch.randn(3, 8)
+    out = _forward(prec, model, x)
     assert inner == [torch.float32] and out.dtype == torch.bfloat16
+    with torch.no_grad():
+        h = model.body(x.bfloat16()).float()
+        assert torch.equal(out, model.head[0](h).bfloat16())
 
 
 def test_remove_restores_the_module() -> None:
     module = nn.LayerNorm(4)
     add_fp32_island(module, "cpu")
+    island = module.forward
     add_fp32_island(module, "cpu")  # idempotent
-    assert len(module._forward_pre_hooks) == 1 and len(module._forward_hooks) == 1
+    assert module.forward is island and is_fp32_island(module)
     remove_fp32_island(module)
-    assert not is_fp32_island(module)
-    assert not module._forward_pre_hooks and not module._forward_hooks
+    assert not is_fp32_island(module) and "forward" not in vars(module)
     out = module(torch.randn(2, 4, dtype=torch.bfloat16).float())
     assert out.dtype == torch.float32
+
+
+def test_an_island_runs_a_forward_the_module_already_had_and_gives_it_back() -> None:
+    module = nn.Linear(4, 4)
+    calls: list[torch.dtype] = []
+
+    def own(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.dtype)
+        return x
+
+    module.forward = own  # type: ignore[method-assign]
+    add_fp32_island(module, "cpu")
+    assert module(torch.ones(2, 4, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert calls == [torch.float32]
+    remove_fp32_island(module)
+    assert module.forward is own
 
 
 class MyRMSNorm(nn.Module):
@@ -197,18 +218,19 @@ def test_apply_then_remove_restores_the_model_exactly() -> None:
     added = add_fp32_islands(model, mixprec.policy("bf16_master"), "cpu")
     assert added == [model[1], model[2]] and island_names(model) == ("1", "2")
     for name, module in model.named_modules():
-        # Hooks only: forward, class and state_dict keys are the module's own.
-        assert module.forward == forwards[name] and type(module) is classes[name]
-        assert "forward" not in vars(module)
+        # The class and state_dict keys are the module's own; islands have an
+        # instance forward, the others their own.
+        assert type(module) is classes[name]
+        assert is_fp32_island(module) == (name in ("1", "2"))
+        assert is_fp32_island(module) or module.forward == forwards[name]
     assert {k: (v.dtype, v.shape) for k, v in model.state_dict().items()} == keys
     x = torch.randn(4, 8)
     with torch.no_grad():
         with_islands = model(x)
     assert remove_fp32_islands(model) == ("1", "2")
     assert island_names(model) == ()
-    for module in model.modules():
-        assert not module._forward_pre_hooks and not module._forward_hooks
-        assert not hasattr(module, "_mixprec_fp32_island")
+    for name, module in model.named_modules():
+        assert module.forward == forwards[name] and "forward" not in vars(module)
     assert {k: (v.dtype, v.shape) for k, v in model.state_dict().items()} == keys
     with torch.no_grad():
         assert torch.equal(model(x), with_islands)  # fp32 model: islands change nothing
@@ -227,3 +249,92 @@ def test_islands_are_the_norms_under_16_bit_storage_only() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
     assert island_param_names(model, mixprec.policy("bf16_master")) == {"1.weight", "1.bias"}
     assert island_param_names(model, mixprec.policy("fp32")) == set()
+
+
+# ------------------------------------------------------------- torch.compile
+
+
+_HEAD_AND_NORMS = Policy(
+    compute_dtype=torch.bfloat16,
+    param_dtype=torch.bfloat16,
+    master="exact",
+    fp32_modules=("*Norm", "head"),
+)
+
+
+def _body_norm_head() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("body", nn.Linear(8, 16))
+    model.add_module("ln", nn.LayerNorm(16))
+    model.add_module("head", nn.Linear(16, 4))
+    return model
+
+
+def _compiled(how: str, prec: mixprec.Precision, model: nn.Module, **options: Any) -> nn.Module:
+    """`model` prepared by `prec` and compiled `how` (the three ways torch offers)."""
+    if how == "prepare(torch.compile(m))":
+        return prec.prepare(torch.compile(model, **options))
+    model = prec.prepare(model)
+    if how == "torch.compile(m)":
+        return torch.compile(model, **options)
+    model.compile(**options)
+    return model
+
+
+def _train_and_eval(prec: mixprec.Precision, model: nn.Module, x: torch.Tensor) -> list[Any]:
+    """Outputs and gradients of one training forward/backward, then evaluation outputs."""
+    with prec.autocast():
+        out = model(x)
+    out.float().square().sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    with torch.no_grad():
+        evaluated = model(x)
+    return [out, *grads, evaluated]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("how", ["torch.compile(m)", "m.compile()", "prepare(torch.compile(m))"])
+def test_islands_compile_in_one_graph_and_compute_as_in_eager(how: str) -> None:
+    """Norm and named-Linear islands compile with fullgraph (no graph break), train
+    and evaluate bit for bit as in eager (aot_eager runs eager's aten ops)."""
+    x = torch.randn(3, 8)
+    prec = mixprec.Precision(_HEAD_AND_NORMS)
+    eager = _train_and_eval(prec, prec.prepare(_body_norm_head()), x)
+    torch._dynamo.reset()
+    prec = mixprec.Precision(_HEAD_AND_NORMS)
+    model = _compiled(how, prec, _body_norm_head(), backend="aot_eager", fullgraph=True)
+    compiled = _train_and_eval(prec, model, x)
+    assert prec.fp32_islands == ("ln", "head")
+    assert [t.dtype for t in compiled] == [t.dtype for t in eager]
+    assert compiled[-3].dtype == torch.float32  # the head weight gradient: an island
+    for got, want in zip(compiled, eager, strict=True):
+        assert torch.equal(got, want)
+
+
+class _BreakingLinear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        before = super().forward(x)
+        torch._dynamo.graph_break()
+        return before + super().forward(x)
+
+
+@pytest.mark.compile
+def test_a_graph_break_inside_an_island_keeps_it_fp32() -> None:
+    """dynamo resumes after a break in the island's own forward with autocast off."""
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("body", nn.Linear(8, 16))
+    model.add_module("head", _BreakingLinear(16, 4))
+    prec = mixprec.Precision(_HEAD_AND_NORMS)
+    model = prec.prepare(model)
+    x = torch.randn(3, 8)
+    with prec.autocast():
+        eager = model(x)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aot_eager")(x)
+        assert torch.is_autocast_enabled("cpu")
+    head = model.head
+    h = model.body(x.bfloat16()).float()
+    fp32 = (2 * nn.functional.linear(h, head.weight, head.bias)).bfloat16()
+    assert torch.equal(eager, fp32) and torch.equal(compiled, fp32)

@@ -1,4 +1,4 @@
-"""fp32 islands: which modules stay fp32 inside a 16-bit model, and how, by forward hooks.
+"""fp32 islands: which modules stay fp32 inside a 16-bit model, and how they run.
 
 This module is the one home of the concept:
 
@@ -16,13 +16,18 @@ inside, and the output goes back to the dtype of the first floating input, so th
 16-bit model around the island sees the dtype it passed in). With fp32 storage,
 autocast's own op lists decide.
 
-An island is a pair of forward hooks on the module, nothing else: the module's
-``forward``, its class and torch are left alone, ``state_dict`` keys do not
-change, and the hooks are a small picklable object. So ``copy.deepcopy(model)``
-(an EMA or teacher copy, ``torch.optim.swa_utils.AveragedModel``) gets islands
-of its own that use its own parameters, and ``torch.save(model)`` works. The
-post-hook is registered with ``always_call=True``, so autocast is restored even
-when the forward raises.
+An island is its module's instance ``forward``, a small picklable `Fp32Island`
+object that runs the module's own forward in fp32 inside one ``with
+torch.autocast(..., enabled=False)`` block; nothing else changes: the module's
+class and torch are left alone, and ``state_dict`` keys do not change. So
+``copy.deepcopy(model)`` (an EMA or teacher copy,
+``torch.optim.swa_utils.AveragedModel``) gets islands of its own that use its
+own parameters (the island refers to its module, and the copy maps it to the
+copy), ``torch.save(model)`` works, and autocast is restored when the forward
+raises. ``torch.compile`` traces the ``with`` block as one of its own autocast
+contexts: no graph break, and a graph break inside the module's forward resumes
+with autocast still off (a context entered in a forward pre-hook and left in a
+forward hook, the earlier design, could not be traced at all).
 """
 
 from __future__ import annotations
@@ -53,9 +58,6 @@ __all__ = [
     "remove_fp32_islands",
     "temporary_fp32_islands",
 ]
-
-_ATTR = "_mixprec_fp32_island"  # on the module: (island, pre-hook id, post-hook id)
-
 
 # ------------------------------------------------------------------ the rule
 
@@ -172,48 +174,35 @@ def _first_floating_dtype(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torc
 
 
 class Fp32Island:
-    """The forward hooks that run one module in fp32 (see the module docs).
+    """The forward of an fp32 island, set on its module as the instance ``forward``.
 
-    Autocast is switched off and back by `torch.set_autocast_enabled`, not by
-    entering a ``torch.autocast`` context in one hook and leaving it in the other:
-    dynamo traces the function call (a graph node) but cannot carry a context
-    object entered in one hook into another, so ``torch.compile`` failed on it.
+    A call upcasts floating inputs, runs the module's own forward (its class's, or
+    an instance ``forward`` it already had) inside ``with torch.autocast(...,
+    enabled=False)``, and casts floating outputs back to the dtype of the first
+    floating input.
 
     Args:
+        module: the island.
         device_type: the device type whose autocast is turned off inside.
     """
 
-    def __init__(self, device_type: str) -> None:
+    def __init__(self, module: nn.Module, device_type: str) -> None:
+        self.module = module
         self.device_type = device_type
-        # One entry per call in flight (a module may run inside itself):
-        # whether autocast was on before it, and the dtype to hand back.
-        self._calls: list[tuple[bool, torch.dtype | None]] = []
+        # What ran before: an instance forward set by someone else, or None (the class's).
+        self.inner: Any = vars(module).get("forward")
 
-    def before(
-        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Forward pre-hook: upcast floating inputs, turn autocast off."""
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         in_dtype = _first_floating_dtype(args, kwargs)
         args, kwargs = _cast_floating(args, torch.float32), _cast_floating(kwargs, torch.float32)
-        self._calls.append((torch.is_autocast_enabled(self.device_type), in_dtype))
-        torch.set_autocast_enabled(self.device_type, False)
-        return args, kwargs
-
-    def after(
-        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
-    ) -> Any:
-        """Forward hook (always called): restore autocast, cast outputs back."""
-        enabled, in_dtype = self._calls.pop()
-        torch.set_autocast_enabled(self.device_type, enabled)
+        with torch.autocast(device_type=self.device_type, enabled=False):
+            if self.inner is None:
+                output = type(self.module).forward(self.module, *args, **kwargs)
+            else:
+                output = self.inner(*args, **kwargs)
         if output is not None and in_dtype is not None and in_dtype != torch.float32:
             return _cast_floating(output, in_dtype)
         return output
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"device_type": self.device_type}  # calls in flight are never copied
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["device_type"])  # type: ignore[misc]
 
 
 # ------------------------------------------------------ applying and removing
@@ -221,7 +210,7 @@ class Fp32Island:
 
 def is_fp32_island(module: nn.Module) -> bool:
     """Whether `module` runs as an fp32 island."""
-    return getattr(module, _ATTR, None) is not None
+    return isinstance(vars(module).get("forward"), Fp32Island)
 
 
 def island_names(model: nn.Module) -> tuple[str, ...]:
@@ -231,26 +220,19 @@ def island_names(model: nn.Module) -> tuple[str, ...]:
 
 def add_fp32_island(module: nn.Module, device_type: str) -> None:
     """Make `module` an fp32 island (idempotent)."""
-    if is_fp32_island(module):
-        return
-    island = Fp32Island(device_type)
-    pre = module.register_forward_pre_hook(island.before, with_kwargs=True)
-    post = module.register_forward_hook(island.after, with_kwargs=True, always_call=True)
-    setattr(module, _ATTR, (island, pre.id, post.id))
+    if not is_fp32_island(module):
+        module.forward = Fp32Island(module, device_type)
 
 
 def remove_fp32_island(module: nn.Module) -> None:
     """Undo `add_fp32_island` (no-op for other modules)."""
-    entry = getattr(module, _ATTR, None)
-    if entry is None:
+    island = vars(module).get("forward")
+    if not isinstance(island, Fp32Island):
         return
-    _island, pre_id, post_id = entry
-    module._forward_pre_hooks.pop(pre_id, None)
-    module._forward_pre_hooks_with_kwargs.pop(pre_id, None)
-    module._forward_hooks.pop(post_id, None)
-    module._forward_hooks_with_kwargs.pop(post_id, None)
-    module._forward_hooks_always_called.pop(post_id, None)
-    delattr(module, _ATTR)
+    if island.inner is None:
+        del module.forward  # the class's forward shows again
+    else:
+        module.forward = island.inner
 
 
 def add_fp32_islands(

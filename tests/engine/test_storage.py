@@ -52,15 +52,20 @@ def test_prepare_casts_back_to_fp32() -> None:
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
-def test_prepare_only_adds_hooks_and_casts() -> None:
-    """No forward is replaced, no class changes, state_dict keys stay those of the model."""
+def test_prepare_only_adds_islands_and_casts() -> None:
+    """No class changes, state_dict keys stay those of the model, and only the islands
+    get an instance forward (`Fp32Island`)."""
+    from mixprec.islands import Fp32Island
+
     plain = make_model()
     model = make_model()
     classes = {name: type(m) for name, m in model.named_modules()}
     Precision("bf16_master").prepare(model)
     assert list(model.state_dict()) == list(plain.state_dict())
     for name, module in model.named_modules():
-        assert type(module) is classes[name] and "forward" not in vars(module)
+        assert type(module) is classes[name]
+        own = vars(module).get("forward")
+        assert isinstance(own, Fp32Island) if name == "1" else own is None
     assert {k: v.dtype for k, v in model.state_dict().items()} == {
         k: torch.float32 if k.startswith("1.") else torch.bfloat16 for k in plain.state_dict()
     }

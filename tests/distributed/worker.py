@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).parent))
@@ -171,12 +172,18 @@ def order() -> dict[str, Any]:
     model = shard(cases.make_model(), "bf16_master")
     seen: dict[str, str] = {}
 
-    def note(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
-        # The unsharded weight the norm computed with, and the input it computed on.
-        seen["norm"] = f"weight {module.weight.dtype}, input {args[0].dtype}"
+    class Note(TorchFunctionMode):
+        # The unsharded weight the norm computed with, and the input it computed on
+        # (inside the island, after its upcast).
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            if func is torch.nn.functional.layer_norm:
+                seen["norm"] = f"weight {kwargs['weight'].dtype}, input {args[0].dtype}"
+            return func(*args, **kwargs)
 
-    model.norm.register_forward_hook(note)
-    with mixprec.Precision("bf16_master").autocast():
+    with mixprec.Precision("bf16_master").autocast(), Note():
         model(cases.batch(0, 0)[0])
     out["island dtypes"] = {n: str(p.dtype) for n, p in model.named_parameters()}
     out["island forward"] = seen

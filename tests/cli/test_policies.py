@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import mixprec
 from mixprec.cli import main
 from mixprec.speed import Step, StepTimer
 
@@ -43,7 +44,11 @@ def test_probe_picks_fp32_for_a_workload_where_bf16_is_slower(
     assert "timing shakespeare tiny" in captured.err
     out = captured.out
     assert "auto      -> fp32: auto chose fp32 on " in out
-    assert "bf16 autocast step 2.41x fp32's (median 2.41x) on this CPU at these shapes" in out
+    assert "bf16 autocast step 2.41x fp32's (median 2.41x)" in out
+    # fp16 is timed too where this CPU computes it fast (avx512_fp16, AMX-FP16)
+    fp16_timed = mixprec.device_caps("cpu").fp16_fast
+    assert ("fp16 autocast step 10.00x fp32's (median 10.00x)" in out) == fp16_timed
+    assert "on this CPU at these shapes" in out
     assert "(shakespeare tiny: GPT" in out and "best and median of 2 interleaved steps" in out
     assert "cache: miss" in out
     lines = {

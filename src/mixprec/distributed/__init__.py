@@ -9,8 +9,9 @@
   that reduces in the policy's ``reduce_dtype`` (`reduce_in_dtype`) on gloo and
   NCCL alike.
 
-`spawn` and `process_group` run a command on several local ranks (what
-``mixprec train --nproc N`` does) or join the group ``torchrun`` describes.
+`spawn` runs a command on several local ranks (what ``mixprec train --nproc N``
+does). `process_group` joins the group that ``torchrun`` (or `spawn`) describes and
+tears it down in the order that cannot hang at exit.
 
 Both wrappers set the policy's storage first (what `Precision.prepare` does), so
 ``prec.prepare`` may be called before or after them. The step decision, the loss
@@ -19,11 +20,15 @@ skip is decided on every rank together).
 
 Example (under ``torchrun --nproc-per-node 2``)::
 
-    torch.distributed.init_process_group()
-    prec = mixprec.Precision("bf16_master")
-    model = mixprec.distributed.shard(model, prec.policy)
-    model = prec.prepare(model)
-    optimizer = prec.optimizer(model, lr=3e-4)
+    def train(device):
+        prec = mixprec.Precision("bf16_master")
+        model = mixprec.distributed.shard(model, prec.policy)
+        model = prec.prepare(model)
+        optimizer = prec.optimizer(model, lr=3e-4)
+        ...
+
+    with mixprec.distributed.process_group("cpu") as device:
+        train(device)  # the wrapped model is gone when the block ends
 """
 
 from mixprec.distributed.data_parallel import ReduceHookState, ddp, reduce_in_dtype

@@ -47,11 +47,27 @@ def rank() -> int:
 
 
 @contextlib.contextmanager
-def process_group(device: str) -> Iterator[str]:
-    """Within the block, this process is a rank of the group its environment describes
-    (nothing to join for a world of 1); yields the device this rank trains on.
+def process_group(device: str = "cpu") -> Iterator[str]:
+    """Within the block, this process is a rank of the group its environment describes;
+    yields the device this rank trains on.
 
-    The group is destroyed on the way out, whatever happens.
+    The environment is torchrun's, or `spawn`'s: ``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT`` (under ``torch.multiprocessing.spawn``, set them
+    before entering). The group is gloo on CPUs and NCCL on CUDA, where ``"cuda"``
+    becomes ``cuda:LOCAL_RANK``. A world of 1, or a group already joined, is left as
+    it is.
+
+    On the way out, whatever happened, the group is torn down in the order that cannot
+    hang: what still holds it is collected while it is alive, every rank waits for the
+    others (when the block succeeded), then the group is destroyed.
+
+    Train in a function called within the block, so that the models it wraps are gone
+    when the block ends: a DDP model that outlives the group can hang the process at
+    exit.
+
+    Raises:
+        RuntimeError: a ``DistributedDataParallel`` model made within the block is
+            still alive at its end (raised after the teardown).
     """
     if launched_world_size() == 1 or (dist.is_available() and dist.is_initialized()):
         yield device
@@ -64,19 +80,35 @@ def process_group(device: str) -> Iterator[str]:
         torch.cuda.set_device(local)
         device = f"cuda:{local}"
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    ok = False
+    ok = kept = False
     try:
         yield device
         ok = True
     finally:
-        # The run's wrappers (DDP's reducer, FSDP2's state) sit in reference cycles
-        # that hold the group's pending work and tensors: collected at interpreter
-        # exit, after the group is gone, they can abort the process ("terminate called
-        # without an active exception"). Collect them now, while everything is alive.
+        # DDP's reducer holds the group from C++. Freed after destroy_process_group, it
+        # is the group's last owner, and gloo's destructor then joins its worker threads
+        # while holding the GIL, which a worker finishing the last collective needs to
+        # free that collective's tensors: a deadlock (1 exit in about 16 under load).
+        # Collected now (reference cycles included), the reducer leaves the group to
+        # destroy_process_group, which destroys it with the GIL released. Collected at
+        # interpreter exit instead, after the group, the same objects can abort the
+        # process ("terminate called without an active exception").
         gc.collect()
+        kept = ok and _ddp_alive()
         if ok:
             dist.barrier()  # every rank reaches teardown before any tears down
         dist.destroy_process_group()
+    if kept:
+        raise RuntimeError(
+            "a DistributedDataParallel model made within mixprec.distributed.process_group "
+            "is still alive at its end, and can hang the process when it is freed; train in "
+            "a function called within the block, or `del` the model before the block ends"
+        )
+
+
+def _ddp_alive() -> bool:
+    ddp_type = torch.nn.parallel.DistributedDataParallel
+    return any(isinstance(obj, ddp_type) for obj in gc.get_objects())
 
 
 def _free_port() -> int:

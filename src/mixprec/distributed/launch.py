@@ -108,7 +108,9 @@ def process_group(device: str = "cpu") -> Iterator[str]:
 
 def _ddp_alive() -> bool:
     ddp_type = torch.nn.parallel.DistributedDataParallel
-    return any(isinstance(obj, ddp_type) for obj in gc.get_objects())
+    # type(), not isinstance(): DDP is an ABC, whose check reads each object's
+    # __class__, and some objects warn when read (torch.distributed.reduce_op).
+    return any(issubclass(cls, ddp_type) for cls in {type(obj) for obj in gc.get_objects()})
 
 
 def _free_port() -> int:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.hf_models import tiny_llama
 from tests.tolerances import COMPILE_ATOL
 from torch import nn
 from torch._dynamo.utils import counters
@@ -24,17 +25,7 @@ STEPS = 3
 
 
 def _llama() -> nn.Module:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-    )
-    model: nn.Module = transformers.LlamaForCausalLM(config)
-    return model
+    return tiny_llama(vocab_size=VOCAB, max_position_embeddings=2048)
 
 
 def _gpt() -> nn.Module:

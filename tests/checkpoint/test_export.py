@@ -14,6 +14,7 @@ from torch import nn
 
 import mixprec
 import tolerances as tol
+from hf_models import tiny_llama
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 load_file = safetensors_torch.load_file
@@ -168,18 +169,9 @@ def test_tied_weights_load_strict(tmp_path: Path) -> None:
 @pytest.mark.parametrize("tie", [False, True])
 def test_hf_llama_from_pretrained_gives_master_logits(tmp_path: Path, tie: bool) -> None:
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-    )
+    fields = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64}
     prec = mixprec.Precision("bf16_master")
-    model = prec.prepare(transformers.LlamaForCausalLM(config))
+    model = prec.prepare(tiny_llama(**fields, tie_word_embeddings=tie))
     opt = prec.optimizer(model, lr=1e-2)
     ids = torch.randint(0, 64, (2, 16))
     for _ in range(3):
@@ -204,7 +196,7 @@ def test_hf_llama_from_pretrained_gives_master_logits(tmp_path: Path, tie: bool)
     assert (reloaded.lm_head.weight is reloaded.model.embed_tokens.weight) == tie
 
     # The reference: an fp32 model holding the masters, run in fp32.
-    reference = transformers.LlamaForCausalLM(config)
+    reference = tiny_llama(**fields, tie_word_embeddings=tie)
     masters = masters_by_key(model, opt)
     reference.load_state_dict(masters, strict=True)
     for module in (reloaded, reference, model):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from hf_models import tiny_llama
 from mixprec import Precision
 from mixprec.memory import (
     estimate,
@@ -191,19 +192,8 @@ class _CachedRotary(nn.Module):
 
 
 def _tiny_llama() -> tuple[nn.Module, torch.Tensor, Callable[[Any, Any], torch.Tensor]]:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
+    model = tiny_llama(vocab_size=128, tie_word_embeddings=False)
     return model, torch.randint(0, 128, (2, 16)), lambda out, _: out.logits.float().pow(2).mean()
 
 

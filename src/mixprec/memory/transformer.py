@@ -31,7 +31,9 @@ class TransformerShape:
         intermediate: MLP width (default 4 x hidden).
         gated_mlp: SwiGLU-style MLP with three matrices (LLaMA) instead of two.
         tied_embeddings: the output head shares the token embedding.
-        learned_positions: a learned position embedding (GPT-2) of seq_len rows.
+        learned_positions: a learned position embedding (GPT-2).
+        positions: rows of that embedding, the longest sequence the model takes
+            (``n_positions``; default seq_len).
         n_kv_head: key/value heads (grouped-query attention; default n_head).
         head_dim: width of one head (default hidden / n_head).
         qkv_bias: the query, key and value projections have biases.
@@ -50,6 +52,7 @@ class TransformerShape:
     gated_mlp: bool = False
     tied_embeddings: bool = True
     learned_positions: bool = False
+    positions: int | None = None
     n_kv_head: int | None = None
     head_dim: int | None = None
     qkv_bias: bool = True
@@ -62,7 +65,7 @@ class TransformerShape:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{f} must be a positive integer, got {v!r}")
-        for f in ("intermediate", "n_kv_head", "head_dim"):
+        for f in ("intermediate", "n_kv_head", "head_dim", "positions"):
             v = getattr(self, f)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{f} must be a positive integer or None, got {v!r}")
@@ -102,7 +105,8 @@ class TransformerShape:
         attn += (q + 2 * kv if self.qkv_bias else 0) + (h if self.out_bias else 0)
         mlp = (3 if self.gated_mlp else 2) * h * f
         mlp += ((2 * f if self.gated_mlp else f) + h) if self.mlp_bias else 0
-        emb = self.vocab * h + (self.seq_len * h if self.learned_positions else 0)
+        rows = self.positions if self.positions is not None else self.seq_len
+        emb = self.vocab * h + (rows * h if self.learned_positions else 0)
         head = 0 if self.tied_embeddings else self.vocab * h
         norm = 2 * h if self.norm_bias else h
         norms = (2 * self.n_layer + 1) * norm
@@ -206,6 +210,7 @@ class TransformerShape:
             learned_positions=model_type in ("gpt2",)
             or "n_positions" in config
             or "block_size" in config,
+            positions=optional("n_positions", "block_size", "max_position_embeddings"),
             n_kv_head=optional("num_key_value_heads", "n_kv_head", "n_kv_heads"),
             head_dim=optional("head_dim"),
             qkv_bias=qkv_bias,

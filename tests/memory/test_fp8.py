@@ -293,3 +293,26 @@ def test_estimate_refuses_what_prepare_refuses_on_a_converted_model() -> None:
             estimate(model, name, inputs=x, loss_fn=_mse, targets=torch.randn(8, 16))
         assert "\n" not in str(got.value)
         assert str(got.value).replace("estimate a model", "prepare a model") == str(refused.value)
+
+
+def test_transformer_shape_sizes_the_linears_of_a_gqa_llama() -> None:
+    """The closed form lists the linear shapes a grouped-query Llama has (k and v
+    projections narrower than q; no biases): it assumed GPT's square projections."""
+    from hf_models import tiny_llama
+    from mixprec.memory import TransformerShape
+    from mixprec.memory.fp8 import transformer_fp8_layers
+
+    config = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4}
+    config |= {"num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256}
+    with torch.device("meta"):
+        model = tiny_llama(**config)
+    built = {
+        (m.in_features, m.out_features, m.bias is not None)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and name != "lm_head"
+    }
+    shape = TransformerShape.from_config(
+        {**config, "model_type": "llama", "hidden_act": "silu"}, seq_len=64
+    )
+    predicted = transformer_fp8_layers(shape, get_policy("fp8_rowwise"))
+    assert {(layer.in_features, layer.out_features, layer.bias) for layer in predicted} == built

@@ -435,26 +435,29 @@ def transformer_fp8_layers(shape: TransformerShape, policy: Policy) -> list[Fp8L
     """The distinct linear shapes of a `TransformerShape` that convert under `policy`.
 
     A block's MLP matrices (``hidden x ffn``, ``ffn x hidden``) and attention
-    projections (``hidden x hidden``; GPT-style blocks without a gated MLP also have a
-    fused ``hidden x 3 hidden`` one), whose in and out features are divisible by
+    projections: separate query, key, value and output projections with a gated MLP
+    (LLaMA: ``hidden x q_width``, ``hidden x kv_width`` under grouped-query attention,
+    ``q_width x hidden``), a fused ``hidden x (q + 2 kv)`` one and the output
+    projection otherwise (GPT), whose in and out features are divisible by
     ``min_divisor``. The output head and the first block's first projection are the
     last and first ``nn.Linear`` (kept by ``skip_first_last``); ``exclude`` patterns
-    need module names and are not applied here. Biases as in GPT (none with a gated
-    MLP, as in LLaMA).
+    need module names and are not applied here. Biases as the shape says.
     """
     settings = policy.fp8
     if settings is None:
         return []
-    h, f = shape.hidden, shape.ffn
-    dims = [(h, f), (f, h), (h, h)]
-    if not shape.gated_mlp and (shape.n_layer > 1 or not settings.skip_first_last):
-        dims.append((h, 3 * h))
+    h, f, q, kv = shape.hidden, shape.ffn, shape.q_width, shape.kv_width
+    dims = {(h, f, shape.mlp_bias), (f, h, shape.mlp_bias), (q, h, shape.out_bias)}
+    if shape.gated_mlp:
+        dims |= {(h, q, shape.qkv_bias), (h, kv, shape.qkv_bias)}
+    elif shape.n_layer > 1 or not settings.skip_first_last:
+        dims.add((h, q + 2 * kv, shape.qkv_bias))
     d = settings.min_divisor
     tokens = shape.micro_batch * shape.seq_len
     x_bytes = _bytes(policy.effective_compute_dtype)
     return [
-        Fp8Layer(f"{k}x{n}", tokens, k, n, not shape.gated_mlp, x_bytes, _bytes(policy.param_dtype))
-        for k, n in dims
+        Fp8Layer(f"{k}x{n}", tokens, k, n, bias, x_bytes, _bytes(policy.param_dtype))
+        for k, n, bias in sorted(dims)
         if k % d == 0 and n % d == 0
     ]
 

@@ -189,3 +189,62 @@ def test_fp16_runs_are_capped_where_fp16_is_emulated(
     assert math.isfinite(by["fp32"].heldout_at(2))
     # The training-length check reads the baseline at the start of each last fifth.
     assert math.isfinite(by["fp32"].heldout_at(8)) and math.isfinite(by["fp32"].heldout_at(1))
+
+
+def test_runs_with_dropout_repeat_and_pair_and_leave_the_callers_stream() -> None:
+    """Reported: compare did not seed torch's global generator, so a workload with
+    dropout gave another held-out loss each time the same command ran, and the policies
+    of one seed saw other dropout masks. Each step's draws come from (seed, step)."""
+    import torch
+    from tests.workloads.example_user_workload import make_workload
+
+    from mixprec.experiment.plan import RunSettings
+    from mixprec.experiment.runner import run_one
+
+    workload = make_workload(dropout=0.5)
+    train = dataclasses.replace(workload.defaults, steps=6)
+    settings = RunSettings(train=train, eval_every=3, probe_every=100)
+
+    def losses(policy: str, seed: int) -> list[float]:
+        return [loss for _, loss in run_one(workload, policy, seed, settings).loss_curve]
+
+    torch.manual_seed(123)
+    caller = torch.get_rng_state()
+    first = losses("fp32", 0)
+    assert torch.equal(torch.get_rng_state(), caller)  # the caller's stream is left alone
+    torch.rand(7)  # the caller's own draws change nothing
+    assert losses("fp32", 0) == first
+    assert losses("fp32", 1) != first
+
+
+def test_every_policy_of_a_seed_draws_the_same_dropout_masks() -> None:
+    """Pairing: a step's dropout masks depend on (seed, step) alone, not on the policy."""
+    import torch
+    from tests.workloads.example_user_workload import make_workload
+
+    from mixprec import Precision
+    from mixprec.experiment.runner import model_seed, training_step
+
+    workload = make_workload(dropout=0.5)
+    masks: dict[str, list[torch.Tensor]] = {}
+    for policy in ("fp32", "amp_bf16", "bf16_master"):
+        prec = Precision(policy)
+        model = prec.prepare(workload.make_model(0))
+        optimizer = prec.optimizer(model, lr=1e-2)
+        seen = masks.setdefault(policy, [])
+        model[0].register_forward_hook(lambda _m, _i, out, seen=seen: seen.append(out == 0))
+        for step in range(3):
+            x, y = workload.train_batch(step=step, seed=0, batch_size=16, device="cpu")
+            training_step(
+                workload,
+                prec,
+                model,
+                optimizer,
+                x,
+                y,
+                workload.defaults,
+                rng_seed=model_seed(0, step),
+            )
+    assert all(m.any() for m in masks["fp32"])  # dropout dropped something
+    for policy in ("amp_bf16", "bf16_master"):
+        assert all(torch.equal(a, b) for a, b in zip(masks["fp32"], masks[policy], strict=True))

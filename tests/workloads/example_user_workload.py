@@ -26,8 +26,9 @@ __all__ = ["NOT_A_FUNCTION", "make_workload", "not_a_workload"]
 NOT_A_FUNCTION = 3
 
 
-def make_workload(*, n_features: int = 8, noise: float = 0.1) -> Workload:
-    """Linear regression with a fixed true weight; metric: held-out R^2."""
+def make_workload(*, n_features: int = 8, noise: float = 0.1, dropout: float = 0.0) -> Workload:
+    """Linear regression with a fixed true weight (its inputs dropped out with
+    probability `dropout` in training); metric: held-out R^2."""
     true_w = torch.randn(n_features, 1, generator=torch.Generator().manual_seed(1234))
 
     def sample(generator: torch.Generator, n: int) -> tuple[Tensor, Tensor]:
@@ -37,6 +38,10 @@ def make_workload(*, n_features: int = 8, noise: float = 0.1) -> Workload:
     held_x, held_y = sample(torch.Generator().manual_seed(99), 256)
 
     def make_model(seed: int) -> nn.Module:
+        if dropout:
+            return seeded_init(
+                seed, lambda: nn.Sequential(nn.Dropout(dropout), nn.Linear(n_features, 1))
+            )
         return seeded_init(seed, lambda: nn.Linear(n_features, 1))
 
     def train_batch(

@@ -48,6 +48,7 @@ from mixprec.memory import MemoryBreakdown, estimate, measure
 from mixprec.policy import DEFAULT_FP32_MODULES, Policy
 from mixprec.policy import policy as get_policy
 from mixprec.workloads import Workload, load_workload
+from mixprec.workloads.base import stream_seed
 from mixprec.workloads.settings import TrainSettings, lr_at
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "doctor_for",
     "evaluation_steps",
     "lr_at",
+    "model_seed",
     "predicted_bytes",
     "run_experiment",
     "run_one",
@@ -150,6 +152,12 @@ def predicted_bytes(
     ).bytes.to_dict()
 
 
+def model_seed(seed: int, step: int, rank: int = 0) -> int:
+    """The seed of torch's global random numbers in step `step` of a run of `seed`, on
+    `rank` (`training_step`'s `rng_seed`)."""
+    return stream_seed(seed, step, stream="model" if rank == 0 else f"model/rank{rank}")
+
+
 def training_step(
     workload: Workload,
     prec: Precision,
@@ -158,16 +166,26 @@ def training_step(
     x: torch.Tensor,
     y: torch.Tensor,
     train: TrainSettings,
+    *,
+    rng_seed: int,
 ) -> tuple[torch.Tensor, StepReport]:
     """One optimizer step on `(x, y)` (compare's runs and `mixprec train` take the same).
+
+    The forward and backward draw torch's global random numbers (dropout) from a
+    stream seeded with `rng_seed` (`model_seed`), and leave the caller's stream where
+    it was: every policy's run of a seed sees the same draws at each step, a rerun
+    sees them again, and a resumed run sees those of the run that never stopped.
 
     Returns:
         The loss (detached) and the step's report.
     """
-    with prec.autocast():
-        out = model(x)
-    loss = workload.loss(out, y)
-    prec.backward(loss)
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(rng_seed)
+        with prec.autocast():
+            out = model(x)
+        loss = workload.loss(out, y)
+        prec.backward(loss)
     if train.grad_clip_norm is not None:
         prec.clip_grad_norm_(model.parameters(), train.grad_clip_norm)
     report = prec.step(optimizer)
@@ -235,12 +253,13 @@ def run_one(
     train_time = 0.0
     timed_steps = 0
 
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return training_step(workload, prec, model, optimizer, x, y, train)[0]
+    def train_step(x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+        rng_seed = model_seed(seed, step)
+        return training_step(workload, prec, model, optimizer, x, y, train, rng_seed=rng_seed)[0]
 
     def measured_step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, MemoryBreakdown]:
         out: list[torch.Tensor] = []
-        mem = measure(model, optimizer, lambda: out.append(train_step(x, y)), policy=pol)
+        mem = measure(model, optimizer, lambda: out.append(train_step(x, y, 0)), policy=pol)
         return out[0], mem
 
     def evaluate(done: int, values: dict[str, float]) -> float:
@@ -279,7 +298,7 @@ def run_one(
                 loss_t, mem = measured_step(x, y)
                 measured = mem.bytes.to_dict()
             else:
-                loss_t = train_step(x, y)
+                loss_t = train_step(x, y, step)
                 train_time += time.perf_counter() - t0
                 timed_steps += 1
             loss_v = float(loss_t)

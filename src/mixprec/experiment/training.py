@@ -54,7 +54,7 @@ from mixprec.experiment.orchestration import check_out_dir, exclusive
 from mixprec.experiment.plan import RunSettings, settings_dict, settings_for, workload_options
 from mixprec.experiment.recipe import Recipe
 from mixprec.experiment.records import strict_json, write_json_atomic
-from mixprec.experiment.runner import doctor_for, predicted_bytes, training_step
+from mixprec.experiment.runner import doctor_for, model_seed, predicted_bytes, training_step
 from mixprec.experiment.tracked import TrainTracking
 from mixprec.policy import Policy
 from mixprec.tracking import Tracker, guarded, tracker_failed
@@ -514,7 +514,16 @@ class _Run:
             group["lr"] = lr
         x, y = batch
         t0 = time.perf_counter()
-        loss, report = training_step(self.workload, self.prec, self.model, self.optimizer, x, y, t)
+        loss, report = training_step(
+            self.workload,
+            self.prec,
+            self.model,
+            self.optimizer,
+            x,
+            y,
+            t,
+            rng_seed=model_seed(self.recipe.seed, step, self.rank),
+        )
         line: dict[str, Any] = {
             "step": step + 1,
             "loss": self._mean_over_ranks(loss),

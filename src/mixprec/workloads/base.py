@@ -52,6 +52,7 @@ __all__ = [
     "evaluation_mode",
     "model_device",
     "seeded_init",
+    "stream_seed",
 ]
 
 #: A zero-argument callable returning a context manager, e.g. `Precision.autocast`,
@@ -172,8 +173,8 @@ def seeded_init(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
         return build()
 
 
-def batch_generator(seed: int, step: int, *, stream: str) -> torch.Generator:
-    """A CPU generator determined by `(seed, step, stream)` alone.
+def stream_seed(seed: int, step: int, *, stream: str) -> int:
+    """A 63-bit seed determined by `(seed, step, stream)` alone.
 
     The three are hashed together by numpy's `SeedSequence` (so nearby seeds
     and steps give unrelated streams); `stream` keeps different uses apart.
@@ -183,8 +184,13 @@ def batch_generator(seed: int, step: int, *, stream: str) -> torch.Generator:
     words = np.random.SeedSequence([seed, step, zlib.crc32(stream.encode())]).generate_state(
         2, dtype=np.uint32
     )
+    return (int(words[0]) << 31) ^ int(words[1])
+
+
+def batch_generator(seed: int, step: int, *, stream: str) -> torch.Generator:
+    """A CPU generator seeded by `stream_seed(seed, step, stream=stream)`."""
     generator = torch.Generator(device="cpu")
-    generator.manual_seed((int(words[0]) << 31) ^ int(words[1]))
+    generator.manual_seed(stream_seed(seed, step, stream=stream))
     return generator
 
 

@@ -5,7 +5,8 @@ step that accumulates N micro-batches under bf16 storage rounds its gradient sum
 times. On each sampled step of a policy without ``grad_accum_dtype`` this observer
 hooks the 16-bit parameters with the engine's own `Fp32Accumulation` in witness mode
 (``write=False``: it keeps an fp32 sum of the same incoming gradients and changes
-nothing), and before the update compares ``.grad`` with that sum. It costs 4 bytes per
+nothing), and before the update compares ``.grad`` with that sum, times the one
+factor (unscale, clip) fitted by least squares. It costs 4 bytes per
 16-bit parameter on sampled steps only; the hooks are removed after each sample.
 
 The parameters come from the probe's model, and from the optimizers of earlier steps
@@ -92,24 +93,32 @@ class AccumulationObserver:
         self.stop()
 
     def _judge(self, prec: Precision, step: int, backwards: int) -> None:
-        err = floor = norm = 0.0
-        counted = 0
-        dtype = prec.plan.storage_dtype
-        # Before the update .grad is unscaled; the sums hold the scaled gradients.
-        scale = prec.loss_scale or 1.0
-        for p, total, count in self._witness.sums():
-            grad = p.grad
-            if grad is None or count < 2:
-                continue
-            counted += 1
-            dtype = p.dtype
-            ref = total / scale
-            err += float((grad.float() - ref).pow(2).sum())
-            floor += float((ref.to(dtype).float() - ref).pow(2).sum())
-            norm += float(ref.pow(2).sum())
-        if not counted or not (norm > 0 and math.isfinite(norm) and math.isfinite(err)):
+        pairs = [
+            (grad, total)
+            for p, total, count in self._witness.sums()
+            if (grad := p.grad) is not None and count >= 2
+        ]
+        if not pairs:
+            return
+        dtype = pairs[0][0].dtype
+        # Between the backwards and the update, .grad was multiplied by one factor for
+        # all parameters: unscaled (1 / loss scale) and clipped (max_norm / norm). It is
+        # fitted by least squares, so the error is the summation's, not the factor.
+        dot = sum(float((g.double() * t.double()).sum()) for g, t in pairs)
+        norm = sum(float(t.double().pow(2).sum()) for _, t in pairs)
+        if not (norm > 0 and math.isfinite(norm) and math.isfinite(dot)):
+            return
+        factor = dot / norm
+        err = floor = 0.0
+        for g, t in pairs:
+            ref = t.double() * factor
+            err += float((g.double() - ref).pow(2).sum())
+            floor += float((ref.to(dtype).double() - ref).pow(2).sum())
+        norm *= factor * factor
+        if not (norm > 0 and math.isfinite(err)):
             return
         rel = math.sqrt(err / norm)
+        counted = len(pairs)
         finding = grad_accum_16bit(
             step=step,
             backwards=backwards,

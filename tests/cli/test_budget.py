@@ -278,4 +278,6 @@ def test_budget_grad_accum_dtype_shows_the_fp32_sums(capsys: pytest.CaptureFixtu
     assert master["per_rank"]["grad_accum"] == 4_000_000_000
     assert amp["per_rank"]["grad_accum"] == 0  # fp32 parameters sum in fp32 already
     assert main([*argv, "--grad-accum-dtype", "fp32", "--world-size", "2"]) == 2  # FSDP2
-    assert "refused under FSDP2" in capsys.readouterr().err
+    assert "policy 'bf16_master'" in capsys.readouterr().err  # refused as prepare refuses it
+    argv = ["budget", "--params", "1B", "--policy", "fp32,amp_bf16", "--world-size", "2"]
+    assert main([*argv, "--grad-accum-dtype", "fp32"]) == 0  # no 16-bit gradient to sum

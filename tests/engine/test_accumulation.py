@@ -193,6 +193,11 @@ def test_fsdp2_models_are_refused_before_and_after_wrapping(tmp_path: Path) -> N
         model = shard(prec.prepare(make_model()), FP32_ACCUM)  # prepared, then wrapped
         with pytest.raises(PrecisionError, match="grad_accum_dtype=fp32 cannot reach"):
             prec.optimizer(model)
+        # fp32 storage has no 16-bit gradient to sum: nothing to refuse (review: amp_bf16
+        # with the field was refused under FSDP2).
+        amp = policy("amp_bf16").replace(grad_accum_dtype=torch.float32)
+        prec = Precision(amp)
+        prec.optimizer(prec.prepare(shard(make_model(), amp)))
     finally:
         dist.destroy_process_group()
 

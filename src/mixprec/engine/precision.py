@@ -55,7 +55,7 @@ from mixprec.engine.fp8 import (
     convert_fp8_linears,
     refuse_float8_layers,
 )
-from mixprec.engine.gradients import check_max_norm, has_grads, optimizer_params
+from mixprec.engine.gradients import SIXTEEN_BIT, check_max_norm, has_grads, optimizer_params
 from mixprec.engine.observers import StepObserver
 from mixprec.engine.optimizers import (
     ParamsArg,
@@ -302,7 +302,7 @@ class Precision:
         if self.plan.grad_accum_dtype is None:
             return
         params = list(params)
-        if any(is_dtensor(p) for p in params):
+        if any(is_dtensor(p) and p.dtype in SIXTEEN_BIT and p.requires_grad for p in params):
             # FSDP2 sums each backward's gradient into the sharded .grad in its post-backward
             # hook, outside autograd's accumulation, where no tensor hook sees it.
             raise PrecisionError(

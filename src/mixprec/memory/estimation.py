@@ -240,7 +240,7 @@ def estimate(
         notes.append("activations not estimated: pass activation_values= to include them")
     n_params = sum(t.numel for t in tensors)
     sharded = sharding == "fsdp" and world_size > 1
-    if sharded and pol.grad_accum_dtype is not None:
+    if sharded and pol.grad_accum_dtype is not None and pol.param_dtype != torch.float32:
         raise ValueError(
             f"policy {pol.name!r}: grad_accum_dtype={dtype_name(pol.grad_accum_dtype)} is refused "
             "under FSDP2, which accumulates sharded gradients itself (Precision.prepare refuses "

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mixprec.distributed.fsdp import policy_of, set_storage
+from mixprec.distributed.launch import require_process_group
 from mixprec.engine.wrappers import mark_ddp_reduce_dtype
 from mixprec.policy import Policy
 
@@ -84,6 +85,8 @@ def ddp(
         ValueError: `model` is already wrapped, or the policy sets ``output_dtype``
             (only FSDP2 casts outputs: use `shard`).
     """
+    if process_group is None:
+        require_process_group("mixprec.distributed.ddp")
     pol = policy_of(policy_arg)
     if pol.output_dtype is not None:
         raise ValueError(

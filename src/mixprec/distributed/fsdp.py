@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from mixprec.distributed.launch import require_process_group
 from mixprec.engine.plan import PrecisionPlan, resolve_plan
 from mixprec.engine.storage import apply_storage
 from mixprec.engine.wrappers import fsdp_modules, is_ddp
@@ -158,6 +159,8 @@ def shard(
     """
     from torch.distributed.fsdp import fully_shard
 
+    if mesh is None:
+        require_process_group("mixprec.distributed.shard")
     pol = policy_of(policy_arg)
     plan = set_storage(model, pol, wrapper="shard")
     rule = IslandRule(plan.islands.entries, active=True)

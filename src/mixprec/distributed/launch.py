@@ -23,11 +23,27 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["launched_world_size", "process_group", "rank", "spawn", "world_size"]
+__all__ = [
+    "launched_world_size",
+    "process_group",
+    "rank",
+    "require_process_group",
+    "spawn",
+    "world_size",
+]
 
 
 def launched_world_size() -> int:
-    """The ``WORLD_SIZE`` of the environment (torchrun's, or `spawn`'s); 1 without one."""
+    """The ``WORLD_SIZE`` of the environment (torchrun's, or `spawn`'s); 1 without one.
+
+    Raises:
+        ValueError: ``RANK`` is set without ``WORLD_SIZE``, or either is not a number.
+    """
+    if "RANK" in os.environ and "WORLD_SIZE" not in os.environ:
+        raise ValueError(
+            f"RANK={os.environ['RANK']!r} is set but WORLD_SIZE is not: set both (and "
+            "MASTER_ADDR, MASTER_PORT) for every rank, as torchrun does"
+        )
     text = os.environ.get("WORLD_SIZE", "1")
     try:
         return max(int(text), 1)
@@ -39,6 +55,18 @@ def world_size() -> int:
     """The number of ranks of the initialized process group (1 without one): the one
     home of this and `rank` (checkpoints, `mixprec train`)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def require_process_group(wrapper: str) -> None:
+    """Raise one line naming the fix when no process group is initialized (`wrapper` is
+    the function that needs one, e.g. ``"mixprec.distributed.ddp"``)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            f"{wrapper} needs a process group, and none is initialized: run the script "
+            "under torchrun (or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per rank) "
+            "and wrap inside mixprec.distributed.process_group(); on one process, train the "
+            "model unwrapped"
+        )
 
 
 def rank() -> int:
@@ -69,16 +97,21 @@ def process_group(device: str = "cpu") -> Iterator[str]:
         RuntimeError: a ``DistributedDataParallel`` model made within the block is
             still alive at its end (raised after the teardown).
     """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a torch device; use 'cpu' or 'cuda'") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: torch sees no CUDA device here; use 'cpu'")
+        local = int(os.environ.get("LOCAL_RANK", "0")) if dev.index is None else dev.index
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
     if launched_world_size() == 1 or (dist.is_available() and dist.is_initialized()):
         yield device
         return
     if not dist.is_available():
         raise ValueError("this torch build has no torch.distributed; run with --nproc 1")
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = f"cuda:{local}"
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     ok = kept = False
     try:

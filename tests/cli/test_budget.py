@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -281,3 +282,18 @@ def test_budget_grad_accum_dtype_shows_the_fp32_sums(capsys: pytest.CaptureFixtu
     assert "policy 'bf16_master'" in capsys.readouterr().err  # refused as prepare refuses it
     argv = ["budget", "--params", "1B", "--policy", "fp32,amp_bf16", "--world-size", "2"]
     assert main([*argv, "--grad-accum-dtype", "fp32"]) == 0  # no 16-bit gradient to sum
+
+
+def test_budget_from_a_config_says_the_sequence_it_sized(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Review: a Llama-3.2-1B config gave 299 GiB of activations for its 131,072-token
+    context without saying which sequence length it had assumed."""
+    config = tmp_path / "gpt2.json"
+    config.write_text(json.dumps(GPT2))
+    assert main(["budget", "--config", str(config), "--policy", "bf16_master"]) == 0
+    out = capsys.readouterr().out
+    assert "for sequences of 1,024 tokens (the config's longest sequence), micro-batch 1" in out
+    argv = ["budget", "--config", str(config), "--policy", "bf16_master", "--seq-len", "64"]
+    assert main(argv) == 0
+    assert "sequences of 64 tokens (--seq-len)" in capsys.readouterr().out

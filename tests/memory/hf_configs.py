@@ -90,10 +90,41 @@ GPT2: dict[str, Any] = {
     "layer_norm_epsilon": 1e-5,
 }
 
+#: Qwen/Qwen3-0.6B: grouped-query attention, per-head q_norm and k_norm, tied embeddings.
+QWEN3_0_6B: dict[str, Any] = {
+    "model_type": "qwen3",
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "attention_bias": False,
+}
+
+#: microsoft/Phi-3-mini-4k-instruct, without hidden_act (transformers' default: silu).
+PHI3_MINI: dict[str, Any] = {
+    "model_type": "phi3",
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32064,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+
 CONFIGS: dict[str, dict[str, Any]] = {
     "llama-3.2-1b": LLAMA_3_2_1B,
     "llama-3-8b": LLAMA_3_8B,
     "qwen2-0.5b": QWEN2_0_5B,
     "mistral-7b": MISTRAL_7B,
     "gpt2": GPT2,
+    "qwen3-0.6b": QWEN3_0_6B,
+    "phi3-mini": PHI3_MINI,
 }

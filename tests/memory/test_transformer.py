@@ -72,6 +72,9 @@ def test_parameters_from_a_config_are_the_model_transformers_builds(name: str) -
     # The sequence trained on sizes activations, not the model (GPT-2's position
     # table has n_positions rows, whatever --seq-len says).
     assert sum(TransformerShape.from_config(config, seq_len=64).param_counts()) == built
+    # The config object itself reads as its dict (review: 'LlamaConfig' has no 'get').
+    hf_config = transformers.AutoConfig.for_model(**config)
+    assert sum(TransformerShape.from_config(hf_config, seq_len=64).param_counts()) == built
 
 
 def _measured_llama_activations(config: dict[str, object]) -> int:

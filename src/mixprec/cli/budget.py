@@ -151,6 +151,12 @@ def run(args: argparse.Namespace) -> int:
         emit_json(payload if len(payload) > 1 else payload[0])
         return 0
     print(_budget_table(results, args.world_size))
+    if isinstance(source, TransformerShape):
+        given = "--seq-len" if args.seq_len is not None else "the config's longest sequence"
+        print(
+            f"note: activations for sequences of {source.seq_len:,} tokens ({given}), micro-batch "
+            f"{source.micro_batch} per rank; --seq-len and --micro-batch size them"
+        )
     return 0
 
 

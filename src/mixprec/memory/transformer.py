@@ -40,6 +40,8 @@ class TransformerShape:
         out_bias: the attention output projection has a bias.
         mlp_bias: the MLP's projections have biases.
         norm_bias: the norms have a bias (LayerNorm) besides their weight (RMSNorm).
+        qk_norm: each block normalizes queries and keys per head (Qwen3's q_norm and
+            k_norm, a head_dim weight each).
     """
 
     n_layer: int
@@ -59,6 +61,7 @@ class TransformerShape:
     out_bias: bool = True
     mlp_bias: bool = True
     norm_bias: bool = True
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         for f in ("n_layer", "hidden", "n_head", "vocab", "seq_len", "micro_batch"):
@@ -110,6 +113,8 @@ class TransformerShape:
         head = 0 if self.tied_embeddings else self.vocab * h
         norm = 2 * h if self.norm_bias else h
         norms = (2 * self.n_layer + 1) * norm
+        if self.qk_norm:
+            norms += self.n_layer * 2 * (self.head_dim or self.hidden // self.n_head)
         return self.n_layer * (attn + mlp) + emb + head, norms
 
     def activation_values(self) -> tuple[int, int]:
@@ -135,7 +140,7 @@ class TransformerShape:
     @classmethod
     def from_config(
         cls,
-        config: Mapping[str, Any],
+        config: Mapping[str, Any] | Any,
         *,
         seq_len: int | None = None,
         micro_batch: int | None = None,
@@ -148,8 +153,18 @@ class TransformerShape:
         ``micro_batch_size``, ``tie_word_embeddings``, ``hidden_act`` (``silu``
         means a gated MLP), ``model_type``, ``num_key_value_heads``/``n_kv_heads``
         and ``head_dim`` (grouped-query attention), ``attention_bias``, ``mlp_bias``
-        and nanoGPT's ``bias``. Nothing is imported.
+        and nanoGPT's ``bias``. A config object with ``to_dict()`` (a transformers
+        ``PretrainedConfig``) is read through it. Nothing is imported. Without
+        `seq_len`, activations are sized for the config's longest sequence.
         """
+        if not isinstance(config, Mapping):
+            to_dict = getattr(config, "to_dict", None)
+            if not callable(to_dict):
+                raise TypeError(
+                    f"config must be a mapping of config keys or have to_dict() (a "
+                    f"transformers config), got {type(config).__name__}"
+                )
+            config = to_dict()
 
         def count(key: str, value: Any) -> int:
             # Whole numbers only: a string, a bool, a fraction or a NaN is a broken config.
@@ -168,8 +183,10 @@ class TransformerShape:
                 if k in config and config[k] is not None:
                     return count(k, config[k])
             if default is None:
+                fix = "; give seq_len= (--seq-len)" if "seq_len" in keys else ""
                 raise ValueError(
-                    f"config has none of {list(keys)}; keys present: {sorted(map(str, config))}"
+                    f"config has none of {list(keys)}{fix}; keys present: "
+                    f"{sorted(map(str, config))}"
                 )
             return default
 
@@ -183,6 +200,8 @@ class TransformerShape:
             "qwen2",
             "gemma",
             "mixtral",
+            "phi3",
+            "qwen3",
         )
         # GPT-2 and nanoGPT: biases everywhere and LayerNorm (nanoGPT's ``bias`` turns
         # both off). LLaMA-style (gated) blocks: RMSNorm, and biases only where
@@ -217,4 +236,5 @@ class TransformerShape:
             out_bias=out_bias,
             mlp_bias=mlp_bias,
             norm_bias=bias and not gated,
+            qk_norm=model_type == "qwen3",
         )

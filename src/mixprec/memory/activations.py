@@ -11,6 +11,7 @@ get a gradient in a real step.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,14 @@ from mixprec.islands import island_param_names, temporary_fp32_islands
 from mixprec.policy import Policy
 from mixprec.policy import policy as get_policy
 
-__all__ = ["FakeForward", "count_saved", "fake_forward", "saved_activation_bytes", "storage_key"]
+__all__ = [
+    "FakeForward",
+    "SavedBytes",
+    "count_saved",
+    "fake_forward",
+    "saved_activation_bytes",
+    "storage_key",
+]
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -30,25 +38,51 @@ def storage_key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
 
+class SavedBytes:
+    """Bytes of the tensors saved for backward, unique storages: held now, and the most
+    held at once (`peak`: a step that accumulates several micro-batches frees each one's
+    saved tensors in its backward, so its peak is about one micro-batch's)."""
+
+    def __init__(self, exclude: set[int]) -> None:
+        self.exclude = exclude
+        self.now = 0
+        self.peak = 0
+        self._bytes: dict[int, int] = {}  # storage key -> nbytes, while a saved tensor holds it
+        self._holders: dict[int, int] = {}  # storage key -> saved tensors alive
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """The pack hook: count `t`'s storage until the last saved tensor on it is freed."""
+        key = storage_key(t)
+        if key in self.exclude:
+            return t
+        if key not in self._bytes:
+            self._bytes[key] = t.untyped_storage().nbytes()
+            self.now += self._bytes[key]
+            self.peak = max(self.peak, self.now)
+        self._holders[key] = self._holders.get(key, 0) + 1
+        weakref.finalize(t, self._release, key).atexit = False
+        return t
+
+    def _release(self, key: int) -> None:
+        self._holders[key] -= 1
+        if not self._holders[key]:
+            del self._holders[key]
+            self.now -= self._bytes.pop(key)
+
+
 @contextlib.contextmanager
-def count_saved(exclude: set[int]) -> Iterator[dict[int, int]]:
-    """Record unique storages saved for backward (not those in `exclude`) -> nbytes.
+def count_saved(exclude: set[int]) -> Iterator[SavedBytes]:
+    """Count the unique storages saved for backward (not those in `exclude`) while the
+    context is open.
 
     Args:
         exclude: `storage_key` values not to count (parameters, buffers).
 
     Yields:
-        A dict filled while the context is open: storage key -> bytes.
+        The `SavedBytes` that the pack hook fills.
     """
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = storage_key(t)
-        if key not in exclude:
-            saved[key] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    saved = SavedBytes(exclude)
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
         yield saved
 
 
@@ -113,7 +147,7 @@ def fake_forward(
                 out = loss_fn(out, fake_targets)
         reached = _leaves_reached(_tensors_in(out))
         names = frozenset(n for n, p in params.items() if id(p) in reached)
-        return FakeForward(saved_bytes=sum(saved.values()), grad_params=names)
+        return FakeForward(saved_bytes=saved.peak, grad_params=names)
 
 
 def saved_activation_bytes(

@@ -208,7 +208,7 @@ def measure(
         grads=sum(grad_sizes.values()),
         master=state["master"],
         moments=state["moments"],
-        activations=sum(saved.values()),
+        activations=saved.peak,
         fp8_cast_temporaries=max(fwd or 0, bwd or 0),
     )
     notes = [f"optimizer other state: {state['other']} bytes (step counters, RNG)"]

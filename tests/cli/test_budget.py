@@ -106,11 +106,11 @@ def test_budget_zero_activations_say_how_to_get_a_figure(
 ) -> None:
     assert main(["budget", "--params", "7B", "--policy", "bf16_master"]) == 0
     out = capsys.readouterr().out
-    assert _table(out, "Per rank")["bf16_master"]["activations"] == "n/a"
+    assert _table(out, "Per rank")["bf16_master"]["activ"] == "n/a"
     assert "--activations" in out and "--config" in out
     argv = ["budget", "--params", "7B", "--policy", "bf16_master", "--activations", "1e9"]
     assert main(argv) == 0
-    got = _table(capsys.readouterr().out, "Per rank")["bf16_master"]["activations"]
+    got = _table(capsys.readouterr().out, "Per rank")["bf16_master"]["activ"]
     assert got == "1.86 GiB"  # 1e9 bf16 values
 
 
@@ -243,8 +243,20 @@ def test_budget_small_models_get_units_that_show_them(
 
 @pytest.mark.parametrize(
     "source",
-    [["--params", "7B"], ["--config", "GPT2"], ["--model", "tests.cli.budget_models:with_buffers"]],
-    ids=["params", "config", "model"],
+    [
+        ["--params", "7B"],
+        ["--config", "GPT2"],
+        ["--model", "tests.cli.budget_models:with_buffers"],
+        [
+            "--model",
+            "tests.cli.budget_models:with_buffers",
+            "--grad-accum-dtype",
+            "fp32",
+            "--sharding",
+            "ddp",
+        ],
+    ],
+    ids=["params", "config", "model", "model-accum"],
 )
 def test_budget_every_policy_on_8_ranks_fits_120_columns(
     capsys: pytest.CaptureFixture[str], tmp_path: object, source: list[str]
@@ -264,8 +276,10 @@ def test_budget_every_policy_on_8_ranks_fits_120_columns(
     per_rank, all_ranks = _table(out, "Per rank"), _table(out, "All 8 ranks")
     assert list(per_rank) == list(all_ranks) == list(PRESET_NAMES)
     comm = _table(out, "Communication")
-    assert comm["fp32"]["all_gather"] and comm["fp32"]["(all 8)"]
+    assert comm["fp32"]["all_reduce" if "ddp" in source else "all_gather"]
+    assert comm["fp32"]["(all 8)"]
     assert ("buffers" in per_rank["fp32"]) == (source[0] == "--model")  # BatchNorm statistics
+    assert ("accum" in per_rank["bf16_master"]) == ("--grad-accum-dtype" in source)
 
 
 def test_budget_grad_accum_dtype_shows_the_fp32_sums(capsys: pytest.CaptureFixture[str]) -> None:

@@ -199,7 +199,12 @@ _NO_ACTIVATIONS = (
 )
 
 #: Table headers of components whose name is too wide for a column (said under the table).
-_HEADER = {"fp32_islands": "islands", "fp8_cast_temporaries": "fp8_casts"}
+_HEADER = {
+    "fp32_islands": "islands",
+    "fp8_cast_temporaries": "fp8_casts",
+    "grad_accum": "accum",
+    "activations": "activ",
+}
 
 
 def _budget_table(results: Sequence[Any], world_size: int) -> str:
@@ -276,15 +281,17 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
         notes.append(_NO_ACTIVATIONS)
     lines += ["", *[f"note: {n}" for n in notes]] if notes else []
     lines.append(
-        "B/param: training state (params, islands, grads, master, moments) of one model copy "
-        "per parameter"
+        "B/param: training state (params, islands, grads, accum, master, moments) of one "
+        "model copy per parameter"
     )
     lines.append("islands: fp32_islands, parameters of modules kept in fp32 (norms)")
+    lines.append("activ: activations, tensors saved for backward by one micro-batch")
     if any(r.per_rank.grad_accum for r in results):
         lines.append(
-            "grad_accum: fp32 sums of 16-bit gradients, held from a step's second micro-batch "
-            "to its update (grad_accum_dtype: fp32; see docs/memory.md)"
+            "accum: grad_accum, fp32 sums of 16-bit gradients, held from a step's second "
+            "micro-batch"
         )
+        lines.append("  to its update (grad_accum_dtype: fp32; see docs/memory.md)")
     if fp8:
         lines.append(
             "fp8_casts: fp8_cast_temporaries, the most one converted linear allocates and frees"

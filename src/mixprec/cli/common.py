@@ -31,9 +31,9 @@ class Parser(argparse.ArgumentParser):
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A plain-text table with left-aligned columns."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()
     rule = "  ".join("-" * w for w in widths)
-    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join([line, rule, *body])
 
 

@@ -344,7 +344,9 @@ def test_grad_accum_dtype_is_fp32_or_none_and_reads_from_configs() -> None:
     ).replace(name="custom")
     assert "accumulate grads fp32" in pol.describe()
     assert "gradient accumulation over micro-batches: fp32" in mixprec.Precision(pol).summary()
-    with pytest.raises(ValueError, match=r"grad_accum_dtype=torch\.bfloat16 is not supported"):
+    with pytest.raises(
+        ValueError, match=r"grad_accum_dtype=bf16 is not supported; valid: fp32, None \(null\)"
+    ):
         policy("bf16_master").replace(grad_accum_dtype=BF16)
     with pytest.raises(TypeError, match="grad_accum_dtype='fp32' is a string"):
         Policy(grad_accum_dtype="fp32")  # type: ignore[arg-type]

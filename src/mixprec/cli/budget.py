@@ -116,7 +116,10 @@ def run(args: argparse.Namespace) -> int:
                 micro_batch=args.micro_batch,
             )
         except ValueError as exc:
-            raise ValueError(f"{args.config}: {exc}") from None
+            said = str(exc)  # the loader's errors name the file already
+            raise ValueError(
+                said if said.startswith(str(args.config)) else f"{args.config}: {said}"
+            ) from None
         total = sum(source.param_counts())
         if total > _MAX_COUNT:
             raise UsageError(

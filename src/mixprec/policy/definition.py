@@ -409,8 +409,9 @@ def _check_dtype_field(
             f"(use mixprec.parse_dtype({value!r}) or Policy.from_dict for configs)"
         )
     if value not in allowed:
-        choices = [dtype_name(d) for d in allowed] + (["None"] if optional else [])
-        raise ValueError(f"{name}={value!r} is not supported; valid: {', '.join(choices)}")
+        choices = [dtype_name(d) for d in allowed] + (["None (null)"] if optional else [])
+        shown = dtype_name(value) if isinstance(value, torch.dtype) else repr(value)
+        raise ValueError(f"{name}={shown} is not supported; valid: {', '.join(choices)}")
 
 
 def _parse_bool(key: str, raw: object) -> bool:

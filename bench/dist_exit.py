@@ -24,45 +24,27 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 import mixprec
 
-
-def _train(strategy: str) -> nn.Module:
-    torch.manual_seed(0)
-    prec = mixprec.Precision("bf16_master")
-    model: nn.Module = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
-    if strategy == "ddp":
-        model = mixprec.distributed.ddp(model, prec)
-    else:
-        model = mixprec.distributed.shard(model, prec)
-    model = prec.prepare(model)
-    optimizer = prec.optimizer(model, lr=1e-3)
-    for step in range(2):
-        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
-        with prec.autocast():
-            loss = model(x).float().pow(2).mean()
-        prec.backward(loss)
-        prec.clip_grad_norm_(model.parameters(), 1.0)
-        prec.step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
-    return model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.distributed.exit_worker import train
 
 
 def _rank(rank: int, strategy: str, recipe: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
     if recipe == "raw":  # the model is alive when the group is destroyed
         dist.init_process_group("gloo")
-        model = _train(strategy)
+        model = train(strategy)
         dist.destroy_process_group()
         del model  # the reducer, now the group's last owner, destroys it
     else:
         with mixprec.distributed.process_group("cpu"):
-            _train(strategy)
+            train(strategy)
 
 
 def _cycles(rank: int, strategy: str, recipe: str, cycles: int, folder: str) -> None:
@@ -71,7 +53,7 @@ def _cycles(rank: int, strategy: str, recipe: str, cycles: int, folder: str) -> 
     for i in range(cycles):
         store = dist.FileStore(os.path.join(folder, f"store{i}"), 2)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-        model = _train(strategy)
+        model = train(strategy)
         if recipe == "raw":
             dist.destroy_process_group()
             del model

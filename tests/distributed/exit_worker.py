@@ -14,7 +14,8 @@ import mixprec
 from mixprec.distributed import ddp, process_group, shard
 
 
-def _train(strategy: str) -> nn.Module:
+def train(strategy: str) -> nn.Module:
+    """Two steps of the recipe on a tiny model (also what bench/dist_exit.py trains)."""
     torch.manual_seed(0)
     prec = mixprec.Precision("bf16_master")
     model: nn.Module = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
@@ -41,7 +42,7 @@ def recipe(rank: int, strategy: str) -> None:
     """The recipe: the training runs in a function called within the block."""
     _join(rank)
     with process_group("cpu"):
-        _train(strategy)
+        train(strategy)
 
 
 def model_kept(rank: int, out: str) -> None:
@@ -50,7 +51,7 @@ def model_kept(rank: int, out: str) -> None:
     model = None
     try:
         with process_group("cpu"):
-            model = _train("ddp")  # kept past the block
+            model = train("ddp")  # kept past the block
     except RuntimeError as exc:
         Path(out, f"rank{rank}.txt").write_text(f"{type(model).__name__}: {exc}")
     # `model` outlives the group: leaving through the interpreter's teardown is what

@@ -144,6 +144,11 @@ def count_nonfinite_weights(optimizers: Sequence[torch.optim.Optimizer]) -> int:
     return count_nonfinite(weights)
 
 
+def _overflowed(plan: PrecisionPlan, optimizers: Sequence[torch.optim.Optimizer]) -> int:
+    """`count_nonfinite_weights` under fp16 storage; 0 otherwise (nothing to read)."""
+    return count_nonfinite_weights(optimizers) if plan.storage_dtype == torch.float16 else 0
+
+
 def step_plain(
     optimizers: Sequence[torch.optim.Optimizer],
     *,
@@ -196,7 +201,7 @@ def step_plain(
             scaler.update()
         else:  # nothing was unscaled: end the iteration without moving the scale
             scaler.update(new_scale=float(scaler.get_scale()))
-        return StepOutcome(True, norm, nonfinite, count_nonfinite_weights(optimizers))
+        return StepOutcome(True, norm, nonfinite, _overflowed(plan, optimizers))
     if not bad:
         for opt in optimizers:
             opt.step()
@@ -205,7 +210,7 @@ def step_plain(
         scaler.update(new_scale=float(ls.init_scale))
     if bad:
         return StepOutcome(False, norm, nonfinite, loss_finite=grads.loss_was_finite())
-    return StepOutcome(True, norm, nonfinite, count_nonfinite_weights(optimizers))
+    return StepOutcome(True, norm, nonfinite, _overflowed(plan, optimizers))
 
 
 def step_with_closure(
@@ -264,7 +269,7 @@ def step_with_closure(
         update_scale(scaler, plan.loss_scaling, found_inf=True)
         return StepOutcome(False, norm, max(nonfinite, 1), loss_finite=grads.loss_was_finite())
     update_scale(scaler, plan.loss_scaling, found_inf=False)
-    return StepOutcome(True, norm, nonfinite, count_nonfinite_weights([opt]))
+    return StepOutcome(True, norm, nonfinite, _overflowed(plan, [opt]))
 
 
 def run_step(

@@ -156,6 +156,26 @@ def test_contract_files_carry_the_decision_keys(
     assert stored["decision"]["recommended"] == "bf16_master"
 
 
+@pytest.mark.usefixtures("scripted")
+def test_with_no_candidate_within_the_budgets_fp32_stays_and_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 31: `--max-slowdown 1.2` rejected every candidate and printed "No candidate
+    passed the gates", exit 1, where fp32 itself is within the budget."""
+    assert main(_compare(tmp_path, "--max-slowdown", "1.2")) == 0
+    assert "recommended: stay on fp32" in capsys.readouterr().out
+    stored = json.loads((tmp_path / "results.json").read_text())["decision"]
+    assert stored["status"] == "stay" and stored["eligible"] == []
+    assert {v["verdict"]["gate"] for p, v in stored["policies"].items() if p != "fp32"} == {
+        "slowdown"
+    }
+    # The gap limit is a flag too: a limit under amp_bf16's 0.1% gap rejects it.
+    assert main(_compare(tmp_path, "--max-rel-loss-gap", "0.0005")) == 0
+    stored = json.loads((tmp_path / "results.json").read_text())["decision"]
+    assert stored["policies"]["amp_bf16"]["verdict"]["gate"] == "loss-gap"
+    assert stored["policies"]["amp_bf16"]["verdict"]["status"] == "rejected"
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -163,6 +183,7 @@ def test_contract_files_carry_the_decision_keys(
         (["--memory-budget", "6 G"], "memory_budget '6 G' is not a size: give bytes"),
         (["--max-slowdown", "0"], "max_slowdown '0' is not a number > 0"),
         (["--target-device", ""], "target_device '' is empty: give a device class"),
+        (["--max-rel-loss-gap", "-1"], "max_rel_loss_gap must be a number >= 0"),
     ],
 )
 def test_bad_decision_flags_exit_2_with_one_line(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import re
@@ -23,11 +24,13 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 # ------------------------------------------------------------ extra seeds
 
 
-#: Scripted paired gaps per seed: one never settles, one settles at 3 seeds, one at 2.
+#: Scripted paired gaps per seed (later seeds repeat the last value): amp_bf16 straddles
+#: the 0.5% limit at 5 seeds (mean 0.4%, sd 0.32%) and its later gaps keep its mean;
+#: amp_fp16 is within from the start; bf16_master is beyond it at 2 seeds.
 SCRIPTED_GAPS = {
-    "amp_bf16": [0.0, 0.01, 0.0, 0.01, 0.0],
+    "amp_bf16": [0.0, 0.008, 0.002, 0.006, 0.004],
     "amp_fp16": [0.0, 0.002, 0.001, 0.0, 0.0],
-    "bf16_master": [0.001, 0.002, 0.0015, 0.001, 0.001],
+    "bf16_master": [0.02, 0.021, 0.02, 0.02, 0.02],
 }
 
 
@@ -35,7 +38,8 @@ def _scripted_run_one(workload: Any, name: str, seed: int, settings: Any, **kw: 
     """A run whose held-out loss follows `SCRIPTED_GAPS` (the baseline: 1 + seed / 10)."""
     steps = kw["run_steps"]
     base = 1.0 + seed / 10
-    loss = base * (1 + SCRIPTED_GAPS[name][seed]) if name in SCRIPTED_GAPS else base
+    gaps = SCRIPTED_GAPS.get(name)
+    loss = base * (1 + gaps[min(seed, len(gaps) - 1)]) if gaps else base
     return RunRecord(
         workload=workload.name,
         size="tiny",
@@ -53,7 +57,7 @@ def _scripted_run_one(workload: Any, name: str, seed: int, settings: Any, **kw: 
     )
 
 
-def test_inconclusive_candidates_get_more_seeds_up_to_max(
+def test_seeds_are_added_until_max_seeds_where_eligibility_is_judged_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runner = importlib.import_module("mixprec.experiment.runner")
@@ -70,16 +74,35 @@ def test_inconclusive_candidates_get_more_seeds_up_to_max(
     ran = {(r.policy, r.seed) for r in results.records}
     assert {s for p, s in ran if p == "fp32"} == {0, 1, 2, 3, 4}
     assert {s for p, s in ran if p == "amp_bf16"} == {0, 1, 2, 3, 4}  # never settles
-    assert {s for p, s in ran if p == "amp_fp16"} == {0, 1, 2}  # settles at 3 seeds
-    assert {s for p, s in ran if p == "bf16_master"} == {0, 1}  # settled at 2
+    # Within the limit from 2 seeds on, but called eligible only at max_seeds.
+    assert {s for p, s in ran if p == "amp_fp16"} == {0, 1, 2, 3, 4}
+    assert {s for p, s in ran if p == "bf16_master"} == {0, 1}  # rejected at 2: stops
     d = results.decision
-    assert d.verdicts["amp_bf16"].status == "inconclusive"
-    assert "max_seeds=5 reached" in d.verdicts["amp_bf16"].reason
-    assert d.verdicts["amp_fp16"].status == "eligible" and d.summary("amp_fp16").gap.n == 3
-    assert d.recommended in ("amp_fp16", "bf16_master")
+    v = d.verdicts["amp_bf16"]
+    assert v.status == "inconclusive" and "straddles 0.50% at max_seeds=5" in v.reason
+    assert d.verdicts["amp_fp16"].status == "eligible" and d.summary("amp_fp16").gap.n == 5
+    assert d.verdicts["bf16_master"].status == "rejected"
+    assert d.recommended == "amp_fp16"
     stored = json.loads(results.report.results_json.read_text())
     assert stored["decision"]["policies"]["amp_bf16"]["paired_seeds"] == 5
-    assert "max_seeds=5 reached" in results.report.markdown.read_text()
+    assert stored["decision"]["decide_with"] == {"max_seeds": v.decide_with["max_seeds"]}
+    assert "straddles 0.50% at max_seeds=5" in results.report.markdown.read_text()
+
+    # What the verdict names decides: a rerun into the same folder with it (the stored
+    # runs are reused; the new seeds keep amp_bf16's mean, so the projection holds).
+    more = v.decide_with["max_seeds"]
+    assert 5 < more < 50
+    again = mixprec.experiment.run_contract(
+        dataclasses.replace(contract, max_seeds=more), tmp_path, stream=None
+    )
+    assert again.decision.verdicts["amp_bf16"].status == "eligible"
+    assert again.decision.summary("amp_bf16").gap.n == more
+    assert again.decision.decide_with == {}
+
+    # Every stored seed of the contract is used, also by a rerun that asks for fewer.
+    fewer = mixprec.experiment.run_contract(contract, tmp_path, stream=None)
+    assert fewer.decision.summary("amp_bf16").gap.n == more
+    assert mixprec.experiment.rerender(tmp_path).decision.summary("amp_bf16").gap.n == more
 
 
 # ----------------------------------------------------- real workloads

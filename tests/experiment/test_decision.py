@@ -50,7 +50,9 @@ def rec(policy: str, seed: int, loss: float, **kw: Any) -> RunRecord:
 
 
 def contract(**kw: Any) -> Contract:
+    """A contract judged in one look at its seeds (``max_seeds`` = ``seeds`` unless given)."""
     kw.setdefault("candidates", ("amp_bf16", "bf16_master", "amp_fp16"))
+    kw.setdefault("max_seeds", kw.get("seeds", 2))
     return Contract(workload="digits", baseline="fp32", **kw)
 
 
@@ -92,7 +94,8 @@ def test_worse_on_every_seed_is_rejected_whatever_the_absolute_spread(spread: fl
     d = decide(records, contract(candidates=("amp_bf16",)), higher_is_better=True)
     v = d.verdicts["amp_bf16"]
     assert v.status == "rejected" and v.gate == "loss-gap", v
-    assert d.recommended is None
+    # No candidate is eligible and fp32 keeps every budget: stay on it (exit 0).
+    assert d.recommended == "fp32" and d.status == "stay"
     s = d.summary("amp_bf16")
     assert s.gap.low > 0.005 and s.gap.n == 3
     # The baseline's own spread is reported beside the gap, not used as its noise.
@@ -112,10 +115,13 @@ def test_straddling_interval_is_inconclusive_and_never_recommended() -> None:
     c = contract(candidates=("amp_bf16",), seeds=3, max_seeds=3)
     d = decide(records, c, higher_is_better=True)
     v = d.verdicts["amp_bf16"]
-    assert v.status == "inconclusive" and "max_seeds=3 reached" in v.reason
+    assert v.status == "inconclusive" and "straddles 0.50% at max_seeds=3" in v.reason
     assert d.inconclusive == {"amp_bf16": v.reason}
-    assert d.recommended is None and not d.success
-    more = decide(records, contract(candidates=("amp_bf16",), seeds=3), higher_is_better=True)
+    # Never promoted: fp32 stays (the inconclusive candidate is not proven).
+    assert d.recommended == "fp32" and d.status == "stay"
+    more = decide(
+        records, contract(candidates=("amp_bf16",), seeds=3, max_seeds=5), higher_is_better=True
+    )
     assert "more seeds needed" in more.verdicts["amp_bf16"].reason
 
 
@@ -181,6 +187,75 @@ def test_too_short_recommends_nothing() -> None:
     # A larger tail limit accepts the same runs.
     loose = contract(candidates=("amp_bf16", "amp_fp16"), gates=Gates(max_tail_improvement=0.2))
     assert decide(records, loose, higher_is_better=True).recommended == "amp_bf16"
+
+
+def test_a_run_of_the_whole_schedule_is_judged_without_converging() -> None:
+    """Issue 31: a fine-tuning-like workload improves to the end of its schedule (fp32
+    fell 2.48% over its last fifth at 400 steps and at 1200). A compare over the whole
+    schedule the workload trains with measures that schedule's outcome; only a shorter
+    one is too short, and it says which --steps decides."""
+    still = [[0, 2.0], [tail_start(STEPS), 1.025], [STEPS, 1.0]]  # falling 2.5%
+    records = [rec("fp32", k, 1.0, eval_curve=still) for k in range(2)]
+    records += [rec("amp_bf16", k, 1.0, total=700) for k in range(2)]
+    c = contract(candidates=("amp_bf16",))
+    whole = decide(records, c, higher_is_better=True, stands_for=STEPS)
+    assert not whole.too_short and whole.recommended == "amp_bf16"
+    shorter = decide(records, c, higher_is_better=True, stands_for=3 * STEPS)
+    assert "the runs covered 100 of the 300 steps" in shorter.too_short
+    assert "--steps 300 (the whole schedule) decides" in shorter.too_short
+    assert shorter.decide_with == {"steps": 300} and shorter.recommended is None
+    assert shorter.verdicts["amp_bf16"].decide_with == {"steps": 300}
+    # A longer compare than the workload's own schedule is whole too.
+    assert not decide(records, c, higher_is_better=True, stands_for=STEPS // 2).too_short
+    # Where the workload's own length is unknown (a folder of an older mixprec), the
+    # pace of the last fifth still decides.
+    unknown = decide(records, c, higher_is_better=True)
+    assert unknown.too_short.endswith("train longer") and unknown.decide_with == {}
+
+
+def test_an_inconclusive_verdict_says_what_would_decide() -> None:
+    records = paired("amp_bf16", [1.0] * 5, [0.0, 0.008, 0.002, 0.006, 0.004])
+    c = contract(candidates=("amp_bf16",), seeds=5)
+    v = decide(records, c, higher_is_better=True).verdicts["amp_bf16"]
+    assert v.status == "inconclusive"
+    seeds = v.decide_with["max_seeds"]
+    assert f"--max-seeds {seeds} would likely decide" in v.reason
+    # The limit the data support is the interval's upper end, rounded up: under it the
+    # same runs are eligible.
+    supported = v.decide_with["max_rel_loss_gap"]
+    assert f"--max-rel-loss-gap {supported:g}" in v.reason
+    looser = contract(candidates=("amp_bf16",), seeds=5, gates=Gates(max_rel_loss_gap=supported))
+    assert decide(records, looser, higher_is_better=True).verdicts["amp_bf16"].status == (
+        "eligible"
+    )
+    # A gap above the limit on average: more seeds would likely reject it.
+    over = paired("amp_bf16", [1.0] * 5, [0.002, 0.010, 0.004, 0.008, 0.006])
+    v = decide(over, c, higher_is_better=True).verdicts["amp_bf16"]
+    assert "would likely reject it" in v.reason and "max_seeds" in v.decide_with
+
+
+def test_speed_that_the_load_made_up_does_not_promote() -> None:
+    """Issue 31: minutes apart, one run stayed on fp32 (bf16_master 1.82x slower) and
+    another promoted bf16_master (1.24x). A candidate whose per-seed step-time ratios
+    swing over its win is not promoted on speed alone; a steady one is."""
+    base = [rec("fp32", k, 1.0, speed=10.0) for k in range(2)]
+    # memory 0.5 of fp32's; step time 0.8x on one seed, 2.5x on the other: balanced
+    # scores 0.5 x 1.65 = 0.825 on the mean, 1.25 at the slower seed.
+    swung = [rec("bf16_master", k, 1.0, total=500, speed=v) for k, v in enumerate((12.5, 4.0))]
+    d = decide([*base, *swung], contract(candidates=("bf16_master",)), higher_is_better=True)
+    assert d.ranking[0].policy == "bf16_master"  # ahead on the mean ...
+    assert d.recommended == "fp32" and d.status == "stay"  # ... but not promoted on it
+    assert "not promoted on speed alone" in d.unsteady and "0.80-2.50x" in d.unsteady
+    steady = [rec("bf16_master", k, 1.0, total=500, speed=v) for k, v in enumerate((8.0, 7.9))]
+    d = decide([*base, *steady], contract(candidates=("bf16_master",)), higher_is_better=True)
+    assert d.recommended == "bf16_master" and d.unsteady == ""
+    # Memory does not depend on the machine's load: the memory objective is never unsteady.
+    d = decide(
+        [*base, *swung],
+        contract(candidates=("bf16_master",), objective="memory"),
+        higher_is_better=True,
+    )
+    assert d.recommended == "bf16_master" and d.unsteady == ""
 
 
 def test_missing_tail_evaluation_is_too_short() -> None:

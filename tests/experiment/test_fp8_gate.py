@@ -33,7 +33,7 @@ def fp32() -> list[RunRecord]:
 
 def contract(**kw: Any) -> Contract:
     kw.setdefault("candidates", ("amp_bf16", "bf16_master", "fp8_tensorwise"))
-    return Contract(workload="digits", baseline="fp32", seeds=3, **kw)
+    return Contract(workload="digits", baseline="fp32", seeds=3, max_seeds=3, **kw)
 
 
 def test_fp8_within_the_fp32_gap_but_worse_than_bf16_is_rejected_against_bf16() -> None:
@@ -79,7 +79,7 @@ def test_without_an_eligible_16bit_policy_fp8_is_not_judged() -> None:
     assert "no 16-bit candidate passed the gates (amp_bf16 rejected)" in v.reason
     assert "add amp_bf16" not in v.reason, "it is a candidate already"
     assert d.fp8_reference is None and d.fp8_note
-    assert d.status == "none" and d.recommended is None  # no candidate is eligible
+    assert d.status == "stay" and d.recommended == "fp32"  # no candidate is eligible
     only = decide(
         fp32() + runs("fp8_tensorwise", [0.0, 0.001, 0.0]),
         contract(candidates=("fp8_tensorwise",)),

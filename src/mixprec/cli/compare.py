@@ -38,7 +38,15 @@ def add_parser(sub: Any) -> None:
         "--max-seeds",
         type=int,
         default=None,
-        help="most seeds for candidates whose gap is inconclusive (default max(seeds, 5))",
+        help="the seeds at which eligibility is judged, once: candidates not yet rejected "
+        "(and the baseline) get seeds up to it (default max(seeds, 5))",
+    )
+    p.add_argument(
+        "--max-rel-loss-gap",
+        type=float,
+        default=None,
+        help="largest accepted relative held-out loss gap to the baseline (default 0.005); "
+        "sets gates.max_rel_loss_gap",
     )
     p.add_argument(
         "--allow",
@@ -136,6 +144,11 @@ def _contract_from_args(args: argparse.Namespace) -> Any:
     if args.policies is not None:
         data["candidates"] = candidates_from(args.policies, data.get("baseline", "fp32"))
         flagged.add("candidates")
+    if args.max_rel_loss_gap is not None:
+        gates = data.setdefault("gates", {})
+        if isinstance(gates, dict):  # otherwise the contract refuses the file's gates
+            gates["max_rel_loss_gap"] = args.max_rel_loss_gap
+        flagged.add("max_rel_loss_gap")
     try:
         return Contract.from_dict(data)
     except ValueError as exc:

@@ -113,7 +113,12 @@ def run_contract(
             should_stop=should_stop,
             run=run,
         )
-        decision = decide(records, contract, higher_is_better=wl.higher_is_better)
+        decision = decide(
+            records,
+            contract,
+            higher_is_better=wl.higher_is_better,
+            stands_for=wl.defaults.steps,
+        )
         run_settings = settings_for(contract, wl)
         report = render(
             out_dir,
@@ -351,7 +356,6 @@ def records_of(contract: Contract, folder: Path) -> tuple[list[RunRecord], list[
             r
             for r in found
             if r.policy in contract.policies
-            and r.seed < contract.seed_limit
             and r.fingerprint == contract.run_fingerprint(r.policy, r.seed, r.steps)
         ),
         key=lambda r: (r.seed, order[r.policy]),
@@ -394,7 +398,13 @@ def rerender(folder: str | Path) -> Rerendered:
         raise ValueError(f"{folder / 'runs'} holds no run records of this contract")
     higher = bool(stored.get("higher_is_better", True))
     metric_name = str(stored.get("metric_name", "metric"))
-    decision = decide(records, contract, higher_is_better=higher)
+    steps = stored.get("workload_steps")
+    decision = decide(
+        records,
+        contract,
+        higher_is_better=higher,
+        stands_for=steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
+    )
     settings = stored.get("settings")
     report = render(
         folder,

@@ -22,6 +22,7 @@ from mixprec.workloads.settings import TrainSettings
 __all__ = [
     "DECISION_KEYS",
     "DEFAULT_CANDIDATES",
+    "MAX_SEEDS",
     "OBJECTIVES",
     "TRAIN_KEYS",
     "Contract",
@@ -277,8 +278,8 @@ class Contract:
                 f"allow names {unknown_rules}, which are not update-path rules (only those "
                 f"reject a candidate); valid: {list(UPDATE_PATH_RULES)}"
             )
-        if self.max_seeds is not None and self.max_seeds > _MAX_SEEDS:
-            raise ValueError(f"max_seeds must be at most {_MAX_SEEDS}, got {self.max_seeds}")
+        if self.max_seeds is not None and self.max_seeds > MAX_SEEDS:
+            raise ValueError(f"max_seeds must be at most {MAX_SEEDS}, got {self.max_seeds}")
         if self.step_caps is not None:
             if not isinstance(self.step_caps, Mapping):
                 raise ValueError(
@@ -469,7 +470,7 @@ class Contract:
 _POLICY_KEYS_HASHED_WHEN_SET = ("fp8", "grad_accum_dtype")
 
 #: Most seeds a contract may ask for (a guard against typos: each seed is a run).
-_MAX_SEEDS = 100
+MAX_SEEDS = 100
 
 #: Longest `target_device` accepted (device names are short; a long string is a mistake).
 _MAX_TARGET_CHARS = 200

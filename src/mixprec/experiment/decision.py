@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mixprec.experiment.contract import Contract, format_bytes
@@ -195,6 +195,14 @@ class Decision:
             step times measure numerics, not FP8 speed (`fp8_gate.SPEED_PENDING`).
         emulated: the FP8 candidates that ran emulated (whatever the objective);
             ``max_slowdown`` does not judge them.
+        decide_with: contract settings a rerun into the same folder can take to decide
+            what this decision leaves open (the whole run too short, inconclusive or
+            too-short candidates): ``steps``, ``max_seeds`` (the most any candidate
+            needs), ``step_caps``; empty when nothing is open or no setting would help.
+        unsteady: why the step times cannot choose (their per-seed ranges overlap
+            enough that another draw of the same runs would choose differently), or
+            empty. When set, a candidate is promoted over the baseline only if it
+            wins at the slowest of its seeds' step-time ratios.
     """
 
     baseline: str
@@ -221,6 +229,8 @@ class Decision:
     incomplete: str = ""
     speed_pending: tuple[str, ...] = ()
     emulated: tuple[str, ...] = ()
+    decide_with: Mapping[str, Any] = field(default_factory=dict)
+    unsteady: str = ""
 
     def _with(self, status: VerdictStatus) -> dict[str, str]:
         return {n: v.reason for n, v in self.verdicts.items() if v.status == status}
@@ -301,6 +311,8 @@ class Decision:
             "incomplete": self.incomplete,
             "speed_pending": list(self.speed_pending),
             "emulated": list(self.emulated),
+            "decide_with": dict(self.decide_with),
+            "unsteady": self.unsteady,
             "target_device": self.target_device,
             "pending": self.pending,
             "speed_note": self.speed_note,
@@ -362,7 +374,63 @@ def _baseline_note(base: PolicySummary, contract: Contract, speed_usable: bool) 
     return ""
 
 
-def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better: bool) -> Decision:
+def _steadiness(
+    ranking: Sequence[Standing],
+    by_name: Mapping[str, PolicySummary],
+    objective: str,
+    baseline: str,
+) -> tuple[str, bool]:
+    """Whether the step times' spread over seeds can change the choice of
+    ``ranking[0]``, and whether it may be promoted.
+
+    Returns a note, empty when no policy scores as well as the first even at its own
+    fastest seed against the first's slowest (each policy's per-seed step-time ratios,
+    `Ratio.low`-`Ratio.high`), and whether the first may be recommended: the baseline
+    always; a candidate only when it beats the baseline at its slowest seed, so that
+    speed that the machine's load made up never promotes it.
+    """
+
+    def span(st: Standing) -> tuple[float, float]:
+        if st.policy == baseline:
+            return 1.0, 1.0
+        ratio = by_name[st.policy].time_ratio
+        return ratio.low, ratio.high
+
+    first = ranking[0]
+    worst = _score(objective, first.memory_ratio, span(first)[1])
+    rivals = [
+        st
+        for st in ranking[1:]
+        if math.isfinite(st.score) and _score(objective, st.memory_ratio, span(st)[0]) <= worst
+    ]
+    if not rivals:
+        return "", True
+    base = next((st for st in ranking if st.policy == baseline), None)
+    promote = first.policy == baseline or base is None or worst < base.score
+    ranges = ", ".join(
+        f"{st.policy} {lo:.2f}-{hi:.2f}x" for st in (first, *rivals) for lo, hi in [span(st)]
+    )
+    note = (
+        f"step-time ratios varied over seeds ({ranges}): within these ranges "
+        f"{', '.join(st.policy for st in rivals)} would score as well as {first.policy}, so "
+        "another draw of the same runs can choose differently"
+    )
+    if not promote:
+        note += (
+            f"; {first.policy} is not promoted on speed alone (at its slowest seed, "
+            f"{span(first)[1]:.2f}x, it scores {worst:.3f} against {baseline}'s "
+            f"{base.score if base else math.nan:.3f})"
+        )
+    return note + "; measure on a quiet machine (or objective memory) to choose on speed", promote
+
+
+def decide(
+    records: Sequence[RunRecord],
+    contract: Contract,
+    *,
+    higher_is_better: bool,
+    stands_for: int | None = None,
+) -> Decision:
     """Judge every candidate against the baseline under the contract's gates and
     budgets, and recommend by its objective.
 
@@ -408,6 +476,7 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
             base_ok,
             base,
             not speed_note and name not in emulated,
+            stands_for=stands_for,
         )
     fp8 = fp8_policies(records, contract.candidates)
     fp8_reference, fp8_note = None, ""
@@ -430,8 +499,11 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
             )
     too_short = ""
     baseline_note = ""
+    decide_with: dict[str, Any] = {}
     if not base_gate:
-        too_short = too_short_reason(base, contract.baseline, gates, base_ok)
+        too_short, decide_with = too_short_reason(
+            base, contract.baseline, gates, base_ok, stands_for=stands_for
+        )
         baseline_note = _baseline_note(base, contract, not speed_note)
     eligible = [n for n, v in verdicts.items() if v.status == "eligible"]
     status: DecisionStatus = "none"
@@ -439,7 +511,9 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
     ranking: tuple[Standing, ...] = ()
     ranked_by = contract.objective
     speed_pending: tuple[str, ...] = ()
-    if eligible and not base_gate and not too_short:
+    unsteady = ""
+    # With no eligible candidate the baseline is the answer, when it keeps the budgets.
+    if not base_gate and not too_short and (eligible or not baseline_note):
         by_name = {s.policy: s for s in summaries}
         by_memory = bool(pending or (speed_note and contract.objective != "memory"))
         if contract.objective != "memory" and not by_memory:
@@ -447,15 +521,21 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
             speed_pending = tuple(n for n in eligible if n in emulated)
         ranked = [n for n in eligible if n not in speed_pending]
         contenders = ([] if baseline_note else [base]) + [by_name[n] for n in ranked]
-        if by_memory:
+        if by_memory and ranked:
             # Only memory figures hold here: order by them, promote nothing.
             ranked_by = "memory"
             ranking = rank(contenders, ranked_by, contract.baseline)
             status = "pending_target" if pending else "none"
         else:
+            if by_memory:  # the baseline alone: staying needs no step time
+                ranked_by = "memory"
             ranking = rank(contenders, ranked_by, contract.baseline)
-            if ranking and math.isfinite(ranking[0].score):
+            if ranking and (len(ranking) == 1 or math.isfinite(ranking[0].score)):
                 recommended = ranking[0].policy
+                if ranked_by != "memory":
+                    unsteady, promote = _steadiness(ranking, by_name, ranked_by, contract.baseline)
+                    if not promote:
+                        recommended = contract.baseline
                 status = "stay" if recommended == contract.baseline else "recommended"
             else:
                 what = {"memory": "memory", "speed": "step time"}
@@ -463,6 +543,13 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
                     f"no {what.get(contract.objective, 'memory or step time')} measured for "
                     f"{', '.join(st.policy for st in ranking)} (a run of one step is not timed)"
                 )
+    for v in verdicts.values():
+        for key, value in v.decide_with.items():
+            if key in ("max_seeds", "steps"):  # the most any candidate needs
+                decide_with[key] = max(value, decide_with.get(key, value))
+            elif key == "step_caps":
+                decide_with[key] = value
+            # max_rel_loss_gap: a limit is the user's to choose, per candidate (its reason)
     incomplete = _incomplete(records, contract)
     if incomplete and status in ("recommended", "stay"):
         recommended, status = None, "none"  # the missing runs could change the choice
@@ -491,6 +578,8 @@ def decide(records: Sequence[RunRecord], contract: Contract, *, higher_is_better
         speed_pending=speed_pending,
         emulated=emulated,
         incomplete=incomplete,
+        decide_with=decide_with,
+        unsteady=unsteady,
     )
 
 

@@ -3,7 +3,10 @@
 For each seed the baseline runs first, then the candidates. A run whose record
 exists with the same fingerprint is reused instead of redone. When a
 candidate's gap is inconclusive after the contract's seeds, the baseline and
-that candidate run one more seed at a time, up to ``max_seeds``. The output
+that candidate run one more seed at a time, up to ``max_seeds``, where
+eligibility is judged once (`verdicts.gap_verdict`); a candidate rejected on the
+way stops. Stored runs of more seeds are used too: a decision reads every stored
+seed of the contract. The output
 folder gets ``contract.json`` first and is locked while runs write into it. A
 stored record is reused only when it was measured on the same hardware (device,
 torch version and threads, `hardware.DeviceFacts.key`): timings from elsewhere
@@ -117,6 +120,7 @@ def run_all(
                 "workload_description": workload.description,
                 "metric_name": workload.metric_name,
                 "higher_is_better": workload.higher_is_better,
+                "workload_steps": workload.defaults.steps,
                 "settings": settings_dict(settings),
             },
         )
@@ -129,28 +133,36 @@ def run_all(
         existing = {(r.policy, r.seed): r for r in found}
         records: list[RunRecord] = []
 
+        def reusable(name: str, seed: int) -> RunRecord | None:
+            """The stored finished run of `name` and `seed` under this contract, measured
+            here (a record that does not say where it ran counts as here, unless the
+            contract names a target: then only a run here can say it)."""
+            old = existing.get((name, seed))
+            fingerprint = contract.run_fingerprint(name, seed, caps.get(name, settings.train.steps))
+            if old is None or old.fingerprint != fingerprint or not old.ok:
+                return None
+            if old.device is None:
+                return None if contract.target_device is not None else old
+            return old if old.device.key == here.key else None
+
         def run_seed(seed: int, names: tuple[str, ...]) -> None:
             for name in names:
                 run_steps = caps.get(name, settings.train.steps)
                 fingerprint = contract.run_fingerprint(name, seed, run_steps)
+                reused = reusable(name, seed)
+                if reused is not None:
+                    records.append(reused)
+                    if on_record is not None:
+                        on_record(reused, True)
+                    continue
                 old = existing.get((name, seed))
-                if old is not None and old.fingerprint == fingerprint and old.ok:
-                    # A record that does not say where it ran is reused, unless the
-                    # contract names a target: then its hardware decides, and only a
-                    # run here can say it.
-                    unknown = old.device is None and contract.target_device is not None
-                    if not unknown and (old.device is None or old.device.key == here.key):
-                        records.append(old)
-                        if on_record is not None:
-                            on_record(old, True)
-                        continue
-                    if stream is not None:
-                        where = "not recorded" if old.device is None else old.device.key
-                        print(
-                            f"  {name} seed {seed} was measured on {where}, not "
-                            f"{here.key}: running it again here",
-                            file=stream,
-                        )
+                if stream is not None and old and old.fingerprint == fingerprint and old.ok:
+                    where = "not recorded" if old.device is None else old.device.key
+                    print(
+                        f"  {name} seed {seed} was measured on {where}, not "
+                        f"{here.key}: running it again here",
+                        file=stream,
+                    )
                 with _bar(run_steps, f"{name} seed {seed}", stream) as update:
                     record = run(
                         workload,
@@ -172,7 +184,12 @@ def run_all(
         for seed in range(contract.seeds):
             run_seed(seed, contract.policies)
         for seed in range(contract.seeds, contract.seed_limit):
-            decision = decide(records, contract, higher_is_better=workload.higher_is_better)
+            decision = decide(
+                records,
+                contract,
+                higher_is_better=workload.higher_is_better,
+                stands_for=workload.defaults.steps,
+            )
             pending = tuple(decision.inconclusive)
             if not pending:
                 break
@@ -183,6 +200,17 @@ def run_all(
                     file=stream,
                 )
             run_seed(seed, (contract.baseline, *pending))
+        # Every stored seed of the contract is evidence: seeds beyond those run here
+        # (an earlier run with a larger max_seeds) join the decision.
+        have = {(r.policy, r.seed) for r in records}
+        for name, seed in sorted(existing, key=lambda key: (key[1], key[0])):
+            if (name, seed) in have or name not in contract.policies:
+                continue
+            old = reusable(name, seed)
+            if old is not None:
+                records.append(old)
+                if on_record is not None:
+                    on_record(old, True)
         return records
 
 

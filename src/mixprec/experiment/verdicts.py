@@ -11,13 +11,13 @@ these to every candidate; the FP8 gate (`mixprec.experiment.fp8_gate`) applies
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from mixprec.experiment.contract import Contract, Gates, format_bytes
+from mixprec.experiment.contract import MAX_SEEDS, Contract, Gates, format_bytes
 from mixprec.experiment.records import RunRecord
-from mixprec.experiment.stats import GapInterval
+from mixprec.experiment.stats import GapInterval, seeds_to_decide
 from mixprec.experiment.summary import PolicySummary, format_interval, tail_start
 
 __all__ = [
@@ -44,12 +44,18 @@ class Verdict:
         reason: one sentence with the figures that decided.
         acknowledged: update-path rules that fired at error severity but are
             listed in the contract's ``allow``.
+        decide_with: for a verdict that does not decide (``inconclusive``,
+            ``too_short``), contract settings a rerun into the same folder can take
+            to decide, by contract key (``{"max_seeds": 9}``, ``{"steps": 1200}``);
+            each alone is enough (as far as the data so far can tell). Empty
+            otherwise.
     """
 
     status: VerdictStatus
     gate: str
     reason: str
     acknowledged: tuple[str, ...] = ()
+    decide_with: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -58,6 +64,7 @@ class Verdict:
             "gate": self.gate,
             "reason": self.reason,
             "acknowledged": list(self.acknowledged),
+            "decide_with": dict(self.decide_with),
         }
 
 
@@ -96,16 +103,29 @@ def hard_gate(
 
 
 def too_short_reason(
-    s: PolicySummary, baseline: str, gates: Gates, base: Sequence[RunRecord]
-) -> str:
-    """Why a comparison at `s.steps` cannot judge a gap yet, or empty."""
+    s: PolicySummary,
+    baseline: str,
+    gates: Gates,
+    base: Sequence[RunRecord],
+    *,
+    stands_for: int | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """Why a comparison at `s.steps` cannot judge a gap, or ``""``, and the settings
+    that would let it (``{"steps": 1200}``; empty when no setting would).
+
+    `stands_for` is the length of the training run the experiment stands for (the
+    workload's own `TrainSettings.steps`; None: not known). A comparison after the
+    whole of that schedule measures the schedule's outcome, converged or not; one
+    that stops earlier (a shorter schedule, or a capped run) while the baseline
+    still improves quickly measures pace, and is too short.
+    """
     at = s.steps
     losses = [r.heldout_at(at) for r in base]
     if any(v == 0 for v in losses):
         return (
             f"{baseline}'s held-out loss is 0 at step {at}: relative gaps are undefined "
             "(the workload's loss must stay away from 0, e.g. with label noise)"
-        )
+        ), {}
     if math.isnan(s.improvement) or math.isnan(s.tail_improvement):
         missing = [
             st for st in (0, tail_start(at), at) if any(math.isnan(r.heldout_at(st)) for r in base)
@@ -113,20 +133,33 @@ def too_short_reason(
         return (
             f"no held-out evaluation of {baseline} at step(s) {missing or [at]} to tell "
             "whether it has trained and settled (records of an older mixprec: rerun)"
-        )
+        ), {}
     if s.improvement < gates.improvement_floor:
         return (
             f"{baseline}'s held-out loss moved {s.improvement:.2%} from its initial weights by "
             f"step {at} (< {gates.improvement_floor:.2%}): it has barely trained, so no gap "
             "means anything yet; check lr and steps"
-        )
-    if s.tail_improvement > gates.tail_limit:
+        ), {}
+    schedule = max((r.schedule_steps or r.steps for r in base), default=at)
+    whole = stands_for is not None and at >= schedule >= stands_for
+    if whole or s.tail_improvement <= gates.tail_limit:
+        return "", {}
+    still = (
+        f"{baseline}'s held-out loss still fell {s.tail_improvement:.2%} over steps "
+        f"{tail_start(at)}-{at} (> {gates.tail_limit:.2%}): a gap this early measures pace, "
+        "not outcome"
+    )
+    if at < schedule:
         return (
-            f"{baseline}'s held-out loss still fell {s.tail_improvement:.2%} over steps "
-            f"{tail_start(at)}-{at} (> {gates.tail_limit:.2%}): a gap this early measures "
-            "pace, not outcome; train longer"
-        )
-    return ""
+            f"{s.policy} stopped at step {at} of the {schedule}-step schedule (step_caps) and "
+            f"{still}; step_caps: {{}} runs it in full (slow where fp16 is emulated)"
+        ), {"step_caps": {}}
+    if stands_for is None:
+        return f"{still}; train longer", {}
+    return (
+        f"the runs covered {schedule} of the {stands_for} steps of the workload's schedule, "
+        f"and {still}; --steps {stands_for} (the whole schedule) decides"
+    ), {"steps": stands_for}
 
 
 def _storage_hint(policy: str, records: Sequence[RunRecord]) -> str:
@@ -194,7 +227,11 @@ def judge(
     base: Sequence[RunRecord],
     base_summary: PolicySummary,
     speed_usable: bool,
+    *,
+    stands_for: int | None = None,
 ) -> Verdict:
+    """The verdict of candidate `s` (see the module docstring); `stands_for` is the
+    length of the run the experiment stands for (`too_short_reason`)."""
     gates = contract.gates
     if not s.seeds:  # an interrupted experiment: missing, not rejected
         return Verdict(status="not_run", gate="", reason="not run yet: rerun compare to train it")
@@ -225,10 +262,14 @@ def judge(
             gate="",
             reason=f"no seed shared with {contract.baseline} to pair with: rerun compare",
         )
-    short = too_short_reason(s, contract.baseline, gates, base)
+    short, decide_with = too_short_reason(s, contract.baseline, gates, base, stands_for=stands_for)
     if short:
         return Verdict(
-            status="too_short", gate="training-length", reason=short, acknowledged=acknowledged
+            status="too_short",
+            gate="training-length",
+            reason=short,
+            acknowledged=acknowledged,
+            decide_with=decide_with,
         )
     return gap_verdict(
         gap,
@@ -247,9 +288,17 @@ def gap_verdict(
     gate: str = "loss-gap",
     against: str = "",
 ) -> Verdict:
-    """The verdict of a paired gap's interval against `limit`: eligible when all of
-    it is within, rejected when all of it is beyond, inconclusive in between (or
-    with one seed). `against` names the reference when it is not the baseline."""
+    """The verdict of a paired gap's interval against `limit`, one look at a fixed count.
+
+    Rejected, at any number of seeds, when the whole interval is beyond `limit`;
+    eligible only once `seed_limit` (``max_seeds``) seeds or more are paired and the
+    whole interval is within it; inconclusive otherwise. Calling a candidate
+    eligible at one count only keeps the interval's one-sided error rate, however
+    many times seeds were added before (a rejection never makes a candidate
+    eligible: stopping for it only lowers that rate). An inconclusive verdict at
+    `seed_limit` says what would decide (`Verdict.decide_with`). `against` names the
+    reference when it is not the baseline.
+    """
     to = f" to {against}" if against else ""
     if not math.isfinite(gap.mean):
         return Verdict(
@@ -258,22 +307,16 @@ def gap_verdict(
             reason="held-out loss is not finite",
             acknowledged=acknowledged,
         )
-    settled = f"max_seeds={seed_limit} reached" if gap.n >= seed_limit else "more seeds needed"
     if gap.n == 1:
+        more = "more seeds needed" if seed_limit > 1 else "--max-seeds 2 at least decides"
         return Verdict(
             status="inconclusive",
             gate=gate,
-            reason=f"gap{to} {format_interval(gap)}: no interval from one seed; {settled}",
+            reason=f"gap{to} {format_interval(gap)}: no interval from one seed; {more}",
             acknowledged=acknowledged,
+            decide_with={} if seed_limit > 1 else {"max_seeds": 2},
         )
     interval = f"{format_interval(gap)} ({gap.confidence:.0%} t-interval, {gap.n} seeds)"
-    if gap.high <= limit:
-        return Verdict(
-            status="eligible",
-            gate=gate,
-            reason=f"gap{to} {interval} <= {limit:.2%}",
-            acknowledged=acknowledged,
-        )
     if gap.low > limit:
         return Verdict(
             status="rejected",
@@ -281,9 +324,37 @@ def gap_verdict(
             reason=f"gap{to} {interval} > {limit:.2%} on the whole interval",
             acknowledged=acknowledged,
         )
+    if gap.n < seed_limit:
+        return Verdict(
+            status="inconclusive",
+            gate=gate,
+            reason=f"gap{to} {interval}: more seeds needed (eligibility is judged once, at "
+            f"max_seeds={seed_limit})",
+            acknowledged=acknowledged,
+        )
+    if gap.high <= limit:
+        return Verdict(
+            status="eligible",
+            gate=gate,
+            reason=f"gap{to} {interval} <= {limit:.2%}",
+            acknowledged=acknowledged,
+        )
+    seeds = seeds_to_decide(gap, limit, most=MAX_SEEDS)
+    supported = math.ceil(gap.high * 1e4) / 1e4  # 0.01% steps, never below the bound
+    options: dict[str, Any] = {}
+    if seeds is not None:
+        options["max_seeds"] = seeds
+    options["max_rel_loss_gap"] = supported
+    if seeds is None:
+        more = f"no seed count up to {MAX_SEEDS} would settle it at this mean and spread"
+    else:
+        side = "decide" if gap.mean < limit else "reject it"
+        more = f"--max-seeds {seeds} would likely {side} (if the gaps keep their mean and spread)"
     return Verdict(
         status="inconclusive",
         gate=gate,
-        reason=f"gap{to} {interval} straddles {limit:.2%}: {settled}",
+        reason=f"gap{to} {interval} straddles {limit:.2%} at max_seeds={seed_limit}: {more}; "
+        f"the data support a limit of {supported:.2%} (--max-rel-loss-gap {supported:g})",
         acknowledged=acknowledged,
+        decide_with=options,
     )

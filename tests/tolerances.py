@@ -97,3 +97,9 @@ COMPILE_ATOL = {
     # (Llama with an fp32 lm_head, 4 steps, by script: 1.1e-2 and 7.8e-3.)
     "inductor": {"loss": 1.2e-2, "logits": 3e-2},
 }
+
+#: Dropout pairing (tests/examples/test_llama_bytes.py): max |logits| gap between a
+#: training-mode forward of the tiny llama_bytes model in fp32 and under bf16 autocast,
+#: both with torch's generator seeded alike (the same attention-dropout masks).
+#: Measured 1.8e-3; with another seed (other masks) the gap is 0.14. Set at about 3x.
+PAIRED_DROPOUT_BF16_LOGITS_ATOL = 6e-3

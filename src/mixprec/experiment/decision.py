@@ -383,11 +383,12 @@ def _steadiness(
     """Whether the step times' spread over seeds can change the choice of
     ``ranking[0]``, and whether it may be promoted.
 
-    Returns a note, empty when no policy scores as well as the first even at its own
-    fastest seed against the first's slowest (each policy's per-seed step-time ratios,
-    `Ratio.low`-`Ratio.high`), and whether the first may be recommended: the baseline
-    always; a candidate only when it beats the baseline at its slowest seed, so that
-    speed that the machine's load made up never promotes it.
+    A rival is a policy that would beat the first, by more than the `TIE` band, at its
+    own fastest seed against the first's slowest (each policy's per-seed step-time
+    ratios, `Ratio.low`-`Ratio.high`; the baseline's are 1). Returns a note naming the
+    rivals and the ranges, empty without rivals, and whether the first may be
+    recommended: the baseline always; a candidate only when the baseline is not a
+    rival, so that speed the machine's load made up never promotes it.
     """
 
     def span(st: Standing) -> tuple[float, float]:
@@ -401,25 +402,25 @@ def _steadiness(
     rivals = [
         st
         for st in ranking[1:]
-        if math.isfinite(st.score) and _score(objective, st.memory_ratio, span(st)[0]) <= worst
+        if _score(objective, st.memory_ratio, span(st)[0]) * (1 + TIE) < worst
     ]
     if not rivals:
         return "", True
-    base = next((st for st in ranking if st.policy == baseline), None)
-    promote = first.policy == baseline or base is None or worst < base.score
+    base = next((st for st in rivals if st.policy == baseline), None)
+    promote = base is None
     ranges = ", ".join(
         f"{st.policy} {lo:.2f}-{hi:.2f}x" for st in (first, *rivals) for lo, hi in [span(st)]
     )
     note = (
         f"step-time ratios varied over seeds ({ranges}): within these ranges "
-        f"{', '.join(st.policy for st in rivals)} would score as well as {first.policy}, so "
+        f"{', '.join(st.policy for st in rivals)} would score better than {first.policy}, so "
         "another draw of the same runs can choose differently"
     )
-    if not promote:
+    if base is not None:
         note += (
             f"; {first.policy} is not promoted on speed alone (at its slowest seed, "
             f"{span(first)[1]:.2f}x, it scores {worst:.3f} against {baseline}'s "
-            f"{base.score if base else math.nan:.3f})"
+            f"{base.score:.3f})"
         )
     return note + "; measure on a quiet machine (or objective memory) to choose on speed", promote
 

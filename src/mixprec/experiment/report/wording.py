@@ -20,7 +20,6 @@ from mixprec.experiment.summary import Ratio, format_interval, tail_start
 
 __all__ = [
     "OBJECTIVE_WORDS",
-    "UNSTEADY",
     "choice_lines",
     "gates_sentence",
     "hardware_sentence",
@@ -86,7 +85,29 @@ OBJECTIVE_WORDS = {
 
 
 def headline(decision: Decision) -> str:
-    """One sentence: the recommendation, or why there is none."""
+    """The recommendation, or why there is none; then what a rerun needs to decide
+    what is left open (`rerun_sentence`)."""
+    rerun = rerun_sentence(decision)
+    return f"{_headline(decision)} {rerun}" if rerun else _headline(decision)
+
+
+def rerun_sentence(decision: Decision) -> str:
+    """``To decide, rerun into the same --out with --max-seeds 9.``, from
+    `Decision.decide_with`, or empty when nothing is left open."""
+    flags = []
+    for key, value in decision.decide_with.items():
+        if key == "step_caps":
+            flags.append("step_caps: {} in a --config file")
+        else:
+            flags.append(f"--{key.replace('_', '-')} {value}")
+    if not flags:
+        return ""
+    return (
+        f"To decide, rerun into the same --out with {' and '.join(flags)} (stored runs are reused)."
+    )
+
+
+def _headline(decision: Decision) -> str:
     if not decision.baseline_ok:
         return f"The baseline failed its own gates: {decision.baseline_reason}"
     if decision.incomplete:
@@ -99,6 +120,12 @@ def headline(decision: Decision) -> str:
         if decision.speed_pending
         else ""
     )
+    if decision.status == "stay" and not decision.eligible:
+        pending = ", ".join(decision.inconclusive)
+        open_ = f"; inconclusive: {pending}" if pending else ""
+        return (
+            f"Recommended: stay on **{decision.baseline}** (no candidate passed the gates{open_})"
+        )
     if decision.status == "stay":
         return (
             f"Recommended: stay on **{decision.baseline}** ({why}; no eligible candidate beats "
@@ -260,30 +287,9 @@ def choice_lines(decision: Decision) -> tuple[str, ...]:
                 f"The tie was broken on step times of {', '.join(f'`{n}`' for n in emulated)} "
                 "measured under FP8 emulation: they measure emulation overhead, not FP8 speed."
             )
-    if objective != "memory":
-        unsteady = _unsteady(decision)
-        if unsteady:
-            lines.append(
-                f"Step times were unsteady over seeds ({unsteady}): the machine's load changed "
-                "between runs, and a rerun can choose differently; measure on a quiet machine "
-                "(or with more seeds) before choosing on speed."
-            )
+    if decision.unsteady:
+        lines.append(f"Step times were unsteady: {decision.unsteady}.")
     return tuple(lines)
-
-
-#: A policy whose per-seed step-time ratios differ by more than this factor was timed
-#: under a changing load (a quiet machine repeats its step time within a few percent).
-UNSTEADY = 1.25
-
-
-def _unsteady(decision: Decision) -> str:
-    """The policies in the running whose step-time ratio swung over seeds, or empty."""
-    swung = []
-    for st in decision.ranking:
-        ratio = decision.summary(st.policy).time_ratio
-        if len(ratio.values) > 1 and ratio.low > 0 and ratio.high / ratio.low > UNSTEADY:
-            swung.append(f"{st.policy} {ratio.low:.2f}-{ratio.high:.2f}x")
-    return ", ".join(swung)
 
 
 def gates_sentence(contract: Contract, metric_name: str) -> str:
@@ -291,10 +297,11 @@ def gates_sentence(contract: Contract, metric_name: str) -> str:
     gates = contract.gates
     return (
         f"held-out loss gap per seed, paired with {contract.baseline}: eligible when its "
-        f"{gates.confidence:.0%} t-interval lies at or below {gates.max_rel_loss_gap:.2%}, "
-        "rejected when above, inconclusive otherwise (more seeds, up to "
-        f"{contract.seed_limit}); judged only when {contract.baseline} improved >= "
-        f"{gates.improvement_floor:.2%} from step 0 and its last fifth <= {gates.tail_limit:.2%}; "
+        f"{gates.confidence:.0%} t-interval lies at or below {gates.max_rel_loss_gap:.2%} at "
+        f"max_seeds={contract.seed_limit} seeds (one look), rejected when above at any count, "
+        "inconclusive otherwise; judged only when "
+        f"{contract.baseline} improved >= {gates.improvement_floor:.2%} from step 0 and, for "
+        f"runs shorter than the workload's schedule, its last fifth <= {gates.tail_limit:.2%}; "
         "doctor errors on the update path reject"
         + (f" (acknowledged: {', '.join(contract.allow)})" if contract.allow else "")
         + f"; non-finite-loss steps <= {gates.max_nonfinite_steps}; skipped steps <= "

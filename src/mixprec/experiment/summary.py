@@ -135,7 +135,9 @@ class PolicySummary:
         return self.gap.mean
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready figures of this summary."""
+        """JSON-ready figures of this summary. Speed is `time_ratio` alone (paired per
+        seed); the unpaired mean `steps_per_s` is left out (each run's own throughput
+        is in results.json's ``runs``)."""
         return {
             "seeds": list(self.seeds),
             "steps": self.steps,
@@ -154,7 +156,6 @@ class PolicySummary:
             "improvement": self.improvement,
             "total_bytes": self.total_bytes,
             "max_bytes": self.max_bytes,
-            "steps_per_s": self.steps_per_s,
             "memory_ratio": self.memory_ratio.to_dict(),
             "time_ratio": self.time_ratio.to_dict(),
             "skipped_fraction": self.skipped_fraction,

@@ -6,7 +6,7 @@ training settings as params, the decision (``mixprec.recommended``,
 why nothing was promoted when that is so, and per
 candidate ``verdict.<policy>``, ``verdict.<policy>.gate`` and ``.reason`` as tags;
 every number of each policy's summary as a ``<policy>.<figure>`` metric, with
-``<policy>.memory_ratio`` and ``<policy>.speed_ratio`` against the baseline) and
+``<policy>.memory_ratio`` and ``<policy>.time_ratio``, paired per seed) and
 the report as artifacts; under it one nested run per (policy, seed) with the
 policy's fields as params, the per-step figures of `runner.run_one` as metrics,
 the record's final figures, and the run record as an artifact. A run reused from
@@ -209,7 +209,6 @@ class CompareTracking:
             if data.get(key):
                 tags[f"mixprec.{key}"] = str(data[key])
         policies: Mapping[str, Any] = data.get("policies") or {}
-        base = policies.get(self.contract.baseline) or {}
         metrics: dict[str, Any] = {}
         for name, entry in policies.items():
             verdict = entry.get("verdict")
@@ -220,10 +219,10 @@ class CompareTracking:
             for key, value in entry.items():
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     metrics[f"{name}.{key}"] = value
-            for key, ratio in (("total_bytes", "memory_ratio"), ("steps_per_s", "speed_ratio")):
-                mine, theirs = entry.get(key), base.get(key)
-                if _number(mine) and _number(theirs) and theirs:
-                    metrics[f"{name}.{ratio}"] = mine / theirs
+            for ratio in ("memory_ratio", "time_ratio"):  # paired per seed, their means
+                paired = entry.get(ratio)
+                if isinstance(paired, Mapping) and _number(paired.get("mean")):
+                    metrics[f"{name}.{ratio}"] = paired["mean"]
         self.parent.set_tags(tags)
         self.parent.log_metrics(metrics, step=0)
         for path in (report.results_json, report.markdown, report.html):

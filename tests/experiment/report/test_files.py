@@ -11,8 +11,10 @@ import mixprec
 from mixprec.experiment import Contract, decide, render
 from mixprec.experiment.report import (
     build_view,
+    decision_table,
     render_html,
     render_markdown,
+    render_table,
     terminal_table,
     verdict_reason,
 )
@@ -58,7 +60,8 @@ def test_every_reason_is_printed_and_rendered(tmp_path: Path) -> None:
         assert reason in table and reason in md.replace("\\|", "|")
         assert html.escape(reason) in page
     base = d.summary("fp32")
-    assert f"seed spread {base.baseline_spread:.2%}" in table
+    wide = render_table(decision_table(d, results.records, "macro_f1"), width=400)
+    assert f"seed spread {base.baseline_spread:.2%}" in wide
     stored = json.loads(results.report.results_json.read_text())["decision"]["policies"]
     for name in d.verdicts:
         assert {"gaps", "gap_low", "gap_high", "baseline_spread", "seeds", "verdict"} <= set(

@@ -92,7 +92,9 @@ def test_the_section_names_the_worst_tensors_and_the_doctors_findings(
 
 def test_renderers_lay_out_the_section_and_the_panel(fp8_judged: Judged) -> None:
     view = _view(fp8_judged)
-    assert [p.key for p in view.plots] == ["loss", "heldout", "fp8", "memory", "throughput"]
+    assert [p.key for p in view.plots] == [
+        "cost_quality", "loss", "heldout", "fp8", "memory", "step_time"
+    ]  # fmt: skip
     md = render_markdown(view)
     assert "## FP8" in md and "![FP8 casts" in md and "(plots/fp8.png)" in md
     assert md.index("## FP8") < md.index("## Plots")

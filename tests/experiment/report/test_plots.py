@@ -35,7 +35,7 @@ def test_draw_refuses_what_it_cannot_draw(judged: Judged) -> None:
     with pytest.raises(ValueError, match="unknown plot 'nope'; valid plots"):
         plots.draw(["nope"], judged.records, judged.decision, gap_limit=0.005)
     unscaled = [dataclasses.replace(r, loss_scale_trace=()) for r in judged.records]
-    with pytest.raises(ValueError, match="no run traced a loss scale"):
+    with pytest.raises(ValueError, match="no run's loss scale moved"):
         plots.draw(["loss_scale"], unscaled, judged.decision, gap_limit=0.005)
 
 

@@ -14,6 +14,7 @@ from mixprec.experiment.report import (
     render_markdown,
     render_table,
 )
+from mixprec.experiment.report.terminal import PRINTED_COLUMNS
 from mixprec.experiment.report.view import COLUMNS
 
 from .judged import STEPS, Judged
@@ -23,7 +24,8 @@ PERCENT = re.compile(r"[+-]?\d+(?:\.\d+)?%")
 INTERVAL = re.compile(r"\[[+-]?\d+(?:\.\d+)?%, [+-]?\d+(?:\.\d+)?%\]")
 #: Stand-in PNG bytes: the renderers embed what they are given.
 IMAGES = {
-    k: b"\x89PNG" + k.encode() for k in ("loss", "heldout", "loss_scale", "memory", "throughput")
+    k: b"\x89PNG" + k.encode()
+    for k in ("cost_quality", "loss", "heldout", "loss_scale", "memory", "step_time")
 }
 
 
@@ -62,10 +64,8 @@ def _view_text(view: ReportView) -> str:
     parts += [c for r in view.table.rows for c in r.cells]
     parts += [view.table.note, *view.choice, *view.observations]
     parts += [t for p in view.plots for t in (p.title, p.path)]
-    for section in view.doctor:
-        parts.append(section.policy)
-        parts += [t for f in section.findings for t in (f.rule, f.severity, f.where)]
-        parts += [t for f in section.findings for t in (f.message, f.fix)]
+    for f in view.doctor:
+        parts += [f.rule, f.severity, f.where, f.applies_to, f.message, f.fix]
     return _unmark("\n".join(parts))
 
 
@@ -107,19 +107,24 @@ def test_every_reason_sentence_and_cell_is_in_both(judged: Judged) -> None:
         assert _unmark(sentence) in md and _unmark(sentence) in page, sentence
     for o in view.observations:
         assert _unmark(o) in md and _unmark(o) in page, o
-    for f in view.doctor[0].findings:
-        line = f"{f.rule} ({f.severity}, {f.where}): {f.message}"
+    for f in view.doctor:
+        line = f"{f.rule} ({f.severity}, {f.where}; {f.applies_to}): {f.message}"
         assert line in md and line in " ".join(page.split()), line
 
 
 def test_the_terminal_table_shows_the_same_cells(judged: Judged) -> None:
+    """The printed columns' cells, as the view has them (wide enough not to wrap)."""
     view = _view(judged)
-    table = render_table(view.table)
-    assert "doctor" not in table.splitlines()[0]
+    table = render_table(view.table, width=400)
+    assert (
+        table.splitlines()[0].split()
+        == " ".join(view.table.headers[COLUMNS.index(c)] for c in PRINTED_COLUMNS).split()
+    )
     for row in view.table.rows:
         line = next(li for li in table.splitlines() if li.startswith(row.policy + " "))
-        for cell in (*row.cells[: COLUMNS.index("doctor")], row.label):
-            assert cell in line, (cell, line)
+        for name in PRINTED_COLUMNS[:-1]:
+            assert row.cells[COLUMNS.index(name)] in line, (name, line)
+        assert line.endswith(row.label)
 
 
 def test_markup_is_the_only_difference(judged: Judged) -> None:
@@ -166,4 +171,4 @@ def test_html_embeds_each_plot_by_key(judged: Judged) -> None:
     for p in view.plots:
         assert f"![{p.title}]({p.path})" in md
         assert f"alt='{p.title}'" in page
-    assert page.count("data:image/png;base64,") == len(view.plots) == 5
+    assert page.count("data:image/png;base64,") == len(view.plots) == 6

@@ -82,17 +82,19 @@ def test_sentences_notes_and_findings(judged: Judged) -> None:
     assert view.observations[0] == "ignored 2 record(s) of other policies or settings"
     assert any(f"ran {CAP} of {STEPS} steps" in o for o in view.observations)
     # Three seeds report the same two findings: listed once each.
-    assert [s.policy for s in view.doctor] == ["bf16_pure"]
-    assert [f.rule for f in view.doctor[0].findings] == ["vanishing-updates", "loss-scale-headroom"]
+    assert [f.rule for f in view.doctor] == ["vanishing-updates", "loss-scale-headroom"]
+    assert [f.applies_to for f in view.doctor] == ["bf16_pure", "bf16_pure"]
 
 
 def test_plots_list_the_loss_scale_only_when_a_run_scaled(judged: Judged) -> None:
     view = _view(judged)
-    assert [p.key for p in view.plots] == ["loss", "heldout", "loss_scale", "memory", "throughput"]
+    assert [p.key for p in view.plots] == [
+        "cost_quality", "loss", "heldout", "loss_scale", "memory", "step_time"
+    ]  # fmt: skip
     assert all(p.path == f"plots/{p.key}.png" for p in view.plots)
     unscaled = [dataclasses.replace(r, loss_scale_trace=()) for r in judged.records]
     keys = [p.key for p in build_view(judged.contract, unscaled, judged.decision).plots]
-    assert "loss_scale" not in keys and len(keys) == 4
+    assert "loss_scale" not in keys and len(keys) == 5
 
 
 def test_the_view_is_plain_frozen_data(judged: Judged) -> None:
@@ -118,7 +120,8 @@ def test_hardware_and_pending_come_first(judged: Judged) -> None:
     )
     assert view.hardware_line == (
         "Measured on cpu AMD EPYC (avx512f, avx512_bf16; bf16 matmul accelerated, fp16 "
-        "emulated), torch 2.13.0+cpu, 2 threads."
+        "emulated), torch 2.13.0+cpu, 2 threads; fp32 (the baseline) trained at 104 steps/s "
+        "(mean of 3 seeds)."
     )
     assert view.description == "Workload `digits --size tiny`."
     pending = dataclasses.replace(judged.contract, target_device="cuda")

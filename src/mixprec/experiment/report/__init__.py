@@ -12,7 +12,6 @@ from mixprec.experiment.report.markdown import render_markdown
 from mixprec.experiment.report.terminal import render_summary, render_table, terminal_table
 from mixprec.experiment.report.view import (
     DecisionTable,
-    DoctorSection,
     FindingLine,
     PlotRef,
     PolicyRow,
@@ -24,7 +23,6 @@ from mixprec.experiment.report.wording import headline, verdict_label, verdict_r
 
 __all__ = [
     "DecisionTable",
-    "DoctorSection",
     "FindingLine",
     "PlotRef",
     "PolicyRow",

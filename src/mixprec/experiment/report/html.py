@@ -94,13 +94,14 @@ def render_html(view: ReportView, images: Mapping[str, bytes]) -> str:
     out.append(f"<h2>{DOCTOR_HEADING}</h2>")
     if not view.doctor:
         out.append(f"<p>{NO_FINDINGS}</p>")
-    for section in view.doctor:
-        out.append(f"<h3>{_e(section.policy)}</h3><ul>")
-        for f in section.findings:
-            out.append(
-                f"<li><span class='sev-{_e(f.severity)}'>{_e(f.rule)}</span> ({_e(f.severity)}, "
-                f"{_e(f.where)}): {_e(f.message)}<br><i>Fix:</i> {_e(f.fix)}</li>"
-            )
+    if view.doctor:
+        out.append("<ul>")
+    for f in view.doctor:
+        out.append(
+            f"<li><span class='sev-{_e(f.severity)}'>{_e(f.rule)}</span> ({_e(f.severity)}, "
+            f"{_e(f.where)}; {_e(f.applies_to)}): {_e(f.message)}<br><i>Fix:</i> {_e(f.fix)}</li>"
+        )
+    if view.doctor:
         out.append("</ul>")
     out.append("</body></html>")
     return "\n".join(out)

@@ -47,11 +47,10 @@ def render_markdown(view: ReportView) -> str:
     md += [f"## {DOCTOR_HEADING}", ""]
     if not view.doctor:
         md += [NO_FINDINGS, ""]
-    for section in view.doctor:
-        md += [f"### {section.policy}", ""]
-        md += [
-            f"- **{f.rule}** ({f.severity}, {f.where}): {f.message} Fix: {f.fix}"
-            for f in section.findings
-        ]
+    md += [
+        f"- **{f.rule}** ({f.severity}, {f.where}; {f.applies_to}): {f.message} Fix: {f.fix}"
+        for f in view.doctor
+    ]
+    if view.doctor:
         md.append("")
     return "\n".join(md)

@@ -17,6 +17,7 @@ from typing import Any
 from mixprec.experiment.decision import Decision
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.report.fp8_plot import plot_fp8
+from mixprec.experiment.report.wording import loss_scale_moved
 
 __all__ = ["PLOT_KEYS", "POLICY_COLORS", "draw", "policy_color"]
 
@@ -245,7 +246,10 @@ def _plot_heldout(
 
 
 def _plot_scale(records: Sequence[RunRecord], colors: Mapping[str, Any], plt: Any) -> Any | None:
-    scaled = [r for r in records if r.loss_scale_trace]
+    """The loss scale of each run of the policies whose scale moved in some run (a scale
+    that never moved is a sentence under "What the data show", not a flat line)."""
+    moved = {policy for policy, did in loss_scale_moved(records).items() if did}
+    scaled = [r for r in records if r.policy in moved and r.loss_scale_trace]
     if not scaled:
         return None
     fig, ax = plt.subplots(figsize=(9, 3.2), layout="constrained")
@@ -309,22 +313,105 @@ def _plot_memory(
     return fig
 
 
-def _plot_throughput(decision: Decision, colors: Mapping[str, Any], plt: Any) -> Any:
-    fig, ax = plt.subplots(figsize=(9, 3.4), layout="constrained")
-    names = [s.policy for s in decision.summaries]
-    vals = [s.steps_per_s for s in decision.summaries]
-    ax.bar(range(len(names)), vals, color=[colors[n] for n in names])
-    for i, s in enumerate(decision.summaries):
-        v, ratio = s.steps_per_s, s.time_ratio.mean
-        if math.isfinite(v):
-            times = f"\n{ratio:.2f}x time" if i and math.isfinite(ratio) else ""
-            ax.text(i, v, f"{v:.1f}{times}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
-    _color_ticks(ax, names, colors)
-    ax.set_ylabel("steps / s")
-    ax.margins(y=0.2)
-    ax.set_title("Training throughput where the runs were measured (step time vs the baseline)")
+def _plot_step_time(decision: Decision, colors: Mapping[str, Any], plt: Any) -> Any:
+    """Each candidate's step time over the baseline's on the same seed: a dot per seed,
+    a bar at the mean (the table's figure), the baseline at 1. Absolute steps/s are not
+    drawn: runs of different seeds ran under different loads, and only the paired ratio
+    cancels that."""
+    fig, ax = plt.subplots(figsize=(9, 3.6), layout="constrained")
+    cands = decision.summaries[1:]
+    for i, s in enumerate(cands):
+        values = [v for v in s.time_ratio.values if math.isfinite(v)]
+        if not values:
+            continue
+        color = colors[s.policy]
+        ax.scatter([i] * len(values), values, color=color, s=16, alpha=0.7, zorder=3)
+        mean = s.time_ratio.mean
+        if math.isfinite(mean):
+            ax.plot([i], [mean], marker="_", ms=26, mew=2.5, color=color, ls="none", zorder=4)
+            ax.annotate(
+                f"{mean:.2f}x",
+                xy=(i, mean),
+                xytext=(14, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+            )
+    ax.axhline(1, color=colors.get(decision.baseline, "black"), lw=1, ls="--")
+    ax.set_xticks(
+        range(len(cands)),
+        [s.policy + (" (emulated)" if s.policy in decision.emulated else "") for s in cands],
+        rotation=35,
+        ha="right",
+        fontsize=8,
+    )
+    _color_ticks(ax, [s.policy for s in cands], colors)
+    ax.set_ylabel(f"step time / {decision.baseline}'s (same seed)")
+    ax.set_xlim(-0.6, max(len(cands), 1) - 0.4)
+    ax.margins(y=0.15)
+    ax.set_title(
+        f"Step time relative to {decision.baseline} (dashed, 1) on the same seed: dots per seed, "
+        "bar at the mean",
+        fontsize=9,
+    )
     ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def _plot_cost_quality(
+    decision: Decision, colors: Mapping[str, Any], gap_limit: float, plt: Any
+) -> Any | None:
+    """What the decision weighs: each candidate's paired loss gap (its mean, whiskers its
+    t-interval) against its memory (left) and step time (right) relative to the
+    baseline (whiskers: the range over seeds); the baseline at (0, 1), the gap limit
+    dashed. A candidate left of the line whose interval ends left of it is eligible."""
+    cands = [s for s in decision.summaries[1:] if math.isfinite(s.gap.mean)]
+    if not cands:
+        return None
+    base = decision.baseline
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+    for ax, ratio, what in (
+        (axes[0], "memory_ratio", "memory"),
+        (axes[1], "time_ratio", "step time"),
+    ):
+        ax.scatter([0.0], [1.0], marker="s", s=40, color=colors.get(base, "black"), label=base)
+        for s in cands:
+            r = getattr(s, ratio)
+            if not math.isfinite(r.mean):
+                continue
+            x, gap = 100 * s.gap.mean, s.gap
+            color = colors[s.policy]
+            ax.scatter([x], [r.mean], s=36, color=color, label=s.policy, zorder=3)
+            if math.isfinite(gap.low) and math.isfinite(gap.high):
+                ax.errorbar(
+                    x,
+                    r.mean,
+                    # max(0, ...): a mean of equal values can sit an ulp outside them.
+                    xerr=[[max(0.0, x - 100 * gap.low)], [max(0.0, 100 * gap.high - x)]],
+                    yerr=[[max(0.0, r.mean - r.low)], [max(0.0, r.high - r.mean)]],
+                    fmt="none",
+                    ecolor=color,
+                    capsize=3,
+                    lw=1,
+                )
+        ax.axvline(100 * gap_limit, color="#c33", lw=1, ls="--")
+        ax.annotate(
+            f"gap limit +{gap_limit:.2%}",
+            xy=(100 * gap_limit, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -3),
+            textcoords="offset points",
+            va="top",
+            fontsize=8,
+            color="#c33",
+        )
+        ax.axhline(1, color="black", lw=0.6, alpha=0.5)
+        ax.axvline(0, color="black", lw=0.6, alpha=0.5)
+        ax.set_xlabel(f"held-out loss gap to {base} (%, paired per seed; whiskers: t-interval)")
+        ax.set_ylabel(f"{what} / {base}'s (same seed)")
+        ax.set_title(f"{what.capitalize()} against quality (lower left is better)", fontsize=9)
+        ax.grid(alpha=0.3)
+    _legend_outside(fig, axes[0])
     return fig
 
 
@@ -336,7 +423,7 @@ def _png(fig: Any, plt: Any) -> bytes:
 
 
 #: Every plot a report can hold, by key, in report order.
-PLOT_KEYS = ("loss", "heldout", "loss_scale", "fp8", "memory", "throughput")
+PLOT_KEYS = ("cost_quality", "loss", "heldout", "loss_scale", "fp8", "memory", "step_time")
 
 
 def draw(
@@ -351,23 +438,25 @@ def draw(
     Args:
         keys: the plots to draw.
         records: the run records (curves, loss-scale traces, measured bytes).
-        decision: the decision (policy order, paired gaps, throughput).
-        gap_limit: the loss-gap gate, drawn as a line on the gap plot.
+        decision: the decision (policy order, paired gaps, memory and step-time ratios).
+        gap_limit: the loss-gap gate, drawn as a line on the gap and cost plots.
 
     Raises:
         ImportError: matplotlib is not installed (``pip install 'mixprec[report]'``).
-        ValueError: an unknown key, ``loss_scale`` without a scaled run, or ``fp8``
-            without an FP8 trace.
+        ValueError: an unknown key, ``cost_quality`` without a paired gap,
+            ``loss_scale`` without a loss scale that moved, or ``fp8`` without an FP8
+            trace.
     """
     plt = _pyplot()
     colors = _policy_colors([*(s.policy for s in decision.summaries), *(r.policy for r in records)])
     makers: dict[str, Callable[[], Any]] = {
+        "cost_quality": lambda: _plot_cost_quality(decision, colors, gap_limit, plt),
         "loss": lambda: _plot_loss(records, colors, plt),
         "heldout": lambda: _plot_heldout(records, decision, colors, gap_limit, plt),
         "loss_scale": lambda: _plot_scale(records, colors, plt),
         "fp8": lambda: plot_fp8(records, decision, colors, plt),
         "memory": lambda: _plot_memory(records, decision, colors, plt),
-        "throughput": lambda: _plot_throughput(decision, colors, plt),
+        "step_time": lambda: _plot_step_time(decision, colors, plt),
     }
     out: dict[str, bytes] = {}
     for key in keys:
@@ -375,7 +464,11 @@ def draw(
             raise ValueError(f"unknown plot {key!r}; valid plots: {list(PLOT_KEYS)}")
         fig = makers[key]()
         if fig is None:
-            what = "stored an FP8 trace" if key == "fp8" else "traced a loss scale"
-            raise ValueError(f"plot {key!r} has nothing to draw (no run {what})")
+            what = {
+                "fp8": "no run stored an FP8 trace",
+                "loss_scale": "no run's loss scale moved",
+                "cost_quality": "no candidate has a paired gap",
+            }[key]
+            raise ValueError(f"plot {key!r} has nothing to draw ({what})")
         out[key] = _png(fig, plt)
     return out

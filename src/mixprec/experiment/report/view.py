@@ -24,6 +24,7 @@ from mixprec.experiment.report.wording import (
     gates_sentence,
     hardware_sentence,
     headline,
+    loss_scale_moved,
     memory_saved_cell,
     objective_sentence,
     observations,
@@ -44,13 +45,13 @@ __all__ = [
     "PLOTS_HEADING",
     "TABLE_NOTE",
     "DecisionTable",
-    "DoctorSection",
     "FindingLine",
     "PlotRef",
     "PolicyRow",
     "ReportView",
     "build_view",
     "decision_table",
+    "setting_text",
 ]
 
 #: The decision table's columns; ``metric`` is replaced by the workload's metric name.
@@ -58,13 +59,11 @@ COLUMNS = (
     "policy",
     "steps",
     "seeds",
-    "held-out loss",
     "gap to baseline [interval]",
     "metric",
     "skipped",
     "memory MiB",
     "memory saved",
-    "steps/s",
     "step time vs base",
     "frozen",
     "doctor",
@@ -76,8 +75,9 @@ TABLE_NOTE = (
     "same seed, with its t-interval in brackets; the baseline row gives its own seed spread. "
     "Memory is measured on one training step (parameters, gradients, master, moments, "
     "tensors saved for backward); memory saved and step time are relative to the baseline "
-    "on the same seed, mean over seeds with their range in parentheses when it varies. "
-    "frozen: share of parameter elements still at their initial value at the end."
+    "on the same seed (step time: the baseline's steps/s over the policy's), mean over seeds "
+    "with their range in parentheses when it varies; the baseline's own speed is in the first "
+    "line. frozen: share of parameter elements still at their initial value at the end."
 )
 DECISION_HEADING = "Decision"
 CHOICE_HEADING = "The choice"
@@ -89,12 +89,13 @@ NO_FINDINGS = "No findings."
 _MiB = 2.0**20
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 _PLOT_TITLES = {
+    "cost_quality": "Cost against quality: memory and step time vs the paired loss gap",
     "loss": "Training loss",
     "heldout": "Held-out loss",
     "loss_scale": "Loss scale",
     "fp8": "FP8 casts: amax, scale, saturation and underflow",
     "memory": "Memory by component",
-    "throughput": "Throughput",
+    "step_time": "Step time vs the baseline, paired per seed",
 }
 
 
@@ -109,15 +110,14 @@ class PolicyRow:
             ``not_run``).
         steps: steps trained, ``"12 of 60"`` for a capped run.
         seeds: how many seeds ran.
-        heldout_loss: mean held-out loss.
         gap: the paired gap to the baseline with its interval (the baseline: its
             own seed spread).
         metric: mean held-out metric.
         skipped: share of skipped steps.
         memory_mib: measured memory of one step in MiB.
         memory_saved: memory saved against the baseline (its range over seeds).
-        steps_per_s: throughput.
-        step_time: step time relative to the baseline's (its range over seeds).
+        step_time: step time relative to the baseline's on the same seed (its range
+            over seeds): the table's one speed figure.
         frozen: share of parameter elements that never changed.
         doctor: doctor rule ids with their worst severity.
         label: the short verdict (``RECOMMENDED``, ``rejected (gate)``...).
@@ -128,13 +128,11 @@ class PolicyRow:
     kind: str
     steps: str
     seeds: str
-    heldout_loss: str
     gap: str
     metric: str
     skipped: str
     memory_mib: str
     memory_saved: str
-    steps_per_s: str
     step_time: str
     frozen: str
     doctor: str
@@ -153,13 +151,11 @@ class PolicyRow:
             self.policy,
             self.steps,
             self.seeds,
-            self.heldout_loss,
             self.gap,
             self.metric,
             self.skipped,
             self.memory_mib,
             self.memory_saved,
-            self.steps_per_s,
             self.step_time,
             self.frozen,
             self.doctor,
@@ -178,21 +174,26 @@ class DecisionTable:
 
 @dataclass(frozen=True, kw_only=True)
 class FindingLine:
-    """One doctor finding as the report lists it."""
+    """One distinct doctor finding as the report lists it, once for every policy it
+    was found on.
+
+    Attributes:
+        rule: the rule id.
+        severity: ``error``, ``warning`` or ``info``.
+        where: where the rule looked.
+        message: what it found.
+        fix: what to do.
+        policies: the policies it was found on (on any seed), in decision order.
+        applies_to: `policies` as the report says them (``every policy`` when all).
+    """
 
     rule: str
     severity: str
     where: str
     message: str
     fix: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class DoctorSection:
-    """A policy's distinct doctor findings over its seeds."""
-
-    policy: str
-    findings: tuple[FindingLine, ...]
+    policies: tuple[str, ...]
+    applies_to: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,7 +231,8 @@ class ReportView:
             its 16-bit reference and to the baseline, by how much a failing one
             fails, its worst tensors from the FP8 traces, the doctor's fp8 findings.
         plots: the plots, in report order.
-        doctor: doctor findings by policy (policies without findings left out).
+        doctor: the distinct doctor findings, each naming the policies it was found on,
+            the most severe first.
     """
 
     title: str
@@ -247,7 +249,7 @@ class ReportView:
     observations: tuple[str, ...]
     plots: tuple[PlotRef, ...]
     fp8: tuple[str, ...] = ()
-    doctor: tuple[DoctorSection, ...]
+    doctor: tuple[FindingLine, ...]
 
 
 def _fmt(v: float, spec: str) -> str:
@@ -295,13 +297,11 @@ def decision_table(
             kind=_kind(s.policy, decision),
             steps=str(s.steps) if s.steps == full else f"{s.steps} of {full}",
             seeds=str(len(s.heldout_losses)),
-            heldout_loss=_fmt(s.heldout_loss, ".4f"),
             gap=_gap_cell(s, decision),
             metric=_fmt(s.metric, ".4f"),
             skipped=f"{s.skipped_fraction:.1%}",
             memory_mib=_fmt(s.total_bytes / _MiB, ".2f"),
             memory_saved=memory_saved_cell(s.memory_ratio, s.policy == decision.baseline),
-            steps_per_s=_fmt(s.steps_per_s, ".1f"),
             step_time=step_time_cell(s.time_ratio, s.policy == decision.baseline)
             + (" emulated" if s.policy in decision.emulated else ""),
             frozen=_fmt(s.frozen_fraction * 100, ".1f") + "%",
@@ -315,47 +315,69 @@ def decision_table(
     return DecisionTable(headers=headers, rows=rows)
 
 
-def _doctor_sections(
-    records: Sequence[RunRecord], order: Sequence[str]
-) -> tuple[DoctorSection, ...]:
-    """Each policy's distinct findings (by rule and place), policies in `order` first."""
-    found: dict[str, list[Mapping[str, Any]]] = {name: [] for name in order}
-    for r in records:
-        seen = {(f.get("rule"), f.get("where")) for f in found.get(r.policy, [])}
+def _doctor_findings(records: Sequence[RunRecord], order: Sequence[str]) -> tuple[FindingLine, ...]:
+    """Each distinct finding (same rule, severity, place, message and fix) once, with the
+    policies it was found on in `order`; the most severe first, then as found."""
+    rank = {name: i for i, name in enumerate(order)}
+    found: dict[tuple[str, str, str, str, str], list[str]] = {}
+    for r in sorted(records, key=lambda r: (rank.get(r.policy, len(rank)), r.seed)):
         for f in r.doctor:
-            key = (f.get("rule"), f.get("where"))
-            if key not in seen:
-                found.setdefault(r.policy, []).append(f)
-                seen.add(key)
-    return tuple(
-        DoctorSection(
-            policy=policy,
-            findings=tuple(
-                FindingLine(
-                    rule=str(f.get("rule")),
-                    severity=str(f.get("severity", "info")),
-                    where=str(f.get("where", "")),
-                    message=str(f.get("message", "")),
-                    fix=str(f.get("fix", "")),
-                )
-                for f in fs
-            ),
+            key = (
+                str(f.get("rule", "")),
+                str(f.get("severity", "info")),
+                str(f.get("where", "")),
+                str(f.get("message", "")),
+                str(f.get("fix", "")),
+            )
+            seen = found.setdefault(key, [])
+            if r.policy not in seen:
+                seen.append(r.policy)
+    ran = {r.policy for r in records}
+    lines = []
+    for key in sorted(found, key=lambda k: _SEVERITY_RANK.get(k[1], 3)):
+        rule, severity, where, message, fix = key
+        policies = tuple(found[key])
+        every = len(ran) > 1 and set(policies) == ran
+        lines.append(
+            FindingLine(
+                rule=rule,
+                severity=severity,
+                where=where,
+                message=message,
+                fix=fix,
+                policies=policies,
+                applies_to="every policy" if every else ", ".join(policies),
+            )
         )
-        for policy, fs in found.items()
-        if fs
-    )
+    return tuple(lines)
 
 
-def _plots(records: Sequence[RunRecord]) -> tuple[PlotRef, ...]:
-    """The plots this report holds: the loss-scale trace only when a run scaled its loss,
-    the FP8 panel only when a run stored an FP8 trace."""
-    keys = ["loss", "heldout"]
-    if any(r.loss_scale_trace for r in records):
+def _plots(records: Sequence[RunRecord], decision: Decision) -> tuple[PlotRef, ...]:
+    """The plots this report holds: cost against quality when a candidate has a paired
+    gap, the loss-scale trace only when a policy's scale moved, the FP8 panel only when
+    a run stored an FP8 trace."""
+    keys = []
+    if any(math.isfinite(s.gap.mean) for s in decision.summaries[1:]):
+        keys.append("cost_quality")
+    keys += ["loss", "heldout"]
+    if any(loss_scale_moved(records).values()):
         keys.append("loss_scale")
     if has_fp8_trace(records):
         keys.append("fp8")
-    keys += ["memory", "throughput"]
+    keys += ["memory", "step_time"]
     return tuple(PlotRef(key=k, title=_PLOT_TITLES[k], path=f"plots/{k}.png") for k in keys)
+
+
+def setting_text(value: Any) -> str:
+    """A setting as the settings line writes it: floats shortest-readable (``0.0003``,
+    ``1e-5``, 6 significant digits), lists and tuples item by item."""
+    if isinstance(value, float) and math.isfinite(value):
+        mantissa, _, exponent = f"{value:.6g}".partition("e")
+        return mantissa + (f"e{int(exponent)}" if exponent else "")
+    if isinstance(value, list | tuple):
+        inner = ", ".join(setting_text(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    return str(value)
 
 
 def build_view(
@@ -380,7 +402,7 @@ def build_view(
         notes: statements listed first under "What the data show" (records skipped
             or missing, say).
     """
-    setting_text = ", ".join(f"{k} {v}" for k, v in (settings or {}).items())
+    setting_line = ", ".join(f"{k} {setting_text(v)}" for k, v in (settings or {}).items())
     size = next((r.size for r in records if r.size), contract.size or "")
     workload = f"`{contract.workload}" + (f" --size {size}`" if size else "`")
     return ReportView(
@@ -392,19 +414,19 @@ def build_view(
         recommended=decision.recommended,
         status=decision.status,
         settings_line=(
-            f"Settings: {setting_text}; seeds {contract.seeds} (up to {contract.seed_limit})."
+            f"Settings: {setting_line}; seeds {contract.seeds} (up to {contract.seed_limit})."
         ),
         gates_line=f"Gates: {gates_sentence(contract, metric_name)}.",
         objective_line=objective_sentence(decision),
         table=decision_table(decision, records, metric_name),
         choice=choice_lines(decision),
         observations=(*notes, *observations(records, decision)),
-        plots=_plots(records),
+        plots=_plots(records, decision),
         fp8=fp8_lines(
             records,
             decision,
             limit=contract.gates.max_rel_loss_gap,
             confidence=contract.gates.confidence,
         ),
-        doctor=_doctor_sections(records, [s.policy for s in decision.summaries]),
+        doctor=_doctor_findings(records, [s.policy for s in decision.summaries]),
     )

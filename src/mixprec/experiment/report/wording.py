@@ -24,6 +24,7 @@ __all__ = [
     "gates_sentence",
     "hardware_sentence",
     "headline",
+    "loss_scale_moved",
     "memory_saved_cell",
     "objective_sentence",
     "observations",
@@ -150,9 +151,22 @@ def _headline(decision: Decision) -> str:
     return "No candidate passed the gates."
 
 
+def _baseline_speed(decision: Decision) -> str:
+    """The baseline's own steps/s, labelled as its (the one absolute speed the report
+    gives: every other speed is a step-time ratio paired per seed), or empty."""
+    base = next((s for s in decision.summaries if s.policy == decision.baseline), None)
+    if base is None or not math.isfinite(base.steps_per_s):
+        return ""
+    n = len(base.heldout_losses)
+    return (
+        f"; {base.policy} (the baseline) trained at {base.steps_per_s:.3g} steps/s "
+        f"(mean of {n} seed{'s' if n != 1 else ''})"
+    )
+
+
 def hardware_sentence(decision: Decision) -> str:
-    """Where the runs were measured (CPU model and flags or GPU, torch, threads), and
-    whether that is the target."""
+    """Where the runs were measured (CPU model and flags or GPU, torch, threads) and
+    the baseline's own steps/s there, and whether that is the target."""
     facts = decision.hardware
     if not facts:
         where = "Measured on: nothing yet (no run finished)"
@@ -165,6 +179,8 @@ def hardware_sentence(decision: Decision) -> str:
         where = f"Measured on {len(facts)} setups: " + "; ".join(
             f.describe() if f else "hardware not recorded" for f in facts
         )
+    if facts:
+        where += _baseline_speed(decision)
     target = decision.target_device
     if target is None:
         return f"{where}."
@@ -327,8 +343,9 @@ def observations(records: Sequence[RunRecord], decision: Decision) -> list[str]:
     base = decision.summaries[0] if decision.summaries else None
     if base is not None and math.isfinite(base.baseline_spread):
         notes.append(
-            f"`{base.policy}` alone varies by {base.baseline_spread:.2%} (relative sd of "
-            f"held-out loss over {len(base.heldout_losses)} seeds); gaps are judged per seed, "
+            f"`{base.policy}` (the baseline) reached a held-out loss of {base.heldout_loss:.4f} "
+            f"(mean of its {len(base.heldout_losses)} seeds), varying by "
+            f"{base.baseline_spread:.2%} (relative sd) over them; gaps are judged per seed, "
             "paired on the same weights and batches, so this spread is not the noise of a gap"
         )
     if base is not None and math.isfinite(base.tail_improvement):
@@ -365,6 +382,16 @@ def observations(records: Sequence[RunRecord], decision: Decision) -> list[str]:
                 names.append(r.policy)
     for reason, names in reasons.items():
         notes.append(f"{', '.join(f'`{n}`' for n in names)}: {reason}")
+    for policy, moved in loss_scale_moved(records).items():
+        if not moved:
+            scales = sorted(
+                {p[1] for r in records if r.policy == policy for p in r.loss_scale_trace}
+            )
+            at = f"at {scales[0]:g}" if len(scales) == 1 else "at its initial value"
+            notes.append(
+                f"`{policy}`: loss scale stayed {at} in every run (no overflow skipped a "
+                "step, none grew it), so it has no loss-scale plot"
+            )
     for r in records:
         if r.frozen_fraction.get("norm", 0) > 0.5 and r.seed == 0:
             notes.append(
@@ -372,3 +399,14 @@ def observations(records: Sequence[RunRecord], decision: Decision) -> list[str]:
                 "never left their initial value"
             )
     return notes
+
+
+def loss_scale_moved(records: Sequence[RunRecord]) -> dict[str, bool]:
+    """Each policy that traced a loss scale, and whether its scale moved in any run
+    (the loss-scale plot draws only those; a flat trace says no more than a sentence)."""
+    moved: dict[str, bool] = {}
+    for r in records:
+        if r.loss_scale_trace:
+            values = {p[1] for p in r.loss_scale_trace}
+            moved[r.policy] = moved.get(r.policy, False) or len(values) > 1
+    return moved

@@ -317,11 +317,18 @@ def decision_table(
 
 def _doctor_findings(records: Sequence[RunRecord], order: Sequence[str]) -> tuple[FindingLine, ...]:
     """Each distinct finding (same rule, severity, place, message and fix) once, with the
-    policies it was found on in `order`; the most severe first, then as found."""
+    policies it was found on in `order`; the most severe first, then as found. A policy's
+    rule at one place is taken from its first seed that found it (later seeds repeat it
+    with their own figures)."""
     rank = {name: i for i, name in enumerate(order)}
     found: dict[tuple[str, str, str, str, str], list[str]] = {}
+    taken: set[tuple[str, str, str]] = set()
     for r in sorted(records, key=lambda r: (rank.get(r.policy, len(rank)), r.seed)):
         for f in r.doctor:
+            place = (r.policy, str(f.get("rule", "")), str(f.get("where", "")))
+            if place in taken:
+                continue
+            taken.add(place)
             key = (
                 str(f.get("rule", "")),
                 str(f.get("severity", "info")),

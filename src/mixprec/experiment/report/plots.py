@@ -408,7 +408,7 @@ def _plot_cost_quality(
         ax.axhline(1, color="black", lw=0.6, alpha=0.5)
         ax.axvline(0, color="black", lw=0.6, alpha=0.5)
         ax.set_xlabel(f"held-out loss gap to {base} (%, paired per seed; whiskers: t-interval)")
-        ax.set_ylabel(f"{what} / {base}'s (same seed)")
+        ax.set_ylabel(f"{what} / {base}'s on the same seed (whiskers: range)")
         ax.set_title(f"{what.capitalize()} against quality (lower left is better)", fontsize=9)
         ax.grid(alpha=0.3)
     _legend_outside(fig, axes[0])

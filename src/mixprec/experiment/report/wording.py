@@ -270,7 +270,13 @@ def choice_lines(decision: Decision) -> tuple[str, ...]:
         )
     lines = [rule] + [_standing_line(st, objective, base) for st in decision.ranking]
     first = decision.ranking[0]
-    if decision.recommended is not None:
+    if decision.recommended is not None and decision.recommended != first.policy:
+        # The first on the mean is not promoted: its lead rests on unsteady step times.
+        lines.append(
+            f"Chosen: stay on `{decision.recommended}`; `{first.policy}` leads at "
+            f"{first.score:.3f} only on step times that varied over seeds (below)."
+        )
+    elif decision.recommended is not None:
         verb = "stay on" if decision.status == "stay" else "promote"
         runner_up = ""
         if len(decision.ranking) > 1:

@@ -178,8 +178,8 @@ def compare(
             this call is a person asking), or a `Workload` object.
         policies: candidate policies (a list or a comma-separated string); the
             baseline is dropped from it. None: the default candidates.
-        seeds: seeds every policy runs; inconclusive candidates get more, up to
-            ``max_seeds``.
+        seeds: seeds every policy runs; candidates neither rejected nor eligible get
+            more, up to ``max_seeds``, where eligibility is judged once.
         steps: optimizer steps per run (None: the workload's default).
         out: the output folder (None: a new temporary folder).
         device: the device to train on.

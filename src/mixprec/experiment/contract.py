@@ -165,9 +165,10 @@ class Contract:
         candidates: policies judged against the baseline.
         seeds: how many seeds (0..seeds-1) every policy runs; each seed fixes
             initial weights and data order, the same for every policy.
-        max_seeds: the most seeds a candidate whose gap is inconclusive (and the
-            baseline) may run: `compare` adds one seed at a time until its interval
-            settles or this is reached. None: ``max(seeds, 5)``.
+        max_seeds: the seeds at which a candidate is called eligible, in one look:
+            `compare` adds one seed at a time to the candidates neither rejected nor
+            eligible (and the baseline) up to this; earlier looks can only reject
+            (`verdicts.gap_verdict`). None: ``max(seeds, 5)``.
         allow: doctor rule ids acknowledged for this experiment: an error of
             an update-path rule (`mixprec.doctor.UPDATE_PATH_RULES`) with one of
             these ids no longer rejects a candidate; the report shows it.

@@ -13,8 +13,9 @@ import math
 from collections.abc import Sequence
 
 from mixprec.experiment.contract import Contract, format_bytes
-from mixprec.experiment.decision import TIE, Decision, Standing
+from mixprec.experiment.decision import Decision
 from mixprec.experiment.fp8_gate import SPEED_PENDING
+from mixprec.experiment.ranking import TIE, Standing
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.summary import Ratio, format_interval, tail_start
 

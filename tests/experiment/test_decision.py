@@ -205,6 +205,9 @@ def test_a_run_of_the_whole_schedule_is_judged_without_converging() -> None:
     assert "--steps 300 (the whole schedule) decides" in shorter.too_short
     assert shorter.decide_with == {"steps": 300} and shorter.recommended is None
     assert shorter.verdicts["amp_bf16"].decide_with == {"steps": 300}
+    from mixprec.experiment.report.wording import headline
+
+    assert headline(shorter).endswith("To decide, rerun into the same --out with --steps 300.")
     # A longer compare than the workload's own schedule is whole too.
     assert not decide(records, c, higher_is_better=True, stands_for=STEPS // 2).too_short
     # Where the workload's own length is unknown (a folder of an older mixprec), the
@@ -222,6 +225,13 @@ def test_an_inconclusive_verdict_says_what_would_decide() -> None:
     assert f"--max-seeds {seeds} would likely decide" in v.reason
     # The limit the data support is the interval's upper end, rounded up: under it the
     # same runs are eligible.
+    from mixprec.experiment.report.wording import headline
+
+    d = decide(records, c, higher_is_better=True)
+    assert d.status == "stay" and d.decide_with == {"max_seeds": seeds}
+    assert headline(d).endswith(
+        f"To decide, rerun into the same --out with --max-seeds {seeds} (stored runs are reused)."
+    )
     supported = v.decide_with["max_rel_loss_gap"]
     assert f"--max-rel-loss-gap {supported:g}" in v.reason
     looser = contract(candidates=("amp_bf16",), seeds=5, gates=Gates(max_rel_loss_gap=supported))

@@ -104,9 +104,10 @@ def rerun_sentence(decision: Decision) -> str:
             flags.append(f"--{key.replace('_', '-')} {value}")
     if not flags:
         return ""
-    return (
-        f"To decide, rerun into the same --out with {' and '.join(flags)} (stored runs are reused)."
-    )
+    # Other steps or caps are other runs; more seeds add to the stored ones.
+    other_runs = {"steps", "step_caps"} & set(decision.decide_with)
+    reused = "" if other_runs else " (stored runs are reused)"
+    return f"To decide, rerun into the same --out with {' and '.join(flags)}{reused}."
 
 
 def _headline(decision: Decision) -> str:

@@ -230,7 +230,8 @@ def test_an_inconclusive_verdict_says_what_would_decide() -> None:
     d = decide(records, c, higher_is_better=True)
     assert d.status == "stay" and d.decide_with == {"max_seeds": seeds}
     assert headline(d).endswith(
-        f"To decide, rerun into the same --out with --max-seeds {seeds} (stored runs are reused)."
+        f"To decide amp_bf16, rerun into the same --out with --max-seeds {seeds} (stored runs "
+        "are reused)."
     )
     supported = v.decide_with["max_rel_loss_gap"]
     assert f"--max-rel-loss-gap {supported:g}" in v.reason

@@ -140,7 +140,10 @@ def steadiness(
     base = next((st for st in rivals if st.policy == baseline), None)
     promote = base is None
     ranges = ", ".join(
-        f"{st.policy} {lo:.2f}-{hi:.2f}x" for st in (first, *rivals) for lo, hi in [span(st)]
+        f"{st.policy} {lo:.2f}-{hi:.2f}x"
+        for st in (first, *rivals)
+        if st.policy != baseline
+        for lo, hi in [span(st)]
     )
     note = (
         f"step-time ratios varied over seeds ({ranges}): within these ranges "

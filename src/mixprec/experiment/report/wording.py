@@ -107,7 +107,9 @@ def rerun_sentence(decision: Decision) -> str:
     # Other steps or caps are other runs; more seeds add to the stored ones.
     other_runs = {"steps", "step_caps"} & set(decision.decide_with)
     reused = "" if other_runs else " (stored runs are reused)"
-    return f"To decide, rerun into the same --out with {' and '.join(flags)}{reused}."
+    open_ = [n for n, v in decision.verdicts.items() if v.decide_with]
+    what = "" if decision.too_short or not open_ else f" {', '.join(open_)}"
+    return f"To decide{what}, rerun into the same --out with {' and '.join(flags)}{reused}."
 
 
 def _headline(decision: Decision) -> str:

@@ -184,3 +184,24 @@ def test_the_loss_scale_panel_draws_only_policies_whose_scale_moved(default: Jud
     assert any("`amp_fp16`: loss scale stayed at 65536" in o for o in view.observations)
     with pytest.raises(ValueError, match="no run's loss scale moved"):
         plots.draw(["loss_scale"], flat, decision, gap_limit=0.005)
+
+
+def test_cost_quality_frames_the_means_not_a_two_seed_interval() -> None:
+    """digits, 5 seeds: bf16_pure's 2-seed interval [-29%, +30%] squeezed every other
+    policy onto the zero line; the axes frame the means and the limit instead."""
+    from mixprec.experiment import decide
+
+    from ..test_decision import contract, paired, rec
+
+    records = paired("amp_bf16", [1.0, 1.0], [-0.02, 0.025])  # mean +0.25%, t-interval +-14%
+    records += [rec("bf16_master", k, 1.001) for k in range(2)]
+    d = decide(records, contract(candidates=("amp_bf16", "bf16_master")), higher_is_better=True)
+    assert d.summary("amp_bf16").gap.high > 0.10
+    plt = plots._pyplot()
+    colors = {s.policy: plots.policy_color(s.policy) for s in d.summaries}
+    fig = plots._plot_cost_quality(d, colors, 0.005, plt)
+    for ax in fig.axes:
+        low, high = ax.get_xlim()
+        assert low <= -0.1 and high >= 0.5  # the baseline, the means and the limit show
+        assert high - low < 3.0, (low, high)  # not the +-14% interval
+    plt.close(fig)

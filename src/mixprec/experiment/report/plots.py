@@ -407,6 +407,12 @@ def _plot_cost_quality(
         )
         ax.axhline(1, color="black", lw=0.6, alpha=0.5)
         ax.axvline(0, color="black", lw=0.6, alpha=0.5)
+        # Frame the means and the limit: a wide interval (2 seeds: t = 6.31) would
+        # otherwise squeeze every other policy onto one vertical line; its whiskers run
+        # off the axes, which says the same.
+        core = [0.0, 100 * gap_limit, *(100 * s.gap.mean for s in cands)]
+        margin = max(max(core) - min(core), 100 * gap_limit, 0.1)
+        ax.set_xlim(min(core) - margin, max(core) + margin)
         ax.set_xlabel(f"held-out loss gap to {base} (%, paired per seed; whiskers: t-interval)")
         ax.set_ylabel(f"{what} / {base}'s on the same seed (whiskers: range)")
         ax.set_title(f"{what.capitalize()} against quality (lower left is better)", fontsize=9)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -125,3 +126,54 @@ def test_a_stored_run_is_reused_only_on_the_hardware_it_was_measured_on(tmp_path
     once_more: list[tuple[str, int, int | None]] = []
     run_all(targeted, bare, workload, SETTINGS, run=_scripted(once_more), hardware=HERE, **kw)
     assert once_more == [], "the rerun records say where they ran: reused from now on"
+
+
+def _stepping(calls: list[tuple[str, int, int | None]]) -> Callable[..., RunRecord]:
+    """`_scripted`, reporting every step to the progress callback as a run does."""
+    scripted = _scripted(calls)
+
+    def run(workload: Any, name: str, seed: int, settings: RunSettings, **kw: Any) -> RunRecord:
+        for step in range(1, kw["run_steps"] + 1):
+            kw["progress"](step, 1.0)
+        record = scripted(workload, name, seed, settings, **kw)
+        return dataclasses.replace(record, wall_time_s=2.5)
+
+    return run
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_log_that_is_not_a_terminal_gets_one_line_per_run_and_no_bars(tmp_path: Path) -> None:
+    # Issue 31: `make demo > log` wrote 75 KB of progress bars (carriage returns).
+    workload = load_workload("digits", size="tiny")
+    log = io.StringIO()
+    kw: dict[str, Any] = dict(device="cpu", on_record=None, should_stop=None, hardware=HERE)
+    run_all(CONTRACT, tmp_path, workload, SETTINGS, run=_stepping([]), stream=log, **kw)
+    text = log.getvalue()
+    assert "\r" not in text and "\x1b" not in text
+    lines = text.splitlines()
+    assert len(lines) == 6, text
+    ran = [(n, s, 4 if n == "bf16_master" else 10) for s in (0, 1) for n in CONTRACT.policies]
+    for line, (name, seed, steps) in zip(lines, ran, strict=True):
+        assert line.split() == [
+            name, "seed", str(seed), f"{steps}", "steps", "2.5s", "1.0", "steps/s",
+            "held-out", "loss", "1.0000", "macro_f1", "1.0000", "skipped", "0",
+        ], line  # fmt: skip
+    # A rerun reuses every record and says so, one line each.
+    log = io.StringIO()
+    run_all(CONTRACT, tmp_path, workload, SETTINGS, run=_stepping([]), stream=log, **kw)
+    assert [line.endswith("(reused)") for line in log.getvalue().splitlines()] == [True] * 6
+
+
+def test_a_terminal_gets_a_bar_per_run_and_the_same_lines(tmp_path: Path) -> None:
+    workload = load_workload("digits", size="tiny")
+    log = _Terminal()
+    kw: dict[str, Any] = dict(device="cpu", on_record=None, should_stop=None, hardware=HERE)
+    run_all(CONTRACT, tmp_path, workload, SETTINGS, run=_stepping([]), stream=log, **kw)
+    text = log.getvalue()
+    assert "fp32 seed 0:" in text and "\r" in text  # tqdm's bar, cleared after each run
+    finished = [line for line in text.split("\n") if "held-out loss" in line]
+    assert len(finished) == 6

@@ -179,18 +179,6 @@ def run(args: argparse.Namespace) -> int:
     stream = None if args.quiet or args.json else sys.stderr  # as train: --json is quiet
     started = time.perf_counter()
 
-    def on_record(record: Any, reused: bool) -> None:
-        if stream is None:
-            return
-        what = "reused" if reused else f"{record.wall_time_s:.0f}s"
-        status = "" if record.ok else f"  FAILED: {record.error}"
-        print(
-            f"  {record.policy:<14} seed {record.seed}  held-out loss {record.heldout_loss:.4f}  "
-            f"{record.metric_name} {record.metric:.4f}  skipped {record.skipped_steps}  "
-            f"({what}){status}",
-            file=stream,
-        )
-
     if stream is not None:
         print(
             f"mixprec compare: {contract.workload} ({contract.size or 'default size'}), "
@@ -205,7 +193,6 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         allow_import=allow_import,
         stream=stream,
-        on_record=on_record,
         workload=workload,
         should_stop=INTERRUPTED.is_set,
         tracker=tracker_from_args(args, out),

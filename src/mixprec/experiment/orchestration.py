@@ -20,6 +20,7 @@ without training anything.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -152,6 +153,7 @@ def run_all(
                 reused = reusable(name, seed)
                 if reused is not None:
                     records.append(reused)
+                    _print_run(reused, True, stream)
                     if on_record is not None:
                         on_record(reused, True)
                     continue
@@ -178,6 +180,7 @@ def run_all(
                     )
                 write_json_atomic(record_path(out_dir, name, seed), record.to_dict())
                 records.append(record)
+                _print_run(record, False, stream)
                 if on_record is not None:
                     on_record(record, False)
 
@@ -209,6 +212,7 @@ def run_all(
             old = reusable(name, seed)
             if old is not None:
                 records.append(old)
+                _print_run(old, True, stream)
                 if on_record is not None:
                     on_record(old, True)
         return records
@@ -245,9 +249,25 @@ def exclusive(out_dir: Path, command: str = "compare") -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+def _print_run(record: RunRecord, reused: bool, stream: TextIO | None) -> None:
+    """One line per finished (or reused) run: all a log keeps of its progress."""
+    if stream is None:
+        return
+    end = "(reused)" if reused else "" if record.ok else f"FAILED: {record.error}"
+    print(
+        f"  {record.policy:<14} seed {record.seed}  {record.steps} steps  "
+        f"{record.wall_time_s:.1f}s  {record.throughput.get('steps_per_s', math.nan):.1f} "
+        f"steps/s  held-out loss {record.heldout_loss:.4f}  {record.metric_name} "
+        f"{record.metric:.4f}  skipped {record.skipped_steps}  {end}".rstrip(),
+        file=stream,
+    )
+
+
 @contextlib.contextmanager
 def _bar(total: int, desc: str, stream: TextIO | None) -> Iterator[Callable[[int, float], None]]:
-    if stream is None:
+    """A tqdm bar on a terminal, cleared when the run ends; nothing on a file or pipe
+    (a log gets `_print_run`'s line instead of carriage-returned redraws)."""
+    if stream is None or not stream.isatty():
         yield lambda step, loss: None
         return
     from tqdm import tqdm

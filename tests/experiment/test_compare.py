@@ -237,3 +237,61 @@ def test_cli_flags_reach_the_contract(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "max_seeds must be an int >= seeds" in capsys.readouterr().err
     assert main(["compare", "--allow", "nope", "--out", str(tmp_path), "--quiet"]) == 2
     assert "not update-path rules" in capsys.readouterr().err
+
+
+# ------------------------------------------- default candidates on the device
+
+
+def _no_fast_fp16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This CPU as one without fp16 matmul units (`plan` reads its caps)."""
+    plan = importlib.import_module("mixprec.experiment.plan")
+    slow = dataclasses.replace(mixprec.device_caps("cpu"), name="Some CPU", fp16_fast=False)
+    monkeypatch.setattr(plan, "device_caps", lambda device=None: slow)
+
+
+LEFT_OUT = "amp_fp16, fp16_unscaled left out of the default candidates"
+
+
+def test_default_fp16_candidates_are_left_out_where_fp16_is_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 31: on a CPU without fp16 units the defaults spent time on fp16 runs capped
+    # at a fifth of the steps, always "too short". Unnamed, they are left out, saying so.
+    runner = importlib.import_module("mixprec.experiment.runner")
+    monkeypatch.setattr(runner, "run_one", _scripted_run_one)
+    _no_fast_fp16(monkeypatch)
+    argv = ["compare", "--workload", "digits", "--size", "tiny", "--steps", "10"]
+    argv += ["--seeds", "2", "--max-seeds", "2"]
+    main([*argv, "--out", str(tmp_path / "cli")])
+    err = capsys.readouterr().err
+    assert err.count(LEFT_OUT) == 1 and "not accelerated on Some CPU" in err
+    stored = json.loads((tmp_path / "cli" / "results.json").read_text())
+    kept = ["amp_bf16", "bf16_master", "bf16_lean", "bf16_pure"]
+    assert stored["contract"]["candidates"] == kept
+    assert stored["contract"]["step_caps"] is None
+    assert [n for n in stored["notes"] if LEFT_OUT in n] == stored["notes"][:1]
+    assert LEFT_OUT in (tmp_path / "cli" / "report.md").read_text()
+    # The library call resolves its defaults the same way.
+    results = mixprec.compare("digits", size="tiny", steps=10, max_seeds=2, out=tmp_path / "lib")
+    assert "amp_fp16" not in results.contract.candidates
+    assert LEFT_OUT in capsys.readouterr().err
+    # Named, fp16 candidates run as before: capped at a fifth of the steps.
+    main([*argv, "--policies", "amp_bf16,amp_fp16", "--out", str(tmp_path / "named")])
+    assert LEFT_OUT not in capsys.readouterr().err
+    stored = json.loads((tmp_path / "named" / "results.json").read_text())
+    assert stored["contract"]["candidates"] == ["amp_bf16", "amp_fp16"]
+    runs = json.loads((tmp_path / "named" / "runs" / "amp_fp16-seed0.json").read_text())
+    assert runs["steps"] == 2
+    # So do the defaults when step_caps is given: the contract chose how they run.
+    results = mixprec.compare(
+        "digits", size="tiny", steps=10, max_seeds=2, step_caps={}, out=tmp_path / "caps"
+    )
+    assert "amp_fp16" in results.contract.candidates and LEFT_OUT not in capsys.readouterr().err
+
+
+def test_every_default_candidate_runs_where_fp16_is_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = importlib.import_module("mixprec.experiment.plan")
+    fast = dataclasses.replace(mixprec.device_caps("cpu"), fp16_fast=True)
+    monkeypatch.setattr(plan, "device_caps", lambda device=None: fast)
+    assert plan.default_candidates({}, "cpu") == ({}, "")
+    assert Contract.from_dict({}).candidates == mixprec.experiment.DEFAULT_CANDIDATES

@@ -110,8 +110,12 @@ def _load_yaml_contract(path: Path) -> dict[str, Any]:
     return data
 
 
-def _contract_from_args(args: argparse.Namespace) -> Any:
+def _contract_from_args(args: argparse.Namespace) -> tuple[Any, str]:
+    """The contract of the flags and ``--config``, and the note of
+    `plan.default_candidates` ("" when the candidates were named or all kept)."""
+    from mixprec.device import resolve_device
     from mixprec.experiment.contract import Contract, candidates_from
+    from mixprec.experiment.plan import default_candidates
 
     data: dict[str, Any] = _load_yaml_contract(args.config) if args.config else {}
     flagged: set[str] = set()  # keys given by flags (they override the file's)
@@ -149,8 +153,9 @@ def _contract_from_args(args: argparse.Namespace) -> Any:
         if isinstance(gates, dict):  # otherwise the contract refuses the file's gates
             gates["max_rel_loss_gap"] = args.max_rel_loss_gap
         flagged.add("max_rel_loss_gap")
+    data, note = default_candidates(data, str(resolve_device(args.device)))
     try:
-        return Contract.from_dict(data)
+        return Contract.from_dict(data), note
     except ValueError as exc:
         # Name the file when the bad value came from it (errors start with the key).
         if args.config is not None and str(exc).split(" ", 1)[0] not in flagged:
@@ -160,16 +165,14 @@ def _contract_from_args(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Run the experiment the flags (and ``--config``) describe; 1 when none is recommended."""
-    from mixprec.device import resolve_device
     from mixprec.experiment.compare import run_contract
     from mixprec.experiment.report import render_summary
     from mixprec.experiment.runner import check_out_dir, workload_options
     from mixprec.workloads import load_workload
 
-    contract = _contract_from_args(args)
     # Everything that can be refused is checked before any output: one line.
+    contract, note = _contract_from_args(args)  # resolves --device too
     check_track(args)
-    resolve_device(args.device)
     allow_import = args.workload is not None and ":" in args.workload
     workload = load_workload(
         contract.workload, allow_import=allow_import, **workload_options(contract)
@@ -196,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         workload=workload,
         should_stop=INTERRUPTED.is_set,
         tracker=tracker_from_args(args, out),
+        notes=(note,) if note else (),
     )
     decision = results.decision
     if args.json:

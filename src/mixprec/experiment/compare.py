@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from mixprec.device import resolve_device
 from mixprec.experiment.contract import TRAIN_KEYS, Contract, Gates, candidates_from
 from mixprec.experiment.decision import Decision, decide, missing_runs
+from mixprec.experiment.plan import default_candidates
 from mixprec.experiment.records import RunRecord, load_records
 from mixprec.experiment.report import Report, render
 from mixprec.experiment.runner import (
@@ -85,12 +87,18 @@ def run_contract(
     workload: Workload | None = None,
     should_stop: Callable[[], bool] | None = None,
     tracker: Tracker | None = None,
+    notes: Sequence[str] = (),
 ) -> Results:
     """Run `contract` into `out_dir`, decide, and render the report (see `run_experiment`).
 
     With a `tracker` (`mixprec.tracking.open_tracker`), the experiment is logged as
-    it goes: see `mixprec.experiment.tracked`.
+    it goes: see `mixprec.experiment.tracked`. `notes` (how the contract was
+    resolved, e.g. `plan.default_candidates`) are printed to `stream` first and
+    listed in the report and results.json.
     """
+    if stream is not None:
+        for note in notes:
+            print(f"  {note}", file=stream)
     tracking = None
     run = None
     if tracker is not None:
@@ -129,6 +137,7 @@ def run_contract(
             metric_name=wl.metric_name,
             higher_is_better=wl.higher_is_better,
             settings=settings_dict(run_settings),
+            notes=notes,
         )
     except BaseException as exc:
         if tracking is not None:
@@ -177,7 +186,9 @@ def compare(
         workload: a built-in workload name, a ``module:function`` spec (imported:
             this call is a person asking), or a `Workload` object.
         policies: candidate policies (a list or a comma-separated string); the
-            baseline is dropped from it. None: the default candidates.
+            baseline is dropped from it. None: the default candidates
+            (`plan.default_candidates`: without the fp16 ones where fp16 matmuls are
+            not accelerated, unless ``step_caps`` is given).
         seeds: seeds every policy runs; candidates neither rejected nor eligible get
             more, up to ``max_seeds``, where eligibility is judged once.
         steps: optimizer steps per run (None: the workload's default).
@@ -215,6 +226,7 @@ def compare(
     fields["steps"] = steps
     if policies is not None:
         fields["candidates"] = candidates_from(policies, fields.get("baseline", "fp32"))
+    fields, note = default_candidates(fields, str(resolve_device(device)))
     plain = {k: v for k, v in fields.items() if k != "gates"}
     if "gates" in fields and isinstance(fields["gates"], Gates):
         built = Contract.from_dict(plain)
@@ -231,6 +243,7 @@ def compare(
         stream=sys.stderr if progress else None,
         workload=workload_obj,
         tracker=tracker,
+        notes=(note,) if note else (),
     )
 
 

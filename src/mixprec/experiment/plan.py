@@ -1,9 +1,10 @@
 """The plan of an experiment: what every run does, resolved before anything trains.
 
-Pure functions of the contract, the workload and the device: the settings of a
-run (the contract's training overrides over the workload's `TrainSettings`, and
-the contract's cadences), the keyword arguments the workload is built with,
-which candidates stop early, and when held-out evaluations happen.
+Pure functions of the contract, the workload and the device: the default
+candidates a device can judge, the settings of a run (the contract's training
+overrides over the workload's `TrainSettings`, and the contract's cadences), the
+keyword arguments the workload is built with, which candidates stop early, and
+when held-out evaluations happen.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from mixprec.device import device_caps
-from mixprec.experiment.contract import Contract
+from mixprec.experiment.contract import DEFAULT_CANDIDATES, Contract
 from mixprec.experiment.summary import tail_start
 from mixprec.policy import policy as get_policy
 from mixprec.workloads import Workload
@@ -26,6 +27,7 @@ __all__ = [
     "RunSettings",
     "RunSpec",
     "curve_every",
+    "default_candidates",
     "evaluation_steps",
     "settings_dict",
     "settings_for",
@@ -114,6 +116,30 @@ def workload_options(contract: RunSpec) -> dict[str, str]:
     if contract.workload == "shakespeare":
         return {"size": "compare"}
     return {}
+
+
+def default_candidates(contract: Mapping[str, Any], device: str) -> tuple[dict[str, Any], str]:
+    """The dict form of a contract with the candidates `compare` tries on `device` when
+    it names none, and a note naming those left out ("" when none are).
+
+    When `contract` names neither ``candidates`` nor ``step_caps``, the
+    fp16-compute presets of `DEFAULT_CANDIDATES` are left out where fp16 matmuls
+    are not accelerated (`mixprec.device_caps(device).fp16_fast` false): there
+    they would stop at a fifth of the steps (`step_caps_for`) and end too short to
+    judge. Named explicitly they still run, capped. The `Contract` built from the
+    result is device-independent data: it lists the candidates that ran.
+    """
+    caps = device_caps(device)
+    if "candidates" in contract or contract.get("step_caps") is not None or caps.fp16_fast:
+        return dict(contract), ""
+    fp16 = [n for n in DEFAULT_CANDIDATES if get_policy(n).compute_dtype == torch.float16]
+    kept = [n for n in DEFAULT_CANDIDATES if n not in fp16]
+    note = (
+        f"{', '.join(fp16)} left out of the default candidates: fp16 matmul is not "
+        f"accelerated on {caps.name}, so they would stop at a fifth of the steps, too "
+        "short to judge; name them (--policies, policies=) to run them capped"
+    )
+    return {**contract, "candidates": kept}, note
 
 
 def step_caps_for(contract: Contract, steps: int, device: str) -> dict[str, int]:

@@ -47,6 +47,7 @@ PINNED: dict[str, set[str]] = {
         "--steps",
         "--seeds",
         "--max-seeds",
+        "--max-rel-loss-gap",
         "--allow",
         "--lr",
         "--min-lr",

@@ -30,7 +30,7 @@ def test_import_mixprec_loads_neither_torch_nor_matplotlib_nor_the_native_builde
         ("mixprec.memory.estimate.__module__", "mixprec.memory.estimation"),
         ("mixprec.formats.master_spec('exact').bytes_per_element", "2"),
         ("mixprec.optim.AdamW.__name__", "AdamW"),
-        ("mixprec.checkpoint.save.__module__", "mixprec.checkpoint.store"),
+        ("mixprec.checkpoint.save.__module__", "mixprec.checkpoint.saving"),
         ("mixprec.report.__name__", "rerender"),
         ("callable(mixprec.policy)", "True"),
         ("mixprec.speed.measure_speed.__module__", "mixprec.speed.measure"),

@@ -18,7 +18,7 @@ import loop
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
-from mixprec.checkpoint import store
+from mixprec.checkpoint import saving
 
 
 def _die(*args: Any, **kwargs: Any) -> None:
@@ -29,13 +29,13 @@ def kill(root: Path, n: int, phase: str) -> None:
     loop.seed_everything()
     model, optimizer, prec = loop.build("bf16_master")
     loop.train(model, optimizer, prec, 0, n)
-    store.save(root, model=model, optimizer=optimizer, precision=prec, step=n, keep_last=1)
+    saving.save(root, model=model, optimizer=optimizer, precision=prec, step=n, keep_last=1)
     loop.train(model, optimizer, prec, n, 2 * n)
     if phase == "dcp-metadata":  # between DCP's data file and its .metadata
         FileSystemWriter.finish = _die  # type: ignore[method-assign]
     else:
-        store._reached = lambda reached: _die() if reached == phase else None
-    store.save(root, model=model, optimizer=optimizer, precision=prec, step=2 * n, keep_last=1)
+        saving._reached = lambda reached: _die() if reached == phase else None
+    saving.save(root, model=model, optimizer=optimizer, precision=prec, step=2 * n, keep_last=1)
     raise SystemExit("the save finished: the phase was never reached")
 
 

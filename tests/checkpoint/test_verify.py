@@ -14,7 +14,7 @@ import mixprec
 from mixprec import checkpoint
 from mixprec.checkpoint import CheckpointError, CheckpointWarning
 from mixprec.checkpoint.files import file_digest
-from mixprec.checkpoint.store import _manifest_digest
+from mixprec.checkpoint.layout import manifest_digest
 
 
 def _two_checkpoints(root: Path) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
@@ -133,7 +133,7 @@ def test_a_metadata_pickle_that_would_run_code_is_refused(tmp_path: Path) -> Non
         "bytes": (path / ".metadata").stat().st_size,
         "sha256": file_digest(path / ".metadata"),
     }
-    manifest["manifest_sha256"] = _manifest_digest(manifest)
+    manifest["manifest_sha256"] = manifest_digest(manifest)
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match=r"refusing to load posix\.system|not DCP metadata"):
         checkpoint.load(tmp_path, model=model, optimizer=optimizer, precision=prec)
@@ -234,7 +234,7 @@ def test_a_manifest_naming_files_outside_the_checkpoint_is_refused(
     path = tmp_path / "step_00000002"
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["files"][name] = {"bytes": 1, "sha256": "0" * 64}
-    manifest["manifest_sha256"] = _manifest_digest(manifest)
+    manifest["manifest_sha256"] = manifest_digest(manifest)
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="not a file of this checkpoint"):
         checkpoint.verify(path)

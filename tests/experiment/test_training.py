@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from mixprec.checkpoint import CheckpointError, list_checkpoints, load
-from mixprec.checkpoint.store import CheckpointWarning, _manifest_digest
+from mixprec.checkpoint import CheckpointError, CheckpointWarning, list_checkpoints, load
+from mixprec.checkpoint.layout import manifest_digest
 from mixprec.engine import Precision
 from mixprec.experiment import Recipe, TrainResult, train
 from mixprec.experiment.metrics_log import read_metrics
@@ -203,6 +203,6 @@ def test_a_checkpoint_saved_before_a_policy_field_existed_resumes(tmp_path: Path
     for path in manifests:
         manifest = json.loads(path.read_text(encoding="utf-8"))
         assert manifest["policy"].pop("grad_accum_dtype") == "none"
-        manifest["manifest_sha256"] = _manifest_digest(manifest)  # as an older version wrote it
+        manifest["manifest_sha256"] = manifest_digest(manifest)  # as an older version wrote it
         path.write_text(json.dumps(manifest), encoding="utf-8")
     assert train(_recipe(), tmp_path, stream=None, resume="latest").finished

@@ -13,16 +13,16 @@ See docs/checkpoint.md.
 from __future__ import annotations
 
 from mixprec.checkpoint.export import export
-from mixprec.checkpoint.store import (
+from mixprec.checkpoint.layout import (
     CheckpointError,
     CheckpointInfo,
     CheckpointWarning,
     list_checkpoints,
-    load,
     resolve,
-    save,
     verify,
 )
+from mixprec.checkpoint.loading import load
+from mixprec.checkpoint.saving import save
 
 __all__ = [
     "CheckpointError",

@@ -4,19 +4,20 @@ With a process group (``torch.distributed`` initialised), `save` and `load` are
 collective: every rank calls them. DCP writes and reads each rank's shards; rank 0
 alone verifies, writes the manifest, renames and moves ``latest``. Before each step
 that only succeeds if every rank's part did, the ranks exchange their errors
-(`agree`), so all of them raise the same error together instead of some waiting
-forever in the next collective. Without a process group every function here is a
-no-op for one rank.
+(`agree`, or `together` around a part that may fail), so all of them raise the
+same error together instead of some waiting forever in the next collective.
+Without a process group every function here is a no-op for one rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+from mixprec.checkpoint.layout import CheckpointError
 from mixprec.distributed.launch import rank, world_size
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "owned",
     "rank",
     "shard_like",
+    "together",
     "unwrap",
     "world_size",
 ]
@@ -52,6 +54,28 @@ def agree(error: str | None) -> str | None:
         if found is not None:
             return found if r == 0 else f"rank {r}: {found}"
     return None
+
+
+_T = TypeVar("_T")
+
+
+def together(part: Callable[[], _T]) -> _T:
+    """Run this rank's `part`; with a process group, every rank then raises the
+    lowest failing rank's error, or all go on (no rank is left waiting in the next
+    collective). Without one, errors propagate unchanged."""
+    if not is_collective():
+        return part()
+    error, result = None, None
+    try:
+        result = part()
+    except CheckpointError as exc:
+        error = str(exc)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    message = agree(error)
+    if message is not None:
+        raise CheckpointError(message)
+    return result  # type: ignore[return-value]
 
 
 def broadcast(value: Any) -> Any:

@@ -286,8 +286,7 @@ class _Run:
 
     def _start(self, resume: str | None, *, ranks_as_saved: bool) -> int:
         """The step the run goes on from (0: a new run), restored from a checkpoint."""
-        from mixprec.checkpoint import list_checkpoints, load
-        from mixprec.checkpoint.store import resolve
+        from mixprec.checkpoint import list_checkpoints, load, resolve
 
         have = bool(list_checkpoints(self.root)) or (self.root / "latest").exists()
         if resume is None:

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from mixprec.experiment.records import strict_json
 
-__all__ = ["MetricsLog", "read_metrics"]
+__all__ = ["MetricsLog", "NoMetrics", "read_metrics"]
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -92,3 +92,13 @@ class MetricsLog:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class NoMetrics:
+    """A metrics log that writes nothing: ranks other than 0 (rank 0 writes the file)."""
+
+    def write(self, line: Mapping[str, Any]) -> None:
+        return None
+
+    def sync(self) -> None:
+        return None

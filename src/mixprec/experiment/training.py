@@ -5,7 +5,7 @@ model built from the seed, `Precision.prepare`, `Precision.optimizer` with the
 schedule's betas and weight decay, the learning rate of step ``k`` from `lr_at`,
 and the batch of step ``k`` from ``Workload.train_batch(step=k, seed=seed)``. The
 data position is therefore the step: each checkpoint records it (with the
-workload and the training settings) and a resume checks it.
+workload and the training settings) and a resume checks it (`experiment.resume`).
 
 The output folder holds::
 
@@ -49,14 +49,15 @@ from mixprec.device import resolve_device
 from mixprec.engine import Precision
 from mixprec.engine.gradients import any_across_ranks
 from mixprec.errors import PerformanceWarning, PrecisionWarning
-from mixprec.experiment.metrics_log import MetricsLog
+from mixprec.experiment.metrics_log import MetricsLog, NoMetrics
 from mixprec.experiment.orchestration import check_out_dir, exclusive
 from mixprec.experiment.plan import RunSettings, settings_dict, settings_for, workload_options
+from mixprec.experiment.progress import Progress, finding_line
 from mixprec.experiment.recipe import Recipe
 from mixprec.experiment.records import strict_json, write_json_atomic
+from mixprec.experiment.resume import RESUME, check_policy, check_run, resume_point, run_state
 from mixprec.experiment.runner import doctor_for, model_seed, predicted_bytes, training_step
 from mixprec.experiment.tracked import TrainTracking
-from mixprec.policy import Policy
 from mixprec.tracking import Tracker, guarded, tracker_failed
 from mixprec.workloads import EvalResult, Workload, load_workload
 from mixprec.workloads.settings import lr_at
@@ -65,7 +66,6 @@ from mixprec.workloads.settings import lr_at
 # needs no torch.distributed.checkpoint.
 if TYPE_CHECKING:
     from mixprec.checkpoint import CheckpointInfo
-    from mixprec.doctor import Finding
 
 __all__ = [
     "CHECKPOINTS",
@@ -85,10 +85,6 @@ CHECKPOINTS = "checkpoints"
 EXPORT = "export"
 #: How a run of several ranks is wrapped (the first is the default).
 STRATEGIES = ("fsdp2", "ddp")
-
-#: Policy fields that only describe it (a checkpoint of another name but the same
-#: fields resumes).
-_DESCRIPTIVE = ("name", "note")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,8 +176,8 @@ def train(
     """
     if not isinstance(recipe, Recipe):
         recipe = Recipe.from_dict(recipe)
-    if resume is not None and resume not in _RESUME:
-        raise ValueError(f"resume must be None or one of {', '.join(_RESUME)}, got {resume!r}")
+    if resume is not None and resume not in RESUME:
+        raise ValueError(f"resume must be None or one of {', '.join(RESUME)}, got {resume!r}")
     if stop_after is not None and (
         isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1
     ):
@@ -217,13 +213,6 @@ def train(
             should_stop=should_stop,
             ranks_as_saved=ranks_as_saved,
         )
-
-
-_RESUME = ("latest", "latest-valid")
-
-#: How a checkpoint of several ranks was saved (`CheckpointInfo.strategy`), as the flag
-#: that saves it so.
-_STRATEGY_FLAG = {"sharded": " --strategy fsdp2", "replicated": " --strategy ddp"}
 
 
 class _Run:
@@ -286,86 +275,30 @@ class _Run:
 
     def _start(self, resume: str | None, *, ranks_as_saved: bool) -> int:
         """The step the run goes on from (0: a new run), restored from a checkpoint."""
-        from mixprec.checkpoint import list_checkpoints, load, resolve
+        from mixprec.checkpoint import load
 
-        have = bool(list_checkpoints(self.root)) or (self.root / "latest").exists()
-        if resume is None:
-            if have:
-                raise ValueError(
-                    f"{self.out} already holds a run (checkpoints in {self.root}); resume it "
-                    "(--resume) or choose another --out"
-                )
+        info = resume_point(
+            self.root, self.out, resume, world=self.world, ranks_as_saved=ranks_as_saved
+        )
+        if info is None:
             return 0
-        if not have:
-            raise ValueError(
-                f"nothing to resume: {self.root} holds no checkpoint; start without --resume"
-            )
-        info = resolve(self.root, resume)
-        if ranks_as_saved and info.world_size != self.world:
-            raise ValueError(
-                f"{info.path} was saved by {info.world_size} ranks and this run has "
-                f"{self.world}: resume with --nproc {info.world_size}"
-                f"{_STRATEGY_FLAG.get(info.strategy, '')}, or pass --nproc {self.world} to go "
-                f"on in {'one process' if self.world == 1 else f'{self.world} processes'} "
-                "(equal within the reduction order)"
-            )
-        self._check_policy(info)
+        check_policy(info, self.prec.policy)
         loaded = load(info.path, model=self.model, optimizer=self.optimizer, precision=self.prec)
-        self._check_extra(info, loaded["extra"])
+        check_run(info, loaded["extra"], self._extra(info.step, 0.0), self.out / RECIPE_FILE)
         self.latest = info
         elapsed = loaded["extra"].get("elapsed_s", 0.0)
         self.elapsed_before = float(elapsed) if isinstance(elapsed, int | float) else 0.0
         return info.step
 
-    def _check_policy(self, info: CheckpointInfo) -> None:
-        saved = Policy.saved_fields(info.policy) if info.policy is not None else {}
-        mine = self.prec.policy.to_dict()
-        keys = sorted((set(saved) | set(mine)) - set(_DESCRIPTIVE))
-        diff = [
-            f"{k} (saved {saved.get(k)!r}, now {mine.get(k)!r})"
-            for k in keys
-            if saved.get(k) != mine.get(k)
-        ]
-        if diff:
-            name = saved.get("name", "?")
-            raise ValueError(
-                f"{info.path} was trained under policy {name!r}, this run asks for "
-                f"{self.prec.policy.name!r}; differing fields: {', '.join(diff)}; resume under "
-                f"{name!r} or choose another --out"
-            )
-
     def _extra(self, step: int, elapsed: float) -> dict[str, Any]:
-        return {
-            "data": {"seed": self.recipe.seed, "step": step},
-            "workload": self.workload.name,
-            "workload_config": self.config,
-            "train": self.settings.train.to_dict(),
-            "elapsed_s": elapsed,
-            "recipe": self.recipe.to_dict(),
-        }
-
-    def _check_extra(self, info: CheckpointInfo, extra: Mapping[str, Any]) -> None:
-        """The checkpoint's data position, workload and training settings are this run's."""
-        expected = self._extra(info.step, 0.0)
-        saved_data = extra.get("data")
-        diff: list[str] = []
-        if not isinstance(saved_data, Mapping) or saved_data.get("step") != info.step:
-            diff.append(f"data position (saved {saved_data!r}, checkpoint step {info.step})")
-        elif saved_data.get("seed") != self.recipe.seed:
-            diff.append(f"seed (saved {saved_data.get('seed')!r}, now {self.recipe.seed!r})")
-        for key in ("workload", "workload_config"):
-            if _plain(extra.get(key)) != expected[key]:
-                diff.append(f"{key} (saved {extra.get(key)!r}, now {expected[key]!r})")
-        saved_train = _plain(extra.get("train"))
-        saved_train = saved_train if isinstance(saved_train, dict) else {}
-        for k, now in expected["train"].items():
-            if saved_train.get(k) != now:
-                diff.append(f"{k} (saved {saved_train.get(k)!r}, now {now!r})")
-        if diff:
-            raise ValueError(
-                f"{info.path} belongs to another run: {'; '.join(diff)}; resume with the "
-                f"settings of {self.out / RECIPE_FILE} or choose another --out"
-            )
+        return run_state(
+            self.recipe,
+            self.workload.name,
+            self.config,
+            self.settings.train,
+            step=step,
+            elapsed=elapsed,
+        )
 
     # -------------------------------------------------------------- loop
 
@@ -420,15 +353,15 @@ class _Run:
             if self.tracking is not None and self.tracking.where:
                 print(f"tracking: {self.tracking.where}", file=self.stream)
             for finding in static:
-                print(_finding_line(finding), file=self.stream)
+                print(finding_line(finding), file=self.stream)
         self.start = self.done = self.saved = start
         self.began = time.perf_counter()
-        progress = _Progress(self.stream, start=start, total=total)
+        progress = Progress(self.stream, start=start, total=total)
         try:
             log = (
                 MetricsLog(self.out / METRICS_FILE, keep_through=start)
                 if self.rank == 0
-                else contextlib.nullcontext(_NoMetrics())
+                else contextlib.nullcontext(NoMetrics())
             )
             with log as metrics:
                 for step in range(start, total):
@@ -543,7 +476,7 @@ class _Run:
         line["elapsed_s"] = round(self.elapsed(), 3)
         return line
 
-    def _save(self, metrics: MetricsLog | _NoMetrics) -> None:
+    def _save(self, metrics: MetricsLog | NoMetrics) -> None:
         """A checkpoint after the last step done (the metrics file is synced first)."""
         from mixprec.checkpoint import save
 
@@ -660,79 +593,5 @@ class _Run:
         }
 
 
-class _NoMetrics:
-    """The metrics file of ranks other than 0: rank 0 writes it."""
-
-    def write(self, line: Mapping[str, Any]) -> None:
-        return None
-
-    def sync(self) -> None:
-        return None
-
-
 def _final(step: int, result: EvalResult) -> dict[str, Any]:
     return {"step": step, "eval_loss": result.loss, "eval_metric": result.metric}
-
-
-def _plain(value: Any) -> Any:
-    """`value` as JSON would hold it (tuples as lists)."""
-    return json.loads(json.dumps(value, default=str))
-
-
-def _finding_line(finding: Mapping[str, Any]) -> str:
-    message = str(finding.get("message", "")).strip().splitlines()
-    return (
-        f"doctor: {finding.get('severity')} {finding.get('rule')} ({finding.get('where')}): "
-        f"{message[0] if message else ''}"
-    )
-
-
-class _Progress:
-    """A tqdm bar on `stream` (loss, last held-out metric, loss scale, skipped steps,
-    steps/s), with notes printed above it; nothing without a stream."""
-
-    def __init__(self, stream: TextIO | None, *, start: int, total: int) -> None:
-        self.stream = stream
-        self.bar: Any = None
-        self.metric = ""
-        self.seen: set[str] = set()
-        if stream is not None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(
-                total=total,
-                initial=start,
-                unit="step",
-                file=stream,
-                mininterval=0.5,
-                dynamic_ncols=True,
-                leave=True,
-            )
-
-    def note(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.write(text, file=self.stream)
-
-    def step(self, line: Mapping[str, Any], prec: Precision, metric_name: str) -> None:
-        if self.bar is None:
-            return
-        if "eval_metric" in line:
-            self.metric = f" | {metric_name} {line['eval_metric']:.4f}"
-        scale = prec.stats.loss_scale
-        text = f"loss {line['loss']:.4f}{self.metric}"
-        if scale is not None:
-            text += f" | scale {scale:g}"
-        text += f" | skipped {prec.stats.skipped_steps}"
-        self.bar.set_postfix_str(text, refresh=False)
-        self.bar.update(1)
-
-    def findings(self, findings: list[Finding]) -> None:
-        """Print each finding of a rule not printed before (one line each)."""
-        for finding in findings:
-            if finding.rule not in self.seen:
-                self.seen.add(finding.rule)
-                self.note(_finding_line(finding.to_dict()))
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

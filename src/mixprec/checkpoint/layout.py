@@ -99,6 +99,7 @@ class CheckpointInfo:
 
 
 def class_name(obj: object) -> str:
+    """How a manifest names an optimizer's class (``mixprec.optim.AdamW``, ``torch.optim.SGD``)."""
     cls = type(obj)
     module = cls.__module__
     if module.startswith("mixprec.optim."):
@@ -109,11 +110,13 @@ def class_name(obj: object) -> str:
 
 
 def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """The manifest's own SHA-256 (over everything but that field)."""
     body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
     return hashlib.sha256(files.canonical_json(body).encode()).hexdigest()
 
 
 def checkpoint_info(path: Path, manifest: Mapping[str, Any]) -> CheckpointInfo:
+    """The `CheckpointInfo` of the checkpoint at `path` with this manifest."""
     return CheckpointInfo(
         path=path,
         step=int(manifest["step"]),
@@ -130,6 +133,7 @@ def checkpoint_info(path: Path, manifest: Mapping[str, Any]) -> CheckpointInfo:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
+    """A checkpoint's manifest, its own checksum and its file list checked (not the files)."""
     where = path / MANIFEST
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint directory")
@@ -187,6 +191,7 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """The ``step_<N>`` directories under `root`, as (N, path), by step."""
     if not root.is_dir():
         return []
     found = []
@@ -198,6 +203,7 @@ def step_dirs(root: Path) -> list[tuple[int, Path]]:
 
 
 def remove_leftovers(root: Path) -> None:
+    """Remove what unfinished saves left under `root` (``.tmp-*``, ``.trash-*``)."""
     for entry in root.iterdir():
         if _LEFTOVER.match(entry.name) and entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)

@@ -28,6 +28,7 @@ __all__ = [
 
 
 def param_names(model: nn.Module | None) -> dict[torch.Tensor, str]:
+    """Each parameter of `model` by its first name (a tied weight has several)."""
     if model is None:
         return {}
     names: dict[torch.Tensor, str] = {}
@@ -108,6 +109,7 @@ def indexed_optimizer_state(
 
 
 def rng_state() -> dict[str, Any]:
+    """This process's RNG states: torch CPU (and CUDA, when initialised), Python, NumPy."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
@@ -120,6 +122,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what `rng_state` returned (CUDA only onto as many devices as saved)."""
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import math
 import signal
+from collections import Counter
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -142,6 +144,61 @@ def test_bf16_pure_with_torch_optimizers_is_what_it_says() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     prec.backward(_loss(prec, model))
     assert prec.step(opt).applied
+
+
+def _steps(prec: Precision, model: nn.Module, opt: torch.optim.Optimizer, n: int) -> None:
+    for _ in range(n):
+        prec.backward(_loss(prec, model))
+        prec.step(opt)
+        opt.zero_grad(set_to_none=True)
+
+
+def test_optimizers_and_the_device_are_checked_once_not_at_every_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 32: every step re-checked each optimizer and every autocast the device."""
+    import mixprec.engine.precision as runtime
+
+    calls: Counter[str] = Counter()
+
+    def counted(name: str, check: Callable[..., None]) -> Callable[..., None]:
+        def counting(*args: object) -> None:
+            calls[name] += 1
+            check(*args)
+
+        return counting
+
+    monkeypatch.setattr(
+        runtime, "check_optimizers", counted("optimizers", runtime.check_optimizers)
+    )
+    monkeypatch.setattr(runtime, "check_compute", counted("device", runtime.check_compute))
+    prec = Precision("bf16_master")
+    model = prec.prepare(_model())
+    opt = prec.optimizer(model, lr=1e-3)
+    _steps(prec, model, opt, 4)
+    assert calls == {"optimizers": 1, "device": 1}
+
+
+def test_a_param_group_added_after_the_first_step_is_checked() -> None:
+    prec = Precision("amp_bf16")
+    model = prec.prepare(_model())
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    _steps(prec, model, opt, 1)
+    opt.add_param_group({"params": [nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))]})
+    prec.backward(_loss(prec, model))
+    with pytest.raises(PrecisionError, match="stores parameters in fp32"):
+        prec.step(opt)
+
+
+def test_prepare_rechecks_the_optimizers_already_stepped() -> None:
+    prec = Precision("bf16_master")
+    model = _model()
+    opt = prec.register(torch.optim.SGD(model.parameters(), lr=0.1))
+    _steps(prec, model, opt, 1)  # fp32 parameters: nothing to refuse yet
+    prec.prepare(model)
+    prec.backward(_loss(prec, model))
+    with pytest.raises(PrecisionError, match="cannot do"):
+        prec.step(opt)
 
 
 def _two_optimizers(name: str) -> tuple[Precision, nn.Module, list[torch.optim.Optimizer]]:

@@ -16,7 +16,6 @@ __all__ = [
     "check_max_norm",
     "count_nonfinite",
     "grad_versions",
-    "has_grads",
     "optimizer_params",
     "plain",
     "total_norm",
@@ -29,11 +28,6 @@ SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Every parameter of every group of `optimizer`, in group order."""
     return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def has_grads(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether any parameter of `optimizer` holds a gradient."""
-    return any(p.grad is not None for p in optimizer_params(optimizer))
 
 
 def check_max_norm(max_norm: float) -> float:

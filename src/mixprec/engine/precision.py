@@ -55,7 +55,7 @@ from mixprec.engine.fp8 import (
     convert_fp8_linears,
     refuse_float8_layers,
 )
-from mixprec.engine.gradients import SIXTEEN_BIT, check_max_norm, has_grads, optimizer_params
+from mixprec.engine.gradients import SIXTEEN_BIT, check_max_norm, optimizer_params
 from mixprec.engine.observers import StepObserver
 from mixprec.engine.optimizers import (
     ParamsArg,
@@ -64,20 +64,17 @@ from mixprec.engine.optimizers import (
     refuse_other_formats,
 )
 from mixprec.engine.plan import PrecisionPlan, resolve_plan
-from mixprec.engine.scaling import (
-    SCALED_EDIT_WARNING,
-    ScaledGradients,
-    make_scaler,
-    owning_optimizers,
-)
+from mixprec.engine.scaling import ScaledGradients, make_scaler, owning_optimizers
 from mixprec.engine.state import parse_state, precision_state
 from mixprec.engine.stepping import (
     WEIGHT_OVERFLOW_WARNING,
     ClipNote,
     Closure,
+    StepContext,
     check_collapse,
     record_step,
-    run_step,
+    step_plain,
+    step_with_closure,
 )
 from mixprec.engine.storage import apply_storage, compiled_inner
 from mixprec.engine.wrappers import check_wrapped, fsdp_modules, is_ddp
@@ -195,11 +192,15 @@ class Precision:
         self.stats = PrecisionStats(history_size=history_size)
         self._scaler: torch.amp.GradScaler | None = None
         self._sharded = False
-        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        # Each optimizer this run knows, with its number of param groups when `step` last
+        # checked it against the plan (None: not checked since `register` or `prepare`).
+        self._optimizers: weakref.WeakKeyDictionary[torch.optim.Optimizer, int | None] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._compute_checked: torch.device | None = None  # where check_device passed
         self._grads = ScaledGradients(scales_loss=self.plan.scales_loss)
         self._accumulation = Fp32Accumulation()
         self._clip: ClipNote | None = None
-        self._warned_scaled_edit = False
         self._warned_weight_overflow = False
         self._model: nn.Module | None = None  # the model last prepared
         self.fp8: Float8Conversion | None = None
@@ -226,7 +227,7 @@ class Precision:
     @property
     def loss_scale(self) -> float | None:
         """The current loss scale, or None without loss scaling."""
-        if not self.plan.scales_loss:
+        if self.plan.loss_scaling is None:
             return None
         return float(self.scaler.get_scale())
 
@@ -239,8 +240,13 @@ class Precision:
     # --------------------------------------------------------------- prepare
 
     def check_device(self) -> None:
-        """Raise `PrecisionError` if this device cannot compute in the plan's dtype."""
+        """Raise `PrecisionError` if this device cannot compute in the plan's dtype.
+
+        `prepare` and the first `autocast` on a device call it; a device that passed
+        is remembered and not checked again.
+        """
         check_compute(self.plan, self.device)
+        self._compute_checked = self.device
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Set parameter storage to the plan's dtype, keeping fp32 islands.
@@ -280,6 +286,8 @@ class Precision:
         islands = apply_storage(model, self.plan, self.device.type)
         check_wrapped(model, self.plan)
         self._accumulate_in_fp32(model.parameters())
+        for known in list(self._optimizers):  # their parameters may have been cast: recheck
+            self._optimizers[known] = None
         self.fp8 = None
         if self.plan.fp8 is not None:
             model = self._convert_fp8(model, islands)
@@ -390,7 +398,10 @@ class Precision:
     def check_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """Raise `PrecisionError` if an optimizer cannot honour the plan.
 
-        Called by `step` before every update. Parameters must be stored as the plan
+        `step` calls it before the update for an optimizer it has not checked since
+        the optimizer was registered (by `optimizer`, `register` or the step itself)
+        or since `prepare`, and again when the optimizer's number of param groups
+        changes (`add_param_group`); not at every step. Parameters must be stored as the plan
         says (16-bit ones in its storage dtype; fp32 ones are islands), and a 16-bit
         parameter under a plan with a master must be kept by a `mixprec.optim.AdamW`
         group with that master: an optimizer built before `prepare` (fp32 params then,
@@ -402,8 +413,13 @@ class Precision:
 
     def register(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Tell this run about an optimizer built elsewhere (needed before clipping
-        under loss scaling, so clipping can unscale its gradients first)."""
-        self._optimizers.add(optimizer)
+        under loss scaling, so clipping can unscale its gradients first).
+
+        `step` registers an optimizer it has not seen, and registers it again when its
+        number of param groups changes; the next `step` checks it against the plan
+        (`check_optimizers`).
+        """
+        self._optimizers[optimizer] = None
         self._grads.watch(optimizer)
         self._accumulate_in_fp32(optimizer_params(optimizer))
         return optimizer
@@ -419,8 +435,10 @@ class Precision:
         compute = self.plan.autocast_dtype
         if compute is None:
             return contextlib.nullcontext()
-        self.check_device()
-        return _forward_autocast(self.device.type, compute)
+        device = self.device
+        if device != self._compute_checked:
+            self.check_device()
+        return _forward_autocast(device.type, compute)
 
     # -------------------------------------------------------------- backward
 
@@ -455,7 +473,8 @@ class Precision:
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the gradients of `optimizer` by the loss scale now (idempotent per step)."""
-        self.register(optimizer)
+        if optimizer not in self._optimizers:
+            self.register(optimizer)
         self._grads.unscale(self.scaler, [optimizer])
 
     def clip_grad_norm_(
@@ -477,9 +496,9 @@ class Precision:
         """
         max_norm = check_max_norm(max_norm)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        if self.plan.scales_loss:
+        if self.plan.loss_scaling is not None:
             owners = [optimizer] if optimizer is not None else list(self._optimizers)
-            if optimizer is not None:
+            if optimizer is not None and optimizer not in self._optimizers:
                 self.register(optimizer)
             self._grads.unscale(self.scaler, owning_optimizers(params, owners))
         norm = torch.nn.utils.clip_grad_norm_(
@@ -489,7 +508,7 @@ class Precision:
         # over every gradient the optimizers hold, whatever this call saw.
         self._clip = ClipNote(
             norm=norm.detach() if norm_type == 2.0 else None,
-            param_ids=frozenset(id(p) for p in params if p.grad is not None),
+            param_ids=frozenset({id(p) for p in params if p.grad is not None}),
         )
         return norm
 
@@ -516,61 +535,55 @@ class Precision:
         optimizers = (
             [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
         )
+        if closure is not None and len(optimizers) != 1:
+            raise ValueError("a closure step takes exactly one optimizer")
         for opt in optimizers:
-            self.register(opt)
-        self.check_optimizers(optimizers)
+            groups = len(opt.param_groups)
+            if self._optimizers.get(opt) != groups:  # new, re-prepared or grown: (re)check
+                self.register(opt)
+                self.check_optimizers([opt])
+                self._optimizers[opt] = groups
+        scaler = self.scaler
         scale_before = self.loss_scale
         if scale_before is not None and not self.stats.scale_history:
             self.stats.record_scale(self.stats.steps, scale_before)
-        with_grads = tuple(has_grads(opt) for opt in optimizers)
-
-        def notify() -> None:
-            if self._grads.changed_while_scaled and not self._warned_scaled_edit:
-                self._warned_scaled_edit = True
-                warnings.warn(
-                    SCALED_EDIT_WARNING.format(scale=scale_before),
-                    PrecisionWarning,
-                    stacklevel=user_stacklevel(),
-                )
-            for observer in self.observers:
-                observer.before_step(self, optimizers, self.stats.steps)
-
+        ctx = StepContext(
+            plan=self.plan,
+            scaler=scaler,
+            grads=self._grads,
+            device=self.device,
+            clip=self._clip,
+            observers=self.observers,
+            owner=self,
+            step=self.stats.steps,
+        )
         grad_mode = torch.is_grad_enabled()
+        completed = False
         # A Ctrl-C is held until every optimizer has applied and the step is counted
         # (all or none); not around a closure, which may run for long.
         with ctrl_c.held() if closure is None else contextlib.nullcontext():
             try:
-                outcome = run_step(
-                    optimizers,
-                    closure,
-                    plan=self.plan,
-                    scaler=self.scaler,
-                    grads=self._grads,
-                    clip=self._clip,
-                    device=self.device,
-                    notify=notify,
-                )
-            except BaseException:
-                # Interrupted (Ctrl-C in a closure, an exception from a hook): end the
-                # scaler's iteration at the scale it has, or every later step would raise
-                # torch's "unscale_() has already been called on this optimizer since the
-                # last update()"; and restore grad mode, which an interrupt inside torch's
-                # no_grad() can leave off.
-                torch.set_grad_enabled(grad_mode)
-                if self.plan.scales_loss and self.scaler.is_enabled():
-                    self.scaler.update(new_scale=float(self.scaler.get_scale()))
-                raise
+                if closure is None:
+                    outcome = step_plain(ctx, optimizers)
+                else:
+                    outcome = step_with_closure(ctx, optimizers[0], closure)
+                completed = True
             finally:
+                if not completed:
+                    # Interrupted (Ctrl-C in a closure, an exception from a hook): end the
+                    # scaler's iteration at the scale it has, or every later step would
+                    # raise torch's "unscale_() has already been called on this optimizer
+                    # since the last update()"; and restore grad mode, which an interrupt
+                    # inside torch's no_grad() can leave off.
+                    torch.set_grad_enabled(grad_mode)
+                    if scaler.is_enabled():
+                        scaler.update(new_scale=float(scaler.get_scale()))
                 self._grads.end_step()
-                self._accumulation.release()
+                if self.plan.grad_accum_dtype is not None:
+                    self._accumulation.release()
                 self._clip = None
-            stepped = tuple(outcome.applied and g for g in with_grads)
             report = record_step(
-                self.stats,
-                outcome,
-                scale_before=scale_before,
-                scale_after=self.loss_scale,
-                stepped=stepped,
+                self.stats, outcome, scale_before=scale_before, scale_after=self.loss_scale
             )
         if report.nonfinite_weights and not self._warned_weight_overflow:
             self._warned_weight_overflow = True

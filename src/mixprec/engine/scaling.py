@@ -8,8 +8,11 @@ adds around it:
 * `ScaledGradients`: where the current step's gradients stand (which
   optimizers' gradients were unscaled, whether a scaled backward is pending,
   whether a gradient was edited in place while still scaled, as
-  ``torch.nn.utils.clip_grad_norm_`` on scaled gradients does), and the
-  gradient-accumulation watch that catches a plain ``loss.backward()``;
+  ``torch.nn.utils.clip_grad_norm_`` on scaled gradients does: said once, with
+  `SCALED_EDIT_WARNING`), and the gradient-accumulation watch that catches a
+  plain ``loss.backward()`` among ``prec.backward(loss)`` calls (unscaling would
+  divide its unscaled part by the loss scale): one post-accumulate-grad hook per
+  parameter of a registered optimizer, holding only a weak reference;
 * `owning_optimizers`: which optimizers must unscale before a clip;
 * `update_scale`: the scale bookkeeping of steps that do not go through
   `GradScaler.step` (closure steps, which it refuses, and skipped steps),
@@ -18,13 +21,15 @@ adds around it:
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
-from mixprec.engine.accumulation import AccumulationWatch
 from mixprec.engine.gradients import grad_versions, optimizer_params
+from mixprec.errors import PrecisionWarning, user_stacklevel
 from mixprec.policy import LossScaling
 
 __all__ = [
@@ -121,13 +126,17 @@ class ScaledGradients:
 
     def __init__(self, *, scales_loss: bool) -> None:
         self.scales_loss = scales_loss
-        self.accumulation = AccumulationWatch()
         self.backward_pending = False
+        #: Whether a watched gradient accumulated outside a scaled backward this step.
+        self.unscaled_seen = False
+        self._in_scaled_backward = False
+        self._watched: dict[int, weakref.ref[torch.Tensor]] = {}  # by id: tensors compare by value
         self._unscaled: set[int] = set()
         # The gradients' versions when backward returned: an in-place change before
         # their unscale (torch's clip on scaled gradients) is then seen.
         self._scaled_versions: dict[int, tuple[int, int]] = {}
         self._changed_while_scaled = False
+        self._warned_scaled_edit = False
         # Whether every loss given to `backward` this step was finite: a device
         # tensor, read only when a step is skipped (`loss_was_finite`).
         self._loss_finite: torch.Tensor | None = None
@@ -143,9 +152,22 @@ class ScaledGradients:
         return self._changed_while_scaled
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
-        """Watch the gradient accumulation of `optimizer`'s parameters (under scaling)."""
-        if self.scales_loss:
-            self.accumulation.watch(optimizer_params(optimizer))
+        """Under scaling, hook the gradient accumulation of `optimizer`'s parameters
+        (each parameter once) to note any outside a scaled backward."""
+        if not self.scales_loss:
+            return
+        ref = weakref.ref(self)
+
+        def seen(_param: torch.Tensor) -> None:
+            grads = ref()
+            if grads is not None and not grads._in_scaled_backward:
+                grads.unscaled_seen = True
+
+        for p in optimizer_params(optimizer):
+            known = self._watched.get(id(p))
+            if p.requires_grad and (known is None or known() is not p):
+                p.register_post_accumulate_grad_hook(seen)  # type: ignore[no-untyped-call]
+                self._watched[id(p)] = weakref.ref(p)
 
     def backward(
         self,
@@ -159,8 +181,11 @@ class ScaledGradients:
         finite = torch.isfinite(loss.detach()).all()
         self._loss_finite = finite if self._loss_finite is None else self._loss_finite & finite
         scaled: torch.Tensor = scaler.scale(loss)
-        with self.accumulation.scaled_backward():
+        self._in_scaled_backward = True
+        try:
             torch.autograd.backward(scaled, **kwargs)
+        finally:
+            self._in_scaled_backward = False
         self.backward_pending = True
         if self.scales_loss:
             self._scaled_versions = grad_versions(list(optimizers))
@@ -168,7 +193,8 @@ class ScaledGradients:
     def unscale(
         self, scaler: torch.amp.GradScaler, optimizers: Iterable[torch.optim.Optimizer]
     ) -> None:
-        """Unscale the gradients of each of `optimizers` once this step."""
+        """Unscale the gradients of each of `optimizers` once this step; the first time
+        a gradient is found edited in place since backward, warn (`SCALED_EDIT_WARNING`)."""
         if not self.scales_loss:
             return
         for opt in optimizers:
@@ -177,6 +203,13 @@ class ScaledGradients:
                 now = grad_versions([opt])
                 if any(seen.get(key, version) != version for key, version in now.items()):
                     self._changed_while_scaled = True
+                    if not self._warned_scaled_edit:
+                        self._warned_scaled_edit = True
+                        warnings.warn(
+                            SCALED_EDIT_WARNING.format(scale=float(scaler.get_scale())),
+                            PrecisionWarning,
+                            stacklevel=user_stacklevel(),
+                        )
                 scaler.unscale_(opt)
                 self._unscaled.add(id(opt))
 
@@ -189,7 +222,7 @@ class ScaledGradients:
         """Forget this step's state (the step applied or skipped, or raised)."""
         self._unscaled.clear()
         self.backward_pending = False
-        self.accumulation.reset()
+        self.unscaled_seen = False
         self._scaled_versions = {}
         self._changed_while_scaled = False
         self._loss_finite = None

@@ -20,7 +20,7 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 
@@ -28,27 +28,30 @@ from mixprec.engine.gradients import (
     agree_across_ranks,
     any_across_ranks,
     count_nonfinite,
-    has_grads,
     optimizer_params,
     plain,
     total_norm,
 )
+from mixprec.engine.observers import StepObserver
 from mixprec.engine.plan import PrecisionPlan
 from mixprec.engine.scaling import ScaledGradients, update_scale
 from mixprec.errors import PrecisionError
 from mixprec.optim.sharding import is_dtensor
 from mixprec.telemetry import PrecisionStats, StepReport
 
+if TYPE_CHECKING:
+    from mixprec.engine.precision import Precision
+
 __all__ = [
     "WEIGHT_OVERFLOW_WARNING",
     "ClipNote",
     "Closure",
+    "StepContext",
     "StepOutcome",
     "check_collapse",
     "check_grads",
     "count_nonfinite_weights",
     "record_step",
-    "run_step",
     "step_plain",
     "step_with_closure",
 ]
@@ -67,11 +70,13 @@ WEIGHT_OVERFLOW_WARNING = (
 
 
 class StepOutcome(NamedTuple):
-    """What a step did: applied or not, the reported norm, non-finite gradient
-    elements seen, non-finite fp16 weight elements after the update, and on a
-    skipped step whether its loss was finite."""
+    """What a step did: applied or not, which optimizers applied an update (those
+    with gradients, when applied), the reported norm, non-finite gradient elements
+    seen, non-finite fp16 weight elements after the update, and on a skipped step
+    whether its loss was finite."""
 
     applied: bool
+    stepped: tuple[bool, ...]
     grad_norm: float
     nonfinite: int
     nonfinite_weights: int = 0
@@ -87,20 +92,44 @@ class ClipNote:
     param_ids: frozenset[int]
 
 
+@dataclass(frozen=True)
+class StepContext:
+    """What one `Precision.step` works with, gathered once by it for `step_plain` or
+    `step_with_closure`.
+
+    Attributes:
+        plan: the run's plan.
+        scaler: the run's `GradScaler` (disabled without loss scaling: a no-op).
+        grads: where this step's gradients stand (unscaled or not, backward pending).
+        device: where the tensors of a cross-rank agreement live.
+        clip: what this step's `Precision.clip_grad_norm_` saw, or None.
+        observers: called once the gradients are final, before the update.
+        owner: the `Precision` the observers are given.
+        step: this step's index (`PrecisionStats.steps` before it).
+    """
+
+    plan: PrecisionPlan
+    scaler: torch.amp.GradScaler
+    grads: ScaledGradients
+    device: torch.device
+    clip: ClipNote | None
+    observers: Sequence[StepObserver]
+    owner: Precision
+    step: int
+
+
 class _NonFiniteInClosureError(Exception):
     """Raised inside a wrapped closure to abort an optimizer step with bad gradients."""
 
 
-def check_grads(
-    optimizers: Sequence[torch.optim.Optimizer], clip: ClipNote | None
-) -> tuple[float, int]:
-    """The reported gradient norm and the count of non-finite gradient elements.
+def check_grads(params: Sequence[torch.Tensor], clip: ClipNote | None) -> tuple[float, int]:
+    """The reported gradient norm and the count of non-finite gradient elements of
+    `params` (the parameters with a gradient of every optimizer of the step).
 
-    The decision covers every gradient of every optimizer: one fused norm over all
-    of them, read with one host sync (together with a clip's pre-clip norm, which
-    is reported when that clip saw every gradient).
+    The decision covers every one of those gradients: one fused norm over all of
+    them, read with one host sync (together with a clip's pre-clip norm, which is
+    reported when that clip saw every gradient).
     """
-    params = [p for opt in optimizers for p in optimizer_params(opt) if p.grad is not None]
     grads = [cast(torch.Tensor, p.grad) for p in params]
     if not grads:
         return 0.0, 0
@@ -121,19 +150,18 @@ def check_grads(
     return (norm if not math.isfinite(norm) else now), count_nonfinite(grads)
 
 
-def count_nonfinite_weights(optimizers: Sequence[torch.optim.Optimizer]) -> int:
-    """How many elements of the fp16-stored parameters just updated are inf or NaN.
+def count_nonfinite_weights(params: Sequence[torch.Tensor]) -> int:
+    """How many elements of the fp16-stored parameters among `params` (those an update
+    just wrote) are inf or NaN.
 
-    Only parameters with a gradient (the ones an update wrote) stored in fp16 are
-    read: one min/max per parameter, read with one host sync (an exact count only
-    when something is non-finite). A sharded (`DTensor`) parameter is counted on
-    this rank's shard, without a collective.
+    One min/max per parameter, read with one host sync (an exact count only when
+    something is non-finite). A sharded (`DTensor`) parameter is counted on this
+    rank's shard, without a collective.
     """
     weights = [
         p.to_local() if is_dtensor(p) else p  # type: ignore[attr-defined]
-        for opt in optimizers
-        for p in optimizer_params(opt)
-        if p.grad is not None and p.dtype == torch.float16
+        for p in params
+        if p.dtype == torch.float16
     ]
     weights = [w.detach() for w in weights if w.numel()]
     if not weights:
@@ -144,101 +172,99 @@ def count_nonfinite_weights(optimizers: Sequence[torch.optim.Optimizer]) -> int:
     return count_nonfinite(weights)
 
 
-def _overflowed(plan: PrecisionPlan, optimizers: Sequence[torch.optim.Optimizer]) -> int:
-    """`count_nonfinite_weights` under fp16 storage; 0 otherwise (nothing to read)."""
-    return count_nonfinite_weights(optimizers) if plan.storage_dtype == torch.float16 else 0
-
-
-def step_plain(
-    optimizers: Sequence[torch.optim.Optimizer],
-    *,
-    plan: PrecisionPlan,
-    scaler: torch.amp.GradScaler,
-    grads: ScaledGradients,
-    clip: ClipNote | None,
-    device: torch.device,
-    notify: Callable[[], None],
-) -> StepOutcome:
+def step_plain(ctx: StepContext, optimizers: Sequence[torch.optim.Optimizer]) -> StepOutcome:
     """Apply every optimizer's update, or none of them (see the module docs).
 
     Raises:
         PrecisionError: under loss scaling, gradients that did not (all) come
             through `Precision.backward`.
     """
-    if not any(has_grads(opt) for opt in optimizers):
-        notify()
-        return StepOutcome(True, 0.0, 0)  # nothing to apply (and nothing a scaler has seen)
+    plan, scaler, grads = ctx.plan, ctx.scaler, ctx.grads
+    params: list[torch.Tensor] = []  # every parameter with a gradient
+    stepping: list[bool] = []  # per optimizer: does it hold one
+    for opt in optimizers:
+        held = [p for group in opt.param_groups for p in group["params"] if p.grad is not None]
+        params += held
+        stepping.append(bool(held))
+    with_grads = tuple(stepping)
+    if not params:
+        for observer in ctx.observers:
+            observer.before_step(ctx.owner, optimizers, ctx.step)
+        # Nothing to apply (and nothing a scaler has seen).
+        return StepOutcome(True, with_grads, 0.0, 0)
+    ls = plan.loss_scaling
+    if ls is not None:
+        _refuse_unscaled(plan, grads)
+        grads.unscale(scaler, optimizers)
+    # One decision for every optimizer of the step, taken on every rank together, and
+    # reported the same on every rank.
+    norm, nonfinite = agree_across_ranks(*check_grads(params, ctx.clip), ctx.device)
+    for observer in ctx.observers:
+        observer.before_step(ctx.owner, optimizers, ctx.step)
+    if nonfinite > 0:
+        update_scale(scaler, ls, found_inf=True)  # back off (dynamic), as GradScaler does
+        skipped = tuple(False for _ in optimizers)
+        return StepOutcome(False, skipped, norm, nonfinite, loss_finite=grads.loss_was_finite())
+    if ls is not None and ls.dynamic:
+        for opt, has in zip(optimizers, with_grads, strict=True):
+            if has:
+                scaler.step(opt)
+        scaler.update()
+    else:
+        for opt in optimizers:
+            opt.step()
+        if ls is not None:
+            # Static scale: end GradScaler's iteration without moving the scale.
+            scaler.update(new_scale=float(ls.init_scale))
+    return StepOutcome(True, with_grads, norm, 0, _overflowed(plan, params))
+
+
+def _refuse_unscaled(plan: PrecisionPlan, grads: ScaledGradients) -> None:
+    """Raise `PrecisionError` when (part of) the gradients did not come through a
+    scaled backward: unscaling would divide those parts by the loss scale."""
     name = plan.policy_name
-    if plan.scales_loss and grads.accumulation.unscaled_seen:
+    if grads.unscaled_seen:
         raise PrecisionError(
             f"policy {name!r} scales the loss, but part of these gradients came "
             "from a backward that did not go through prec.backward(loss) (a "
             "loss.backward() among prec.backward calls?): those parts are unscaled and "
             "would be divided by the loss scale; call prec.backward(loss) for every loss"
         )
-    if plan.scales_loss and not grads.backward_pending:
+    if not grads.backward_pending:
         raise PrecisionError(
             f"policy {name!r} scales the loss, but these gradients did not come "
             "through prec.backward(loss) (was it loss.backward()?): they are unscaled, and "
             "unscaling them again would shrink them by the loss scale; call "
             "prec.backward(loss) instead"
         )
-    grads.unscale(scaler, optimizers)
-    # One decision for every optimizer of the step, taken on every rank together, and
-    # reported the same on every rank.
-    norm, nonfinite = agree_across_ranks(*check_grads(optimizers, clip), device)
-    notify()
-    bad = nonfinite > 0
-    ls = plan.loss_scaling
-    if ls is not None and ls.dynamic:
-        if bad:
-            update_scale(scaler, ls, found_inf=True)  # back off, as GradScaler does
-            return StepOutcome(False, norm, nonfinite, loss_finite=grads.loss_was_finite())
-        stepping = [opt for opt in optimizers if has_grads(opt)]
-        for opt in stepping:
-            scaler.step(opt)
-        if stepping:
-            scaler.update()
-        else:  # nothing was unscaled: end the iteration without moving the scale
-            scaler.update(new_scale=float(scaler.get_scale()))
-        return StepOutcome(True, norm, nonfinite, _overflowed(plan, optimizers))
-    if not bad:
-        for opt in optimizers:
-            opt.step()
-    if ls is not None:
-        # Static scale: end GradScaler's iteration without moving the scale.
-        scaler.update(new_scale=float(ls.init_scale))
-    if bad:
-        return StepOutcome(False, norm, nonfinite, loss_finite=grads.loss_was_finite())
-    return StepOutcome(True, norm, nonfinite, _overflowed(plan, optimizers))
+
+
+def _overflowed(plan: PrecisionPlan, params: Sequence[torch.Tensor]) -> int:
+    """`count_nonfinite_weights` under fp16 storage; 0 otherwise (nothing to read)."""
+    return count_nonfinite_weights(params) if plan.storage_dtype == torch.float16 else 0
 
 
 def step_with_closure(
-    optimizer: torch.optim.Optimizer,
-    closure: Closure,
-    *,
-    plan: PrecisionPlan,
-    scaler: torch.amp.GradScaler,
-    grads: ScaledGradients,
-    clip: ClipNote | None,
-    device: torch.device,
-    notify: Callable[[], None],
+    ctx: StepContext, optimizer: torch.optim.Optimizer, closure: Closure
 ) -> StepOutcome:
     """A closure step (LBFGS): every evaluation unscaled and checked, a step that meets
     non-finite gradients rolled back (parameters and optimizer state restored)."""
-    opt = optimizer
+    plan, scaler, grads, opt = ctx.plan, ctx.scaler, ctx.grads, optimizer
+    params = optimizer_params(opt)
+    had_grads = any(p.grad is not None for p in params)
     with torch.enable_grad():
         first_loss = closure()
     grads.unscale(scaler, [opt])
-    norm, nonfinite = agree_across_ranks(*check_grads([opt], clip), device)
-    notify()
+    with_grad = [p for p in params if p.grad is not None]
+    norm, nonfinite = agree_across_ranks(*check_grads(with_grad, ctx.clip), ctx.device)
+    for observer in ctx.observers:
+        observer.before_step(ctx.owner, [opt], ctx.step)
     if nonfinite > 0:
         update_scale(scaler, plan.loss_scaling, found_inf=True)
-        return StepOutcome(False, norm, nonfinite, loss_finite=grads.loss_was_finite())
-    params = optimizer_params(opt)
+        return StepOutcome(False, (False,), norm, nonfinite, loss_finite=grads.loss_was_finite())
     saved_params = [p.detach().clone() for p in params]
     saved_state = copy.deepcopy(opt.state_dict())
-    scale = float(scaler.get_scale()) if plan.scales_loss else None
+    scale = float(scaler.get_scale()) if plan.loss_scaling is not None else None
     inv_scale = 1.0 / (scale or 1.0)
     calls = 0
 
@@ -252,12 +278,12 @@ def step_with_closure(
         evaluated = [p.grad for p in params if p.grad is not None]
         if inv_scale != 1.0:
             torch._foreach_mul_(evaluated, inv_scale)
-        if any_across_ranks(not math.isfinite(float(total_norm(evaluated))), device):
+        if any_across_ranks(not math.isfinite(float(total_norm(evaluated))), ctx.device):
             raise _NonFiniteInClosureError
         return loss
 
     try:
-        if plan.scales_loss:
+        if plan.loss_scaling is not None:
             scaler.step(opt, wrapped)  # positional: GradScaler only refuses kwargs
         else:
             opt.step(wrapped)
@@ -267,50 +293,12 @@ def step_with_closure(
                 p.copy_(saved)
         opt.load_state_dict(saved_state)
         update_scale(scaler, plan.loss_scaling, found_inf=True)
-        return StepOutcome(False, norm, max(nonfinite, 1), loss_finite=grads.loss_was_finite())
-    update_scale(scaler, plan.loss_scaling, found_inf=False)
-    return StepOutcome(True, norm, nonfinite, _overflowed(plan, [opt]))
-
-
-def run_step(
-    optimizers: Sequence[torch.optim.Optimizer],
-    closure: Closure | None,
-    *,
-    plan: PrecisionPlan,
-    scaler: torch.amp.GradScaler,
-    grads: ScaledGradients,
-    clip: ClipNote | None,
-    device: torch.device,
-    notify: Callable[[], None],
-) -> StepOutcome:
-    """`step_with_closure` when a closure is given (one optimizer), else `step_plain`;
-    `notify` runs once the gradients are final, before any update.
-
-    Raises:
-        ValueError: a closure with several optimizers.
-    """
-    if closure is None:
-        return step_plain(
-            optimizers,
-            plan=plan,
-            scaler=scaler,
-            grads=grads,
-            clip=clip,
-            device=device,
-            notify=notify,
+        return StepOutcome(
+            False, (False,), norm, max(nonfinite, 1), loss_finite=grads.loss_was_finite()
         )
-    if len(optimizers) != 1:
-        raise ValueError("a closure step takes exactly one optimizer")
-    return step_with_closure(
-        optimizers[0],
-        closure,
-        plan=plan,
-        scaler=scaler,
-        grads=grads,
-        clip=clip,
-        device=device,
-        notify=notify,
-    )
+    update_scale(scaler, plan.loss_scaling, found_inf=False)
+    written = [p for p in params if p.grad is not None]
+    return StepOutcome(True, (had_grads,), norm, nonfinite, _overflowed(plan, written))
 
 
 def record_step(
@@ -319,7 +307,6 @@ def record_step(
     *,
     scale_before: float | None,
     scale_after: float | None,
-    stepped: tuple[bool, ...],
 ) -> StepReport:
     """Count the step in `stats` and return its `StepReport`."""
     index = stats.steps
@@ -341,7 +328,7 @@ def record_step(
         next_scale=scale_after,
         grad_norm=outcome.grad_norm,
         nonfinite_grads=outcome.nonfinite,
-        stepped=stepped,
+        stepped=outcome.stepped,
         nonfinite_weights=outcome.nonfinite_weights,
         loss_finite=outcome.loss_finite,
     )
@@ -358,17 +345,17 @@ def check_collapse(
     `max_consecutive_skips` steps in a row were skipped (None: never); the message
     says where the overflow was seen from `loss_finite` (the last step's
     `StepReport.loss_finite`)."""
-    history = ", ".join(f"step {s}: {v:g}" for s, v in list(stats.scale_history)[-12:])
     scale = stats.loss_scale
     if scale is not None and min_loss_scale is not None and scale < min_loss_scale:
         raise PrecisionError(
             f"the loss scale collapsed to {scale:g} (below {min_loss_scale:g}) after "
             f"{stats.consecutive_skips} consecutive skipped steps; gradients are non-finite "
-            f"even unscaled: {_where_seen(loss_finite)}. Recent loss scales: {history}. "
-            f"{_where_fix(loss_finite)}"
+            f"even unscaled: {_where_seen(loss_finite)}. Recent loss scales: "
+            f"{_recent_scales(stats)}. {_where_fix(loss_finite)}"
         )
     limit = max_consecutive_skips
     if limit is not None and stats.consecutive_skips >= limit:
+        history = _recent_scales(stats)
         raise PrecisionError(
             f"{stats.consecutive_skips} consecutive steps had non-finite gradients and were "
             f"skipped (limit max_consecutive_skips={limit}); training is not progressing: "
@@ -376,6 +363,11 @@ def check_collapse(
             + (f"Recent loss scales: {history}. " if history else "")
             + _where_fix(loss_finite)
         )
+
+
+def _recent_scales(stats: PrecisionStats) -> str:
+    """The last loss-scale changes, for a collapse message."""
+    return ", ".join(f"step {s}: {v:g}" for s, v in list(stats.scale_history)[-12:])
 
 
 def _where_seen(loss_finite: bool | None) -> str:

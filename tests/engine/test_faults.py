@@ -190,6 +190,22 @@ def test_a_param_group_added_after_the_first_step_is_checked() -> None:
         prec.step(opt)
 
 
+def test_a_param_group_added_after_the_first_step_is_watched() -> None:
+    """The grown optimizer is registered again: a plain backward into the new group's
+    parameter, among scaled ones, is refused as for the first group."""
+    prec = Precision("amp_fp16")
+    model = prec.prepare(_model())
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    _steps(prec, model, opt, 1)
+    extra = nn.Parameter(torch.ones(3))
+    opt.add_param_group({"params": [extra]})
+    _steps(prec, model, opt, 1)
+    prec.backward(_loss(prec, model))
+    extra.sum().backward()
+    with pytest.raises(PrecisionError, match=r"did not go through prec\.backward"):
+        prec.step(opt)
+
+
 def test_prepare_rechecks_the_optimizers_already_stepped() -> None:
     prec = Precision("bf16_master")
     model = _model()

@@ -136,7 +136,7 @@ def check_grads(params: Sequence[torch.Tensor], clip: ClipNote | None) -> tuple[
     total = total_norm(grads).float()
     pending = clip.norm if clip is not None else None
     clip_saw_all = (
-        clip is not None and pending is not None and {id(p) for p in params} <= clip.param_ids
+        clip is not None and pending is not None and clip.param_ids.issuperset(map(id, params))
     )
     if clip_saw_all and pending is not None:
         values = torch.stack([total, plain(pending).float().to(total.device)]).tolist()

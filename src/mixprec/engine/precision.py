@@ -240,11 +240,8 @@ class Precision:
     # --------------------------------------------------------------- prepare
 
     def check_device(self) -> None:
-        """Raise `PrecisionError` if this device cannot compute in the plan's dtype.
-
-        `prepare` and the first `autocast` on a device call it; a device that passed
-        is remembered and not checked again.
-        """
+        """Raise `PrecisionError` if this device cannot compute in the plan's dtype
+        (`prepare` calls it; `autocast` only on a device that has not passed it)."""
         check_compute(self.plan, self.device)
         self._compute_checked = self.device
 
@@ -398,27 +395,21 @@ class Precision:
     def check_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """Raise `PrecisionError` if an optimizer cannot honour the plan.
 
-        `step` calls it before the update for an optimizer it has not checked since
-        the optimizer was registered (by `optimizer`, `register` or the step itself)
-        or since `prepare`, and again when the optimizer's number of param groups
-        changes (`add_param_group`); not at every step. Parameters must be stored as the plan
-        says (16-bit ones in its storage dtype; fp32 ones are islands), and a 16-bit
-        parameter under a plan with a master must be kept by a `mixprec.optim.AdamW`
-        group with that master: an optimizer built before `prepare` (fp32 params then,
-        no master), `torch.optim.AdamW` (no master, moments in the param's dtype) or a
-        model cast after the optimizer was built would otherwise train 16-bit weights
-        silently without one.
+        `step` calls it once per optimizer, before its first update, again after
+        `prepare` and when its number of param groups changes. Parameters must be
+        stored as the plan says (16-bit ones in its storage dtype; fp32 ones are
+        islands), and a 16-bit parameter under a plan with a master must be kept by a
+        `mixprec.optim.AdamW` group with that master: an optimizer built before
+        `prepare` (fp32 params then, no master), `torch.optim.AdamW` (no master,
+        moments in the param's dtype) or a model cast after the optimizer was built
+        would otherwise train 16-bit weights silently without one.
         """
         check_optimizers(self.plan, optimizers)
 
     def register(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Tell this run about an optimizer built elsewhere (needed before clipping
-        under loss scaling, so clipping can unscale its gradients first).
-
-        `step` registers an optimizer it has not seen, and registers it again when its
-        number of param groups changes; the next `step` checks it against the plan
-        (`check_optimizers`).
-        """
+        under loss scaling, so clipping can unscale its gradients first); `step`
+        registers those it has not seen, and checks each once (`check_optimizers`)."""
         self._optimizers[optimizer] = None
         self._grads.watch(optimizer)
         self._accumulate_in_fp32(optimizer_params(optimizer))
@@ -529,8 +520,10 @@ class Precision:
         gradients at any evaluation is rolled back.
 
         Raises:
-            PrecisionError: when the loss scale falls below `min_loss_scale` or
-                `max_consecutive_skips` steps in a row were skipped.
+            PrecisionError: an optimizer cannot honour the plan (`check_optimizers`);
+                the loss scale fell below `min_loss_scale` or `max_consecutive_skips`
+                steps in a row were skipped.
+            ValueError: a closure with several optimizers.
         """
         optimizers = (
             [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)

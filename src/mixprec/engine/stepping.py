@@ -10,8 +10,10 @@ gradients whose update takes a weight past the range of its storage format.
 fp16 is the one storage format where that is ordinary (max 65504; bf16 shares
 fp32's range), so after an applied update the parameters stored in fp16 are
 checked (`count_nonfinite_weights`) and the count reported, never undone.
-`record_step` turns the outcome into a `StepReport` and telemetry;
-`check_collapse` stops a run whose loss scale or skip count says it is stuck.
+`Precision.step` gathers what a step works with into a `StepContext` and calls
+`step_plain` (or `step_with_closure`); `record_step` turns the outcome into a
+`StepReport` and telemetry; `check_collapse` stops a run whose loss scale or
+skip count says it is stuck.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ class ClipNote:
     param_ids: frozenset[int]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepContext:
     """What one `Precision.step` works with, gathered once by it for `step_plain` or
     `step_with_closure`.

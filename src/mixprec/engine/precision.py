@@ -165,7 +165,9 @@ class Precision:
         if model is None and example_input is None:
             self.policy: Policy = policy(policy_or_name, device=device)
         else:
-            self.measured = _measure_for_auto(policy_or_name, model, example_input, device)
+            from mixprec.speed.measure import measure_for_auto
+
+            self.measured = measure_for_auto(policy_or_name, model, example_input, device)
             self.policy = resolve_auto(measured=self.measured)
         self.plan: PrecisionPlan = resolve_plan(self.policy)
         if max_consecutive_skips is not None and (
@@ -643,25 +645,3 @@ class Precision:
             how = "emulated" if self.fp8.emulate else "FP8 GEMMs"
             fp8 = f"; {len(self.fp8.converted)} fp8 layers ({how}), {len(self.fp8.kept)} kept"
         return f"Precision({self.policy.name!r}: {self.policy.describe()}{fp8})"
-
-
-def _measure_for_auto(
-    name: Policy | str,
-    model: nn.Module | None,
-    example_input: Any,
-    device: torch.device | str | None,
-) -> SpeedMeasurement:
-    """The measurement a ``Precision("auto", model=..., example_input=...)`` decides from."""
-    if not (isinstance(name, str) and name.strip().lower() == "auto"):
-        raise ValueError(
-            f"model= and example_input= are for Precision('auto', ...): they time the model "
-            f"to choose a preset; policy {getattr(name, 'name', name)!r} is already chosen"
-        )
-    if model is None or example_input is None:
-        missing = "model" if model is None else "example_input"
-        raise ValueError(
-            f"Precision('auto', ...) measures a model on an example input: pass {missing}="
-        )
-    from mixprec.speed import measure_speed
-
-    return measure_speed(model, example_input, device=device)

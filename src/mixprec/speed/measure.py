@@ -38,7 +38,13 @@ from mixprec.speed.timing import (
     wall_clock_timer,
 )
 
-__all__ = ["MAX_STEPS_PER_FORMAT", "CacheStatus", "SpeedMeasurement", "measure_speed"]
+__all__ = [
+    "MAX_STEPS_PER_FORMAT",
+    "CacheStatus",
+    "SpeedMeasurement",
+    "measure_for_auto",
+    "measure_speed",
+]
 
 #: Where a measurement's numbers came from: ``hit`` (the cache), ``miss`` (measured,
 #: stored), ``corrupt`` (a bad entry was ignored; measured, stored), ``refresh``
@@ -348,3 +354,23 @@ def measure_speed(
         cache=status,
         cache_path=path,
     )
+
+
+def measure_for_auto(
+    name: object,
+    model: nn.Module | None,
+    example_input: Any,
+    device: torch.device | str | None,
+) -> SpeedMeasurement:
+    """The measurement a ``Precision("auto", model=..., example_input=...)`` decides from."""
+    if not (isinstance(name, str) and name.strip().lower() == "auto"):
+        raise ValueError(
+            f"model= and example_input= are for Precision('auto', ...): they time the model "
+            f"to choose a preset; policy {getattr(name, 'name', name)!r} is already chosen"
+        )
+    if model is None or example_input is None:
+        missing = "model" if model is None else "example_input"
+        raise ValueError(
+            f"Precision('auto', ...) measures a model on an example input: pass {missing}="
+        )
+    return measure_speed(model, example_input, device=device)

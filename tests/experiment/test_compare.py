@@ -85,19 +85,27 @@ def test_seeds_are_added_until_max_seeds_where_eligibility_is_judged_once(
     assert d.recommended == "amp_fp16"
     stored = json.loads(results.report.results_json.read_text())
     assert stored["decision"]["policies"]["amp_bf16"]["paired_seeds"] == 5
-    assert stored["decision"]["decide_with"] == {"max_seeds": v.decide_with["max_seeds"]}
+    # A larger max_seeds is one look for every candidate: the rerun names the open one.
+    assert stored["decision"]["decide_with"] == {
+        "max_seeds": v.decide_with["max_seeds"],
+        "candidates": ["amp_bf16"],
+    }
+    assert results.report.markdown.read_text().count(
+        f"--max-seeds {v.decide_with['max_seeds']} --policies amp_bf16 (stored runs are reused); "
+        "the other candidates' verdicts stand as judged here."
+    )
     assert "straddles 0.50% at max_seeds=5" in results.report.markdown.read_text()
 
     # What the verdict names decides: a rerun into the same folder with it (the stored
     # runs are reused; the new seeds keep amp_bf16's mean, so the projection holds).
     more = v.decide_with["max_seeds"]
     assert 5 < more < 50
-    again = mixprec.experiment.run_contract(
-        dataclasses.replace(contract, max_seeds=more), tmp_path, stream=None
-    )
+    named = dataclasses.replace(contract, max_seeds=more, candidates=("amp_bf16",))
+    again = mixprec.experiment.run_contract(named, tmp_path, stream=None)
     assert again.decision.verdicts["amp_bf16"].status == "eligible"
     assert again.decision.summary("amp_bf16").gap.n == more
     assert again.decision.decide_with == {}
+    assert max(r.seed for r in again.records if r.policy == "fp32") == more - 1
 
     # Every stored seed of the contract is used, also by a rerun that asks for fewer.
     fewer = mixprec.experiment.run_contract(contract, tmp_path, stream=None)

@@ -111,7 +111,9 @@ class Decision:
         decide_with: contract settings a rerun into the same folder can take to decide
             what this decision leaves open (the whole run too short, inconclusive or
             too-short candidates): ``steps``, ``max_seeds`` (the most any candidate
-            needs), ``step_caps``; empty when nothing is open or no setting would help.
+            needs) with ``candidates`` (the open ones, when others are settled: a
+            larger max_seeds is one look for every candidate in the contract),
+            ``step_caps``; empty when nothing is open or no setting would help.
         unsteady: why the step times cannot choose (their per-seed ranges overlap
             enough that another draw of the same runs would choose differently), or
             empty. When set, a candidate is promoted over the baseline only if it
@@ -413,6 +415,11 @@ def decide(
             elif key == "step_caps":
                 decide_with[key] = value
             # max_rel_loss_gap: a limit is the user's to choose, per candidate (its reason)
+    open_ = [n for n, v in verdicts.items() if v.decide_with.get("max_seeds")]
+    if "max_seeds" in decide_with and len(open_) < len(contract.candidates):
+        # One look at a larger max_seeds for every candidate would rerun the settled
+        # ones to it too: name the open ones, whose verdicts the rerun decides.
+        decide_with["candidates"] = open_
     incomplete = _incomplete(records, contract)
     if incomplete and status in ("recommended", "stay"):
         recommended, status = None, "none"  # the missing runs could change the choice

@@ -99,7 +99,9 @@ def rerun_sentence(decision: Decision) -> str:
     flags = []
     for key, value in decision.decide_with.items():
         if key == "step_caps":
-            flags.append("step_caps: {} in a --config file")
+            flags.append("and step_caps: {} in a --config file")
+        elif key == "candidates":
+            flags.append(f"--policies {','.join(value)}")
         else:
             flags.append(f"--{key.replace('_', '-')} {value}")
     if not flags:
@@ -109,7 +111,12 @@ def rerun_sentence(decision: Decision) -> str:
     reused = "" if other_runs else " (stored runs are reused)"
     open_ = [n for n, v in decision.verdicts.items() if v.decide_with]
     what = "" if decision.too_short or not open_ else f" {', '.join(open_)}"
-    return f"To decide{what}, rerun into the same --out with {' and '.join(flags)}{reused}."
+    others = (
+        "; the other candidates' verdicts stand as judged here"
+        if "candidates" in decision.decide_with
+        else ""
+    )
+    return f"To decide{what}, rerun into the same --out with {' '.join(flags)}{reused}{others}."
 
 
 def _headline(decision: Decision) -> str:

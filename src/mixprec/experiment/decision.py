@@ -398,7 +398,9 @@ def decide(
             if ranking and (len(ranking) == 1 or math.isfinite(ranking[0].score)):
                 recommended = ranking[0].policy
                 if ranked_by != "memory":
-                    unsteady, promote = steadiness(ranking, by_name, ranked_by, contract.baseline)
+                    unsteady, promote = steadiness(
+                        ranking, by_name, ranked_by, contract.baseline, gates.confidence
+                    )
                     if not promote:
                         recommended = contract.baseline
                 status = "stay" if recommended == contract.baseline else "recommended"

@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mixprec.experiment.stats import paired_interval
 from mixprec.experiment.summary import PolicySummary
 
-__all__ = ["TIE", "Standing", "rank", "steadiness"]
+__all__ = ["TIE", "Standing", "rank", "span_of", "steadiness"]
 
 #: Contenders whose objective figure is within this share of the best one are tied;
 #: a tie goes to the objective's second figure (see `rank`).
@@ -110,14 +111,17 @@ def steadiness(
     by_name: Mapping[str, PolicySummary],
     objective: str,
     baseline: str,
+    confidence: float,
 ) -> tuple[str, bool]:
     """Whether the step times' spread over seeds can change the choice of
     ``ranking[0]``, and whether it may be promoted.
 
-    A rival is a policy that would beat the first, by more than the `TIE` band, at its
-    own fastest seed against the first's slowest (each policy's per-seed step-time
-    ratios, `Ratio.low`-`Ratio.high`; the baseline's are 1). Returns a note naming the
-    rivals and the ranges, empty without rivals, and whether the first may be
+    Each policy's step-time ratio is known to within the `confidence` t-interval of
+    the mean of its per-seed ratios, taken on their logarithms so that it stays
+    positive and narrows as seeds are added (`span_of`; the baseline's is 1). A rival
+    is a policy that would beat the first, by more than the `TIE` band, at the fast
+    end of its interval against the slow end of the first's. Returns a note naming
+    the rivals and the intervals, empty without rivals, and whether the first may be
     recommended: the baseline always; a candidate only when the baseline is not a
     rival, so that speed the machine's load made up never promotes it.
     """
@@ -125,8 +129,7 @@ def steadiness(
     def span(st: Standing) -> tuple[float, float]:
         if st.policy == baseline:
             return 1.0, 1.0
-        ratio = by_name[st.policy].time_ratio
-        return ratio.low, ratio.high
+        return span_of(by_name[st.policy].time_ratio.values, confidence)
 
     first = ranking[0]
     worst = _score(objective, first.memory_ratio, span(first)[1])
@@ -146,14 +149,26 @@ def steadiness(
         for lo, hi in [span(st)]
     )
     note = (
-        f"step-time ratios varied over seeds ({ranges}): within these ranges "
-        f"{', '.join(st.policy for st in rivals)} would score better than {first.policy}, so "
-        "another draw of the same runs can choose differently"
+        f"step-time ratios varied over seeds ({confidence:.0%} intervals of their means: "
+        f"{ranges}): within them {', '.join(st.policy for st in rivals)} would score "
+        f"better than {first.policy}, so another draw of the same runs can choose differently"
     )
     if base is not None:
         note += (
-            f"; {first.policy} is not promoted on speed alone (at its slowest seed, "
+            f"; {first.policy} is not promoted on speed alone (at the slow end, "
             f"{span(first)[1]:.2f}x, it scores {worst:.3f} against {baseline}'s "
             f"{base.score:.3f})"
         )
     return note + "; measure on a quiet machine (or objective memory) to choose on speed", promote
+
+
+def span_of(ratios: Sequence[float], confidence: float) -> tuple[float, float]:
+    """The two-sided `confidence` t-interval of the mean of per-seed `ratios`, on
+    their logarithms (a ratio's noise is a factor); one ratio is its own interval,
+    a non-positive or non-finite one makes it NaN."""
+    if not ratios or not all(math.isfinite(r) and r > 0 for r in ratios):
+        return math.nan, math.nan
+    if len(ratios) == 1:
+        return ratios[0], ratios[0]
+    interval = paired_interval([math.log(r) for r in ratios], confidence)
+    return math.exp(interval.low), math.exp(interval.high)

@@ -183,7 +183,8 @@ def test_with_no_candidate_within_the_budgets_fp32_stays_and_exits_0(
         (["--memory-budget", "6 G"], "memory_budget '6 G' is not a size: give bytes"),
         (["--max-slowdown", "0"], "max_slowdown '0' is not a number > 0"),
         (["--target-device", ""], "target_device '' is empty: give a device class"),
-        (["--max-rel-loss-gap", "-1"], "max_rel_loss_gap must be a number >= 0"),
+        (["--max-rel-loss-gap", "-1"], "max_rel_loss_gap must be a fraction in [0, 1)"),
+        (["--max-rel-loss-gap", "5"], "max_rel_loss_gap must be a fraction in [0, 1) (0.005"),
     ],
 )
 def test_bad_decision_flags_exit_2_with_one_line(

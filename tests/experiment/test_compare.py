@@ -303,3 +303,46 @@ def test_every_default_candidate_runs_where_fp16_is_fast(monkeypatch: pytest.Mon
     monkeypatch.setattr(plan, "device_caps", lambda device=None: fast)
     assert plan.default_candidates({}, "cpu") == ({}, "")
     assert Contract.from_dict({}).candidates == mixprec.experiment.DEFAULT_CANDIDATES
+
+
+def test_a_candidate_capped_after_the_baseline_ran_gets_the_baseline_evaluated_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of issue 31: adding `step_caps: {amp_bf16: 7}` to a folder whose fp32 runs
+    were evaluated for 20 steps only judged amp_bf16 "too short: no held-out evaluation
+    of fp32 at step(s) [5] ... rerun", and every rerun reused the same fp32 records."""
+
+    def run_one(workload: Any, name: str, seed: int, settings: Any, **kw: Any) -> RunRecord:
+        steps = kw["run_steps"]
+        loss = 1.0 + seed / 10
+        curve = [[s, loss * (1 + (steps - s) / steps)] for s in sorted({0, *kw["eval_at"]})]
+        return RunRecord(
+            workload=workload.name,
+            size="tiny",
+            policy=name,
+            policy_fields={},
+            seed=seed,
+            steps=steps,
+            fingerprint=kw["fingerprint"],
+            heldout_loss=loss,
+            eval_curve=[p for p in curve if p[0] < steps],
+            bytes={"total": 100},
+            throughput={"steps_per_s": 1.0},
+        )
+
+    runner = importlib.import_module("mixprec.experiment.runner")
+    monkeypatch.setattr(runner, "run_one", run_one)
+    first = Contract(
+        workload="digits",
+        size="tiny",
+        candidates=("amp_bf16",),
+        seeds=2,
+        max_seeds=2,
+        train={"steps": 20},
+        step_caps={},
+    )
+    mixprec.experiment.run_contract(first, tmp_path, stream=None)
+    capped = dataclasses.replace(first, step_caps={"amp_bf16": 7})
+    results = mixprec.experiment.run_contract(capped, tmp_path, stream=None)
+    assert "no held-out evaluation" not in results.decision.verdicts["amp_bf16"].reason
+    assert all(r.heldout_at(5) == r.heldout_at(5) for r in results.records)  # not NaN

@@ -60,7 +60,12 @@ def _scripted(
             heldout_loss=1.0,
             metric=1.0,
             metric_name="macro_f1",
-            eval_curve=[[0, 2.0], [tail_start(steps), 1.0], [steps, 1.0]],
+            # Evaluated where the plan asks, as the runner does (eval_at).
+            eval_curve=[
+                [s, 2.0 if s == 0 else 1.0]
+                for s in sorted({0, tail_start(steps), steps, *kw["eval_at"]})
+                if s <= steps
+            ],
             bytes={"total": 100},
             throughput={"steps_per_s": 1.0},
             device=device,

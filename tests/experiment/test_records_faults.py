@@ -92,7 +92,7 @@ def test_aliases_are_resolved_before_duplicates_are_judged() -> None:
         ({"baseline": ["fp32"]}, "baseline must be a non-empty string"),
         ({"size": ["tiny"]}, "size must be a string"),
         ({1: "x"}, "unknown contract keys ['1']"),
-        ({"gates": {"max_rel_loss_gap": "wide"}}, "max_rel_loss_gap must be a number"),
+        ({"gates": {"max_rel_loss_gap": "wide"}}, "max_rel_loss_gap must be a fraction"),
         ({"seeds": True}, "seeds must be an int"),
         ({"max_seeds": 10**6}, "max_seeds must be at most"),
         ({"allow": ["norm-in-16bit"]}, "not update-path rules"),

@@ -66,6 +66,14 @@ DECISION_KEYS: tuple[str, ...] = (
 )
 
 
+#: The training-length checks' defaults (`Gates.min_improvement`,
+#: `Gates.max_tail_improvement`). Fixed, not multiples of the gap limit: a limit
+#: raised to what the data support once raised the trained-at-all floor with it and
+#: turned "stay on fp32" into "too short to judge".
+DEFAULT_MIN_IMPROVEMENT = 0.05
+DEFAULT_TAIL_IMPROVEMENT = 0.0075
+
+
 @dataclass(frozen=True, kw_only=True)
 class Gates:
     """Quality gates a candidate must pass to be eligible.
@@ -81,11 +89,13 @@ class Gates:
         max_tail_improvement: long-enough check: the largest relative
             improvement of the baseline's held-out loss over the last fifth of
             the compared steps for the run to count as trained enough to judge a
-            gap. None: 1.5 x `max_rel_loss_gap`.
+            gap. None: `DEFAULT_TAIL_IMPROVEMENT` (0.75%), whatever the gap limit,
+            so that moving the limit never moves this check.
         min_improvement: trained-at-all check: the least relative improvement of
             the baseline's held-out loss from its initial weights (step 0) to the
             compared step; a gap limit is meaningless next to a model that has
-            barely moved. None: 10 x `max_rel_loss_gap`.
+            barely moved. None: `DEFAULT_MIN_IMPROVEMENT` (5%), whatever the gap
+            limit.
         metric_threshold: the held-out metric every seed must reach (at least this
             when higher is better, at most this when lower is better); None: no gate.
         max_nonfinite_steps: most steps with a non-finite loss allowed per run.
@@ -102,9 +112,9 @@ class Gates:
     max_skipped_fraction: float = 0.05
 
     def __post_init__(self) -> None:
-        if not (_is_number(self.max_rel_loss_gap) and 0 <= self.max_rel_loss_gap < math.inf):
+        if not (_is_number(self.max_rel_loss_gap) and 0 <= self.max_rel_loss_gap < 1):
             raise ValueError(
-                f"max_rel_loss_gap must be a number >= 0 (e.g. 0.005), got "
+                f"max_rel_loss_gap must be a fraction in [0, 1) (0.005 is 0.5%), got "
                 f"{self.max_rel_loss_gap!r}"
             )
         if not (_is_number(self.confidence) and 0 < self.confidence < 1):
@@ -137,14 +147,14 @@ class Gates:
         """The effective `min_improvement`."""
         if self.min_improvement is not None:
             return float(self.min_improvement)
-        return 10.0 * self.max_rel_loss_gap
+        return DEFAULT_MIN_IMPROVEMENT
 
     @property
     def tail_limit(self) -> float:
         """The effective `max_tail_improvement`."""
         if self.max_tail_improvement is not None:
             return float(self.max_tail_improvement)
-        return 1.5 * self.max_rel_loss_gap
+        return DEFAULT_TAIL_IMPROVEMENT
 
 
 def _is_number(value: object) -> bool:

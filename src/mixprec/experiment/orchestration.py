@@ -32,6 +32,7 @@ from mixprec.experiment.decision import decide
 from mixprec.experiment.hardware import DeviceFacts, device_facts
 from mixprec.experiment.plan import RunSettings, evaluation_steps, settings_dict, step_caps_for
 from mixprec.experiment.records import RunRecord, load_records, record_path, write_json_atomic
+from mixprec.experiment.summary import tail_start
 from mixprec.workloads import Workload
 
 __all__ = ["CONTRACT_FILE", "RunFn", "check_out_dir", "exclusive", "run_all"]
@@ -134,17 +135,35 @@ def run_all(
         existing = {(r.policy, r.seed): r for r in found}
         records: list[RunRecord] = []
 
+        # The held-out evaluations the decision reads: a run's own step and the start of
+        # its last fifth, and for the baseline those of every capped candidate too.
+        compared = {settings.train.steps, *caps.values()}
+        judged_at = {0, *compared, *(tail_start(c) for c in compared)}
+
         def reusable(name: str, seed: int) -> RunRecord | None:
             """The stored finished run of `name` and `seed` under this contract, measured
             here (a record that does not say where it ran counts as here, unless the
-            contract names a target: then only a run here can say it)."""
+            contract names a target: then only a run here can say it), with every
+            held-out evaluation the decision reads (a candidate capped after the
+            baseline ran needs the baseline evaluated at the cap)."""
             old = existing.get((name, seed))
-            fingerprint = contract.run_fingerprint(name, seed, caps.get(name, settings.train.steps))
+            run_steps = caps.get(name, settings.train.steps)
+            fingerprint = contract.run_fingerprint(name, seed, run_steps)
             if old is None or old.fingerprint != fingerprint or not old.ok:
                 return None
+            needs = (
+                judged_at if name == contract.baseline else {0, run_steps, tail_start(run_steps)}
+            )
+            if any(math.isnan(old.heldout_at(s)) for s in needs if s <= old.steps):
+                return None
+            return None if elsewhere(old) else old
+
+        def elsewhere(old: RunRecord) -> bool:
+            """`old` was measured on other hardware (or does not say, and a target is
+            named: then only a run here can say)."""
             if old.device is None:
-                return None if contract.target_device is not None else old
-            return old if old.device.key == here.key else None
+                return contract.target_device is not None
+            return old.device.key != here.key
 
         def run_seed(seed: int, names: tuple[str, ...]) -> None:
             for name in names:
@@ -158,7 +177,13 @@ def run_all(
                         on_record(reused, True)
                     continue
                 old = existing.get((name, seed))
-                if stream is not None and old and old.fingerprint == fingerprint and old.ok:
+                if (
+                    stream is not None
+                    and old is not None
+                    and old.ok
+                    and old.fingerprint == fingerprint
+                    and elsewhere(old)
+                ):
                     where = "not recorded" if old.device is None else old.device.key
                     print(
                         f"  {name} seed {seed} was measured on {where}, not "
@@ -198,8 +223,8 @@ def run_all(
                 break
             if stream is not None:
                 print(
-                    f"  inconclusive: {', '.join(pending)}; adding seed {seed} "
-                    f"(max_seeds {contract.seed_limit})",
+                    f"  seed {seed} for {', '.join(pending)} (neither rejected nor judged yet: "
+                    f"eligibility is judged at max_seeds {contract.seed_limit})",
                     file=stream,
                 )
             run_seed(seed, (contract.baseline, *pending))

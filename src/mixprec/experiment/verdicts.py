@@ -138,7 +138,8 @@ def too_short_reason(
         return (
             f"{baseline}'s held-out loss moved {s.improvement:.2%} from its initial weights by "
             f"step {at} (< {gates.improvement_floor:.2%}): it has barely trained, so no gap "
-            "means anything yet; check lr and steps"
+            "means anything yet; check lr and steps, or lower gates.min_improvement for a "
+            "run that starts near its final loss"
         ), {}
     schedule = max((r.schedule_steps or r.steps for r in base), default=at)
     whole = stands_for is not None and at >= schedule >= stands_for

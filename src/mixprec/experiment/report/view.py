@@ -410,7 +410,10 @@ def build_view(
             or missing, say).
     """
     setting_line = ", ".join(f"{k} {setting_text(v)}" for k, v in (settings or {}).items())
-    size = next((r.size for r in records if r.size), contract.size or "")
+    # A module:function takes --size only when it was given one (its records say
+    # "default" otherwise, which it may not accept).
+    recorded = next((r.size for r in records if r.size), "")
+    size = contract.size or ("" if ":" in contract.workload else recorded)
     workload = f"`{contract.workload}" + (f" --size {size}`" if size else "`")
     return ReportView(
         title=f"mixprec compare: {contract.workload}",

@@ -90,31 +90,33 @@ def headline(decision: Decision) -> str:
     """The recommendation, or why there is none; then what a rerun needs to decide
     what is left open (`rerun_sentence`)."""
     rerun = rerun_sentence(decision)
-    return f"{_headline(decision)} {rerun}" if rerun else _headline(decision)
+    first = _headline(decision)
+    if not rerun:
+        return first
+    return f"{first}{'' if first.endswith('.') else '.'} {rerun}"
 
 
 def rerun_sentence(decision: Decision) -> str:
-    """``To decide, rerun into the same --out with --max-seeds 9.``, from
-    `Decision.decide_with`, or empty when nothing is left open."""
-    flags = []
-    for key, value in decision.decide_with.items():
-        if key == "step_caps":
-            flags.append("and step_caps: {} in a --config file")
-        elif key == "candidates":
-            flags.append(f"--policies {','.join(value)}")
-        else:
-            flags.append(f"--{key.replace('_', '-')} {value}")
+    """``To decide X, rerun into the same --out with --max-seeds 9 (stored runs are
+    reused).``, from `Decision.decide_with`, or empty when nothing is left open."""
+    wanted = decision.decide_with
+    flags = [
+        f"--policies {','.join(value)}"
+        if key == "candidates"
+        else f"--{key.replace('_', '-')} {value}"
+        for key, value in wanted.items()
+        if key != "step_caps"
+    ]
+    if "step_caps" in wanted:  # no flag: a contract file says it
+        flags.append(("and " if flags else "") + "step_caps: {} in a --config file")
     if not flags:
         return ""
     # Other steps or caps are other runs; more seeds add to the stored ones.
-    other_runs = {"steps", "step_caps"} & set(decision.decide_with)
-    reused = "" if other_runs else " (stored runs are reused)"
+    reused = "" if {"steps", "step_caps"} & set(wanted) else " (stored runs are reused)"
     open_ = [n for n, v in decision.verdicts.items() if v.decide_with]
     what = "" if decision.too_short or not open_ else f" {', '.join(open_)}"
     others = (
-        "; the other candidates' verdicts stand as judged here"
-        if "candidates" in decision.decide_with
-        else ""
+        "; the other candidates' verdicts stand as judged here" if "candidates" in wanted else ""
     )
     return f"To decide{what}, rerun into the same --out with {' '.join(flags)}{reused}{others}."
 
@@ -137,6 +139,12 @@ def _headline(decision: Decision) -> str:
         open_ = f"; inconclusive: {pending}" if pending else ""
         return (
             f"Recommended: stay on **{decision.baseline}** (no candidate passed the gates{open_})"
+        )
+    if decision.status == "stay" and decision.ranking[0].policy != decision.baseline:
+        lead = decision.ranking[0].policy
+        return (
+            f"Recommended: stay on **{decision.baseline}** ({why}; `{lead}` leads on the means "
+            f"only on step times that varied over seeds, see the choice below){fp8}"
         )
     if decision.status == "stay":
         return (

@@ -38,7 +38,7 @@ def rec(policy: str, seed: int, loss: float, **kw: Any) -> RunRecord:
         metric=1.0 / loss if loss else math.nan,
         metric_name="m",
         bytes={"total": kw.pop("total", 1000)},
-        throughput={"steps_per_s": kw.pop("speed", 10.0)},
+        throughput=kw.pop("throughput", {"steps_per_s": kw.pop("speed", 10.0)}),
         eval_curve=[
             [0, loss + abs(loss) * TRAINED],
             [tail_start(steps), loss + abs(loss) * SETTLED_TAIL],
@@ -688,3 +688,14 @@ def test_a_decision_with_runs_missing_recommends_nothing() -> None:
         "to train them"
     )
     assert d.to_dict()["incomplete"] == d.incomplete
+
+
+def test_a_candidate_alone_without_the_objective_figure_is_not_recommended() -> None:
+    """Staying on the baseline needs no figure; promoting the only eligible candidate
+    (the baseline over the memory budget) still needs the objective's."""
+    records = [rec("fp32", k, 1.0, total=1000) for k in range(2)]
+    records += [rec("amp_bf16", k, 1.0, total=500, throughput={}) for k in range(2)]
+    c = contract(candidates=("amp_bf16",), objective="speed", memory_budget=800)
+    d = decide(records, c, higher_is_better=True)
+    assert d.eligible == ("amp_bf16",) and d.baseline_note
+    assert d.recommended is None and d.status == "none" and "no step time" in d.speed_note

@@ -395,7 +395,8 @@ def decide(
             if by_memory:  # the baseline alone: staying needs no step time
                 ranked_by = "memory"
             ranking = rank(contenders, ranked_by, contract.baseline)
-            if ranking and (len(ranking) == 1 or math.isfinite(ranking[0].score)):
+            alone = [st.policy for st in ranking] == [contract.baseline]  # needs no figure
+            if ranking and (alone or math.isfinite(ranking[0].score)):
                 recommended = ranking[0].policy
                 if ranked_by != "memory":
                     unsteady, promote = steadiness(

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from mixprec.experiment.contract import Contract, Gates
+from mixprec.experiment.contract import Contract
 from mixprec.experiment.decision import decide
+from mixprec.experiment.gates import Gates
 from mixprec.experiment.hardware import DeviceFacts
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.summary import tail_start

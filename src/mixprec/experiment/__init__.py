@@ -2,8 +2,9 @@
 report) and long training runs of one policy (`train`)."""
 
 from mixprec.experiment.compare import Rerendered, Results, compare, rerender, run_contract
-from mixprec.experiment.contract import DEFAULT_CANDIDATES, Contract, Gates
+from mixprec.experiment.contract import DEFAULT_CANDIDATES, Contract
 from mixprec.experiment.decision import Decision, Verdict, decide
+from mixprec.experiment.gates import Gates
 from mixprec.experiment.recipe import Recipe
 from mixprec.experiment.records import RunRecord, read_records
 from mixprec.experiment.report import Report, render, terminal_table

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mixprec.device import resolve_device
-from mixprec.experiment.contract import TRAIN_KEYS, Contract, Gates, candidates_from
+from mixprec.experiment.contract import TRAIN_KEYS, Contract, candidates_from
 from mixprec.experiment.decision import Decision, decide, missing_runs
+from mixprec.experiment.gates import Gates
 from mixprec.experiment.plan import default_candidates
 from mixprec.experiment.records import RunRecord, load_records
 from mixprec.experiment.report import Report, render

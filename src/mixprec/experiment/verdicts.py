@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from mixprec.experiment.contract import MAX_SEEDS, Contract, Gates, format_bytes
+from mixprec.experiment.contract import MAX_SEEDS, Contract, format_bytes
+from mixprec.experiment.gates import Gates
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.stats import GapInterval, seeds_to_decide
 from mixprec.experiment.summary import PolicySummary, format_interval, tail_start

@@ -52,6 +52,7 @@ __all__ = [
     "is_fp32_island",
     "is_norm_layer",
     "island_names",
+    "island_param_ids",
     "island_param_names",
     "matches_fp32_module",
     "remove_fp32_island",
@@ -157,20 +158,24 @@ def island_param_names(model: nn.Module, policy: Policy) -> set[str]:
 
 
 def _cast_floating(value: Any, dtype: torch.dtype) -> Any:
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value.to(dtype)
+    """`value` with its floating tensors cast to `dtype`, inside tuples, lists and dicts.
+
+    Loops rather than comprehensions: this runs for every island at every forward, and
+    each comprehension is a call of its own (before Python 3.12).
+    """
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
     if isinstance(value, tuple | list):
-        return type(value)(_cast_floating(v, dtype) for v in value)
+        items = []
+        for v in value:
+            items.append(_cast_floating(v, dtype))
+        return type(value)(items)
     if isinstance(value, dict):
-        return {k: _cast_floating(v, dtype) for k, v in value.items()}
+        out = {}
+        for k, v in value.items():
+            out[k] = _cast_floating(v, dtype)
+        return out
     return value
-
-
-def _first_floating_dtype(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.dtype | None:
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
-            return a.dtype
-    return None
 
 
 class Fp32Island:
@@ -193,7 +198,11 @@ class Fp32Island:
         self.inner: Any = vars(module).get("forward")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        in_dtype = _first_floating_dtype(args, kwargs)
+        in_dtype = None  # of the first floating input
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                in_dtype = a.dtype
+                break
         args, kwargs = _cast_floating(args, torch.float32), _cast_floating(kwargs, torch.float32)
         with torch.autocast(device_type=self.device_type, enabled=False):
             if self.inner is None:
@@ -216,6 +225,14 @@ def is_fp32_island(module: nn.Module) -> bool:
 def island_names(model: nn.Module) -> tuple[str, ...]:
     """Qualified names of the modules of `model` that run as fp32 islands now."""
     return tuple(name for name, module in model.named_modules() if is_fp32_island(module))
+
+
+def island_param_ids(model: nn.Module | None) -> frozenset[int]:
+    """The ids of the parameters of the modules of `model` that run as fp32 islands now
+    (none without a model)."""
+    if model is None:
+        return frozenset()
+    return frozenset(id(p) for m in model.modules() if is_fp32_island(m) for p in m.parameters())
 
 
 def add_fp32_island(module: nn.Module, device_type: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import math
-import signal
 from collections import Counter
 from collections.abc import Callable
 
@@ -388,31 +387,3 @@ def test_precision_continues_after_a_step_was_interrupted(name: str) -> None:
     prec.backward(_loss(prec, model))
     report = prec.step(opt)
     assert report.applied or report.nonfinite_grads > 0
-
-
-def test_a_ctrl_c_while_two_optimizers_apply_is_held_until_both_have_stepped() -> None:
-    """`prec.step([a, b])` applies both or neither; a Ctrl-C (SIGINT) arriving while `a`
-    steps used to leave `a` stepped and `b` not. It is now raised after both stepped."""
-    # Python's own handler, as in an interactive run (a background job ignores SIGINT).
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        _two_optimizers_interrupted()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _two_optimizers_interrupted() -> None:
-    prec = Precision("bf16_master")
-    model = prec.prepare(_model())
-    params = list(model.parameters())
-    opt_a = prec.optimizer(params[:1], lr=1e-2)
-    opt_b = prec.optimizer(params[1:], lr=1e-2)
-    prec.backward(_loss(prec, model))
-    hook = opt_a.register_step_pre_hook(lambda *a: signal.raise_signal(signal.SIGINT))
-    with pytest.raises(KeyboardInterrupt):
-        prec.step([opt_a, opt_b])
-    hook.remove()
-    steps = {int(s["step"]) for o in (opt_a, opt_b) for s in o.state.values()}
-    assert steps == {1}
-    assert (prec.stats.steps, prec.stats.applied_steps) == (1, 1)  # and counted
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -216,3 +216,36 @@ def test_a_collapse_says_where_the_overflow_was_seen(overflow: str, said: str) -
             prec.backward(loss)
             prec.step(opt)
             opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16_master", "amp_fp16"])
+def test_a_skipped_step_reports_whether_its_loss_was_finite(name: str) -> None:
+    """`StepReport.loss_finite` on a skipped step: False when a loss given to
+    `prec.backward` this step was inf/NaN, True when only a gradient was; the note is
+    forgotten at the end of each step (a skip after a NaN loss does not taint the next)."""
+    prec = Precision(name, max_consecutive_skips=None)
+    model = prec.prepare(make_model())
+    opt = prec.optimizer(model, lr=1e-2)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    for finite_loss in (False, True, False):
+        with prec.autocast():
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+        prec.backward(loss * (1.0 if finite_loss else math.nan))
+        model[3].weight.grad[0, 0] = math.inf  # a finite loss's step is skipped too
+        report = prec.step(opt)
+        opt.zero_grad(set_to_none=True)
+        assert not report.applied
+        assert report.loss_finite is finite_loss
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16_master"])
+def test_a_skipped_step_without_prec_backward_does_not_know_where(name: str) -> None:
+    prec = Precision(name)
+    model = prec.prepare(make_model())
+    opt = prec.optimizer(model, lr=1e-2)
+    with prec.autocast():
+        loss = nn.functional.cross_entropy(model(torch.randn(8, 16)).float(), torch.zeros(8).long())
+    loss.backward()
+    model[3].weight.grad[0, 0] = math.nan
+    report = prec.step(opt)
+    assert not report.applied and report.loss_finite is None

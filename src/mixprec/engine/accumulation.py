@@ -14,8 +14,24 @@ from typing import Any
 import torch
 
 from mixprec.engine.gradients import SIXTEEN_BIT
+from mixprec.errors import PrecisionError
+from mixprec.optim.sharding import is_dtensor
 
-__all__ = ["Fp32Accumulation"]
+__all__ = ["Fp32Accumulation", "refuse_fsdp2"]
+
+
+def refuse_fsdp2(params: Iterable[torch.Tensor], policy: str) -> None:
+    """Raise `PrecisionError` when `params` hold a 16-bit FSDP2 (`DTensor`) parameter:
+    FSDP2 sums each backward's gradient into the sharded ``.grad`` in its post-backward
+    hook, outside autograd's accumulation, where no tensor hook sees it."""
+    if any(is_dtensor(p) and p.dtype in SIXTEEN_BIT and p.requires_grad for p in params):
+        raise PrecisionError(
+            f"policy {policy!r}: grad_accum_dtype=fp32 cannot reach the gradients of an "
+            "FSDP2 model (FSDP2 accumulates them itself); fix: drop grad_accum_dtype and "
+            "skip the reduction of all but the last micro-batch "
+            "(model.set_requires_gradient_sync(False)): FSDP2 then accumulates unsharded "
+            "gradients in its reduce_dtype (fp32)"
+        )
 
 
 class Fp32Accumulation:

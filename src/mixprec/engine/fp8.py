@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mixprec.errors import PrecisionError
+from mixprec.errors import PrecisionError, PrecisionWarning, user_stacklevel
 from mixprec.policy import Float8Training
 
 __all__ = [
@@ -402,7 +403,8 @@ def convert_fp8_linears(
     returns a new module (holding the same parameters), returned here. Layers already
     converted get the input cast only. Parameters keep their identity, dtype and device.
     A model already `wrapped` by FSDP2 or DDP is refused when a layer would change
-    (the wrappers hold the old modules).
+    (the wrappers hold the old modules). When no layer qualifies, a `PrecisionWarning`
+    says the model trains entirely in 16 bits, and why each layer was kept.
 
     Returns:
         The model (see above) and the `Float8Conversion`.
@@ -435,6 +437,17 @@ def convert_fp8_linears(
         if is_float8_linear(module):
             _add_input_cast(module)
             converted.append(name)
+    if not converted:
+        shown = "; ".join(f"{k.name or '<model>'}: {k.reason}" for k in kept[:4])
+        more = f"; ... ({len(kept) - 4} more)" if len(kept) > 4 else ""
+        warnings.warn(
+            f"policy {policy!r}: no nn.Linear of the model qualifies for fp8 "
+            f"{settings.recipe!r}, so it trains entirely in 16 bits "
+            f"({shown or 'the model has no nn.Linear'}{more}); relax the fp8 filter "
+            "(min_divisor, skip_first_last, exclude) or choose a 16-bit policy",
+            PrecisionWarning,
+            stacklevel=user_stacklevel(),
+        )
     return model, Float8Conversion(
         recipe=settings.recipe,
         emulate=emulate,

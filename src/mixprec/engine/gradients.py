@@ -13,7 +13,6 @@ __all__ = [
     "SIXTEEN_BIT",
     "agree_across_ranks",
     "any_across_ranks",
-    "check_max_norm",
     "count_nonfinite",
     "grad_versions",
     "optimizer_params",
@@ -28,19 +27,6 @@ SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Every parameter of every group of `optimizer`, in group order."""
     return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def check_max_norm(max_norm: float) -> float:
-    """`max_norm` as a float, refused unless a number > 0 (``inf`` only measures)."""
-    if isinstance(max_norm, bool) or not isinstance(max_norm, int | float | torch.Tensor):
-        raise TypeError(f"max_norm must be a number > 0 (e.g. 1.0), got {max_norm!r}")
-    value = float(max_norm)
-    if not value > 0:  # also refuses NaN
-        raise ValueError(
-            f"max_norm must be > 0 (e.g. 1.0; float('inf') only measures the norm), got "
-            f"{value!r}: 0 zeroes every gradient and a negative value trains by gradient ascent"
-        )
-    return value
 
 
 def count_nonfinite(grads: Sequence[torch.Tensor]) -> int:

@@ -42,8 +42,7 @@ import torch
 import torch._functorch.config
 from torch import nn
 
-from mixprec import ctrl_c
-from mixprec.engine.accumulation import Fp32Accumulation
+from mixprec.engine.accumulation import Fp32Accumulation, refuse_fsdp2
 from mixprec.engine.effective import (
     check_compute,
     effective_precision,
@@ -55,7 +54,7 @@ from mixprec.engine.fp8 import (
     convert_fp8_linears,
     refuse_float8_layers,
 )
-from mixprec.engine.gradients import SIXTEEN_BIT, check_max_norm, optimizer_params
+from mixprec.engine.gradients import optimizer_params
 from mixprec.engine.observers import StepObserver
 from mixprec.engine.optimizers import (
     ParamsArg,
@@ -79,7 +78,7 @@ from mixprec.engine.stepping import (
 from mixprec.engine.storage import apply_storage, compiled_inner
 from mixprec.engine.wrappers import check_wrapped, fsdp_modules, is_ddp
 from mixprec.errors import PrecisionError, PrecisionWarning, user_stacklevel
-from mixprec.islands import is_fp32_island, island_names
+from mixprec.islands import island_names, island_param_ids
 from mixprec.optim.sharding import is_dtensor
 from mixprec.policy import Policy, policy, resolve_auto
 from mixprec.telemetry import PrecisionStats, StepReport
@@ -203,6 +202,9 @@ class Precision:
         self._grads = ScaledGradients(scales_loss=self.plan.scales_loss)
         self._accumulation = Fp32Accumulation()
         self._clip: ClipNote | None = None
+        # Whether every loss given to `backward` this step was finite: a device tensor,
+        # read only when a step is skipped (its report says where the overflow was seen).
+        self._loss_finite: torch.Tensor | None = None
         self._warned_weight_overflow = False
         self._model: nn.Module | None = None  # the model last prepared
         self.fp8: Float8Conversion | None = None
@@ -309,16 +311,7 @@ class Precision:
         if self.plan.grad_accum_dtype is None:
             return
         params = list(params)
-        if any(is_dtensor(p) and p.dtype in SIXTEEN_BIT and p.requires_grad for p in params):
-            # FSDP2 sums each backward's gradient into the sharded .grad in its post-backward
-            # hook, outside autograd's accumulation, where no tensor hook sees it.
-            raise PrecisionError(
-                f"policy {self.plan.policy_name!r}: grad_accum_dtype=fp32 cannot reach the "
-                "gradients of an FSDP2 model (FSDP2 accumulates them itself); fix: drop "
-                "grad_accum_dtype and skip the reduction of all but the last micro-batch "
-                "(model.set_requires_gradient_sync(False)): FSDP2 then accumulates unsharded "
-                "gradients in its reduce_dtype (fp32)"
-            )
+        refuse_fsdp2(params, self.plan.policy_name)
         self._accumulation.hook(params)
 
     def _convert_fp8(self, model: nn.Module, islands: tuple[str, ...]) -> nn.Module:
@@ -333,17 +326,6 @@ class Precision:
             wrapped=is_ddp(model) or bool(fsdp_modules(model)),
         )
         self.fp8 = conversion
-        if not conversion.converted:
-            kept = "; ".join(f"{k.name or '<model>'}: {k.reason}" for k in conversion.kept[:4])
-            more = f"; ... ({len(conversion.kept) - 4} more)" if len(conversion.kept) > 4 else ""
-            warnings.warn(
-                f"policy {self.plan.policy_name!r}: no nn.Linear of the model qualifies for "
-                f"fp8 {settings.recipe!r}, so it trains entirely in 16 bits "
-                f"({kept or 'the model has no nn.Linear'}{more}); relax the fp8 filter "
-                "(min_divisor, skip_first_last, exclude) or choose a 16-bit policy",
-                PrecisionWarning,
-                stacklevel=user_stacklevel(),
-            )
         return model
 
     # -------------------------------------------------------------- optimizer
@@ -375,7 +357,7 @@ class Precision:
         for key in ("master", "moments"):  # the plan's own values, restated
             kwargs.pop(key, None)
         opt = AdamW(
-            implied_param_groups(self.plan, params, islands=self._island_params()),
+            implied_param_groups(self.plan, params, islands=island_param_ids(self._model)),
             lr=lr,
             betas=betas,
             eps=eps,
@@ -385,14 +367,6 @@ class Precision:
         )
         self.register(opt)
         return opt
-
-    def _island_params(self) -> frozenset[int]:
-        model = self._model
-        if model is None:
-            return frozenset()
-        return frozenset(
-            id(p) for m in model.modules() if is_fp32_island(m) for p in m.parameters()
-        )
 
     def check_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """Raise `PrecisionError` if an optimizer cannot honour the plan.
@@ -437,7 +411,17 @@ class Precision:
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backpropagate `loss`, scaled when the plan scales the loss."""
-        self._grads.backward(self.scaler, loss, self._optimizers, **kwargs)
+        finite = torch.isfinite(loss.detach()).all()
+        self._loss_finite = finite if self._loss_finite is None else self._loss_finite & finite
+        if self.plan.loss_scaling is not None:
+            self._grads.backward(self.scaler, loss, self._optimizers, **kwargs)
+        else:
+            torch.autograd.backward(loss, **kwargs)
+
+    def _loss_was_finite(self) -> bool | None:
+        """Whether every loss given to `backward` this step was finite (one host sync);
+        None when no loss went through `backward`."""
+        return None if self._loss_finite is None else bool(self._loss_finite)
 
     @property
     def gradients_are_scaled(self) -> bool:
@@ -487,7 +471,15 @@ class Precision:
             The true total norm before clipping (inf/NaN if gradients are non-finite;
             such a step is then skipped by `step`).
         """
-        max_norm = check_max_norm(max_norm)
+        if isinstance(max_norm, bool) or not isinstance(max_norm, int | float | torch.Tensor):
+            raise TypeError(f"max_norm must be a number > 0 (e.g. 1.0), got {max_norm!r}")
+        max_norm = float(max_norm)
+        if not max_norm > 0:  # also refuses NaN
+            raise ValueError(
+                f"max_norm must be > 0 (e.g. 1.0; float('inf') only measures the norm), got "
+                f"{max_norm!r}: 0 zeroes every gradient and a negative value trains by "
+                "gradient ascent"
+            )
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         if self.plan.loss_scaling is not None:
             owners = [optimizer] if optimizer is not None else list(self._optimizers)
@@ -499,10 +491,11 @@ class Precision:
         )
         # Remembered for the step's report only: the step's non-finite decision is taken
         # over every gradient the optimizers hold, whatever this call saw.
-        self._clip = ClipNote(
-            norm=norm.detach() if norm_type == 2.0 else None,
-            param_ids=frozenset({id(p) for p in params if p.grad is not None}),
-        )
+        seen: set[int] = set()
+        for p in params:
+            if p.grad is not None:
+                seen.add(id(p))
+        self._clip = ClipNote(norm=norm.detach() if norm_type == 2.0 else None, param_ids=seen)
         return norm
 
     # ------------------------------------------------------------------ step
@@ -539,7 +532,8 @@ class Precision:
                 self.check_optimizers([opt])
                 self._optimizers[opt] = groups
         scaler = self.scaler
-        scale_before = self.loss_scale
+        scales = self.plan.loss_scaling is not None
+        scale_before = float(scaler.get_scale()) if scales else None
         if scale_before is not None and not self.stats.scale_history:
             self.stats.record_scale(self.stats.steps, scale_before)
         ctx = StepContext(
@@ -548,38 +542,38 @@ class Precision:
             grads=self._grads,
             device=self.device,
             clip=self._clip,
+            loss_was_finite=self._loss_was_finite,
             observers=self.observers,
             owner=self,
             step=self.stats.steps,
         )
         grad_mode = torch.is_grad_enabled()
-        completed = False
-        # A Ctrl-C is held until every optimizer has applied and the step is counted
-        # (all or none); not around a closure, which may run for long.
-        with ctrl_c.held() if closure is None else contextlib.nullcontext():
-            try:
-                if closure is None:
-                    outcome = step_plain(ctx, optimizers)
-                else:
-                    outcome = step_with_closure(ctx, optimizers[0], closure)
-                completed = True
-            finally:
-                if not completed:
-                    # Interrupted (Ctrl-C in a closure, an exception from a hook): end the
-                    # scaler's iteration at the scale it has, or every later step would
-                    # raise torch's "unscale_() has already been called on this optimizer
-                    # since the last update()"; and restore grad mode, which an interrupt
-                    # inside torch's no_grad() can leave off.
-                    torch.set_grad_enabled(grad_mode)
-                    if scaler.is_enabled():
-                        scaler.update(new_scale=float(scaler.get_scale()))
+        try:
+            if closure is None:
+                outcome = step_plain(ctx, optimizers)
+            else:
+                outcome = step_with_closure(ctx, optimizers[0], closure)
+        except BaseException:
+            # An exception mid-step (from a hook, an optimizer, a closure, a Ctrl-C) leaves
+            # that step undefined (resuming from a checkpoint is the recovery), but the run
+            # goes on: end the scaler's iteration at the scale it has, or every later step
+            # raises torch's "unscale_() has already been called on this optimizer since the
+            # last update()", and restore grad mode, which one inside no_grad() leaves off.
+            torch.set_grad_enabled(grad_mode)
+            if scales:
+                scaler.update(new_scale=float(scaler.get_scale()))
+            raise
+        finally:
+            if scales:
                 self._grads.end_step()
-                if self.plan.grad_accum_dtype is not None:
-                    self._accumulation.release()
-                self._clip = None
-            report = record_step(
-                self.stats, outcome, scale_before=scale_before, scale_after=self.loss_scale
-            )
+            if self.plan.grad_accum_dtype is not None:
+                self._accumulation.release()
+            self._clip = None
+            self._loss_finite = None
+        scale_after = float(scaler.get_scale()) if scales else None
+        report = record_step(
+            self.stats, outcome, scale_before=scale_before, scale_after=scale_after
+        )
         if report.nonfinite_weights and not self._warned_weight_overflow:
             self._warned_weight_overflow = True
             warnings.warn(
@@ -589,12 +583,13 @@ class Precision:
             )
         for observer in self.observers:
             observer.after_step(self, optimizers, report)
-        check_collapse(
-            self.stats,
-            min_loss_scale=self.min_loss_scale,
-            max_consecutive_skips=self.max_consecutive_skips,
-            loss_finite=report.loss_finite,
-        )
+        if not report.applied or scale_after is not None:  # else nothing says it is stuck
+            check_collapse(
+                self.stats,
+                min_loss_scale=self.min_loss_scale,
+                max_consecutive_skips=self.max_consecutive_skips,
+                loss_finite=report.loss_finite,
+            )
         return report
 
     # ----------------------------------------------------------------- state

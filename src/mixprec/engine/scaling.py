@@ -120,8 +120,8 @@ class ScaledGradients:
     """Where the gradients of the current step stand (see the module docs).
 
     Args:
-        scales_loss: whether the run scales the loss; without it every method
-            keeps only `backward_pending` and never unscales.
+        scales_loss: whether the run scales the loss; without it nothing is watched
+            or unscaled (`Precision` then backpropagates the loss itself).
     """
 
     def __init__(self, *, scales_loss: bool) -> None:
@@ -137,9 +137,6 @@ class ScaledGradients:
         self._scaled_versions: dict[int, tuple[int, int]] = {}
         self._changed_while_scaled = False
         self._warned_scaled_edit = False
-        # Whether every loss given to `backward` this step was finite: a device
-        # tensor, read only when a step is skipped (`loss_was_finite`).
-        self._loss_finite: torch.Tensor | None = None
 
     @property
     def are_scaled(self) -> bool:
@@ -176,10 +173,7 @@ class ScaledGradients:
         optimizers: Iterable[torch.optim.Optimizer],
         **kwargs: Any,
     ) -> None:
-        """Backpropagate ``scaler.scale(loss)`` and note the gradients' versions and
-        whether the loss was finite (without a host sync)."""
-        finite = torch.isfinite(loss.detach()).all()
-        self._loss_finite = finite if self._loss_finite is None else self._loss_finite & finite
+        """Backpropagate ``scaler.scale(loss)`` and note the gradients' versions."""
         scaled: torch.Tensor = scaler.scale(loss)
         self._in_scaled_backward = True
         try:
@@ -213,11 +207,6 @@ class ScaledGradients:
                 scaler.unscale_(opt)
                 self._unscaled.add(id(opt))
 
-    def loss_was_finite(self) -> bool | None:
-        """Whether every loss given to `backward` this step was finite (one host sync);
-        None when no loss went through `backward`."""
-        return None if self._loss_finite is None else bool(self._loss_finite)
-
     def end_step(self) -> None:
         """Forget this step's state (the step applied or skipped, or raised)."""
         self._unscaled.clear()
@@ -225,4 +214,3 @@ class ScaledGradients:
         self.unscaled_seen = False
         self._scaled_versions = {}
         self._changed_while_scaled = False
-        self._loss_finite = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -91,7 +91,7 @@ class ClipNote:
     ids of the parameters with gradients it covered. Used for the report only."""
 
     norm: torch.Tensor | None
-    param_ids: frozenset[int]
+    param_ids: Set[int]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +105,8 @@ class StepContext:
         grads: where this step's gradients stand (unscaled or not, backward pending).
         device: where the tensors of a cross-rank agreement live.
         clip: what this step's `Precision.clip_grad_norm_` saw, or None.
+        loss_was_finite: whether every loss given to `Precision.backward` this step
+            (closure evaluations included) was finite, None if none was; read on a skip.
         observers: called once the gradients are final, before the update.
         owner: the `Precision` the observers are given.
         step: this step's index (`PrecisionStats.steps` before it).
@@ -115,6 +117,7 @@ class StepContext:
     grads: ScaledGradients
     device: torch.device
     clip: ClipNote | None
+    loss_was_finite: Callable[[], bool | None]
     observers: Sequence[StepObserver]
     owner: Precision
     step: int
@@ -124,32 +127,49 @@ class _NonFiniteInClosureError(Exception):
     """Raised inside a wrapped closure to abort an optimizer step with bad gradients."""
 
 
-def check_grads(params: Sequence[torch.Tensor], clip: ClipNote | None) -> tuple[float, int]:
+def check_grads(
+    params: Sequence[torch.Tensor], clip: ClipNote | None, device: torch.device
+) -> tuple[float, int]:
     """The reported gradient norm and the count of non-finite gradient elements of
-    `params` (the parameters with a gradient of every optimizer of the step).
+    `params` (the parameters with a gradient of every optimizer of the step), as every
+    rank reports them (`agree_across_ranks`, under a process group).
 
     The decision covers every one of those gradients: one fused norm over all of
     them, read with one host sync (together with a clip's pre-clip norm, which is
     reported when that clip saw every gradient).
     """
-    grads = [cast(torch.Tensor, p.grad) for p in params]
-    if not grads:
-        return 0.0, 0
-    total = total_norm(grads).float()
-    pending = clip.norm if clip is not None else None
-    clip_saw_all = (
-        clip is not None and pending is not None and clip.param_ids.issuperset(map(id, params))
-    )
-    if clip_saw_all and pending is not None:
-        values = torch.stack([total, plain(pending).float().to(total.device)]).tolist()
-        now, norm = values[0], values[1]
-    else:
-        now = norm = float(total)
-    if math.isfinite(now) and math.isfinite(norm):
-        return norm, 0
-    # The norm can overflow fp32 on finite gradients (an element of 2e19): decide on
-    # the elements themselves, not on the norm.
-    return (norm if not math.isfinite(norm) else now), count_nonfinite(grads)
+    # Without a process group there is no other rank and no DTensor (FSDP2's gradients,
+    # whose norms are made whole with `plain`, a collective).
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    grads: list[torch.Tensor] = []
+    for p in params:
+        grads.append(cast(torch.Tensor, p.grad))
+    norm, nonfinite = 0.0, 0
+    if grads:
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False)
+        pending = None  # a clip's pre-clip norm, when that clip saw every gradient
+        if (
+            clip is not None
+            and clip.norm is not None
+            and clip.param_ids.issuperset(map(id, params))
+        ):
+            pending = clip.norm
+        if distributed:
+            total = plain(total)
+            pending = None if pending is None else plain(pending)
+        total = total.float()
+        if pending is not None:
+            now, norm = torch.stack([total, pending.float().to(total.device)]).tolist()
+        else:
+            now = norm = float(total)
+        if not (math.isfinite(now) and math.isfinite(norm)):
+            # The norm can overflow fp32 on finite gradients (an element of 2e19): decide
+            # on the elements themselves, not on the norm.
+            norm = norm if not math.isfinite(norm) else now
+            nonfinite = count_nonfinite(grads)
+    if distributed:
+        return agree_across_ranks(norm, nonfinite, device)
+    return norm, nonfinite
 
 
 def count_nonfinite_weights(params: Sequence[torch.Tensor]) -> int:
@@ -185,9 +205,12 @@ def step_plain(ctx: StepContext, optimizers: Sequence[torch.optim.Optimizer]) ->
     params: list[torch.Tensor] = []  # every parameter with a gradient
     stepping: list[bool] = []  # per optimizer: does it hold one
     for opt in optimizers:
-        held = [p for group in opt.param_groups for p in group["params"] if p.grad is not None]
-        params += held
-        stepping.append(bool(held))
+        before = len(params)
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    params.append(p)
+        stepping.append(len(params) > before)
     with_grads = tuple(stepping)
     if not params:
         for observer in ctx.observers:
@@ -200,13 +223,13 @@ def step_plain(ctx: StepContext, optimizers: Sequence[torch.optim.Optimizer]) ->
         grads.unscale(scaler, optimizers)
     # One decision for every optimizer of the step, taken on every rank together, and
     # reported the same on every rank.
-    norm, nonfinite = agree_across_ranks(*check_grads(params, ctx.clip), ctx.device)
+    norm, nonfinite = check_grads(params, ctx.clip, ctx.device)
     for observer in ctx.observers:
         observer.before_step(ctx.owner, optimizers, ctx.step)
     if nonfinite > 0:
         update_scale(scaler, ls, found_inf=True)  # back off (dynamic), as GradScaler does
-        skipped = tuple(False for _ in optimizers)
-        return StepOutcome(False, skipped, norm, nonfinite, loss_finite=grads.loss_was_finite())
+        skipped = (False,) * len(optimizers)
+        return StepOutcome(False, skipped, norm, nonfinite, loss_finite=ctx.loss_was_finite())
     if ls is not None and ls.dynamic:
         for opt, has in zip(optimizers, with_grads, strict=True):
             if has:
@@ -218,7 +241,8 @@ def step_plain(ctx: StepContext, optimizers: Sequence[torch.optim.Optimizer]) ->
         if ls is not None:
             # Static scale: end GradScaler's iteration without moving the scale.
             scaler.update(new_scale=float(ls.init_scale))
-    return StepOutcome(True, with_grads, norm, 0, _overflowed(plan, params))
+    fp16 = plan.storage_dtype == torch.float16  # the one storage format an update overflows
+    return StepOutcome(True, with_grads, norm, 0, count_nonfinite_weights(params) if fp16 else 0)
 
 
 def _refuse_unscaled(plan: PrecisionPlan, grads: ScaledGradients) -> None:
@@ -241,11 +265,6 @@ def _refuse_unscaled(plan: PrecisionPlan, grads: ScaledGradients) -> None:
         )
 
 
-def _overflowed(plan: PrecisionPlan, params: Sequence[torch.Tensor]) -> int:
-    """`count_nonfinite_weights` under fp16 storage; 0 otherwise (nothing to read)."""
-    return count_nonfinite_weights(params) if plan.storage_dtype == torch.float16 else 0
-
-
 def step_with_closure(
     ctx: StepContext, optimizer: torch.optim.Optimizer, closure: Closure
 ) -> StepOutcome:
@@ -258,12 +277,12 @@ def step_with_closure(
         first_loss = closure()
     grads.unscale(scaler, [opt])
     with_grad = [p for p in params if p.grad is not None]
-    norm, nonfinite = agree_across_ranks(*check_grads(with_grad, ctx.clip), ctx.device)
+    norm, nonfinite = check_grads(with_grad, ctx.clip, ctx.device)
     for observer in ctx.observers:
         observer.before_step(ctx.owner, [opt], ctx.step)
     if nonfinite > 0:
         update_scale(scaler, plan.loss_scaling, found_inf=True)
-        return StepOutcome(False, (False,), norm, nonfinite, loss_finite=grads.loss_was_finite())
+        return StepOutcome(False, (False,), norm, nonfinite, loss_finite=ctx.loss_was_finite())
     saved_params = [p.detach().clone() for p in params]
     saved_state = copy.deepcopy(opt.state_dict())
     scale = float(scaler.get_scale()) if plan.loss_scaling is not None else None
@@ -296,11 +315,14 @@ def step_with_closure(
         opt.load_state_dict(saved_state)
         update_scale(scaler, plan.loss_scaling, found_inf=True)
         return StepOutcome(
-            False, (False,), norm, max(nonfinite, 1), loss_finite=grads.loss_was_finite()
+            False, (False,), norm, max(nonfinite, 1), loss_finite=ctx.loss_was_finite()
         )
     update_scale(scaler, plan.loss_scaling, found_inf=False)
     written = [p for p in params if p.grad is not None]
-    return StepOutcome(True, (had_grads,), norm, nonfinite, _overflowed(plan, written))
+    fp16 = plan.storage_dtype == torch.float16
+    return StepOutcome(
+        True, (had_grads,), norm, nonfinite, count_nonfinite_weights(written) if fp16 else 0
+    )
 
 
 def record_step(

@@ -495,7 +495,9 @@ class Precision:
         for p in params:
             if p.grad is not None:
                 seen.add(id(p))
-        self._clip = ClipNote(norm=norm.detach() if norm_type == 2.0 else None, param_ids=seen)
+        self._clip = ClipNote(
+            norm=norm.detach() if norm_type == 2.0 else None, param_ids=frozenset(seen)
+        )
         return norm
 
     # ------------------------------------------------------------------ step

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -91,7 +91,7 @@ class ClipNote:
     ids of the parameters with gradients it covered. Used for the report only."""
 
     norm: torch.Tensor | None
-    param_ids: Set[int]
+    param_ids: frozenset[int]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -14,7 +14,6 @@ __all__ = [
     "agree_across_ranks",
     "any_across_ranks",
     "count_nonfinite",
-    "grad_versions",
     "optimizer_params",
     "plain",
     "total_norm",
@@ -82,13 +81,3 @@ def agree_across_ranks(norm: float, nonfinite: int, device: torch.device) -> tup
     count, finite, any_inf, any_nan = t.tolist()
     agreed = math.nan if any_nan else math.inf if any_inf else finite
     return agreed, int(count)
-
-
-def grad_versions(optimizers: Iterable[torch.optim.Optimizer]) -> dict[int, tuple[int, int]]:
-    """Each gradient's identity and in-place version counter, by parameter id."""
-    return {
-        id(p): (id(p.grad), p.grad._version)
-        for opt in optimizers
-        for p in optimizer_params(opt)
-        if p.grad is not None
-    }

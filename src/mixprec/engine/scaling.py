@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from mixprec.engine.gradients import grad_versions, optimizer_params
+from mixprec.engine.gradients import optimizer_params
 from mixprec.errors import PrecisionWarning, user_stacklevel
 from mixprec.policy import LossScaling
 
@@ -103,9 +103,20 @@ def owning_optimizers(
     Raises:
         ValueError: some of those gradients belong to none of `candidates`.
     """
-    wanted = {id(p) for p in params if p.grad is not None}
-    owning = [o for o in candidates if wanted & {id(p) for p in optimizer_params(o)}]
-    covered = {id(p) for o in owning for p in optimizer_params(o)}
+    wanted: set[int] = set()
+    for p in params:
+        if p.grad is not None:
+            wanted.add(id(p))
+    owning: list[torch.optim.Optimizer] = []
+    covered: set[int] = set()
+    for opt in candidates:
+        held: set[int] = set()
+        for group in opt.param_groups:
+            for p in group["params"]:
+                held.add(id(p))
+        if not wanted.isdisjoint(held):
+            owning.append(opt)
+            covered |= held
     if not wanted <= covered:
         raise ValueError(
             "clip_grad_norm_ under loss scaling must unscale the gradients first, but "
@@ -114,6 +125,17 @@ def owning_optimizers(
             "optimizer=..."
         )
     return owning
+
+
+def _grad_versions(optimizers: Iterable[torch.optim.Optimizer]) -> dict[int, tuple[int, int]]:
+    """Each gradient's identity and in-place version counter, by parameter id."""
+    versions: dict[int, tuple[int, int]] = {}
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    versions[id(p)] = (id(p.grad), p.grad._version)
+    return versions
 
 
 class ScaledGradients:
@@ -182,7 +204,7 @@ class ScaledGradients:
             self._in_scaled_backward = False
         self.backward_pending = True
         if self.scales_loss:
-            self._scaled_versions = grad_versions(list(optimizers))
+            self._scaled_versions = _grad_versions(list(optimizers))
 
     def unscale(
         self, scaler: torch.amp.GradScaler, optimizers: Iterable[torch.optim.Optimizer]
@@ -193,9 +215,10 @@ class ScaledGradients:
             return
         for opt in optimizers:
             if id(opt) not in self._unscaled:
-                seen = self._scaled_versions
-                now = grad_versions([opt])
-                if any(seen.get(key, version) != version for key, version in now.items()):
+                seen, changed = self._scaled_versions, False
+                for key, version in _grad_versions([opt]).items():
+                    changed = changed or seen.get(key, version) != version
+                if changed:
                     self._changed_while_scaled = True
                     if not self._warned_scaled_edit:
                         self._warned_scaled_edit = True

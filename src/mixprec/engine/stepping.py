@@ -219,7 +219,8 @@ def step_plain(ctx: StepContext, optimizers: Sequence[torch.optim.Optimizer]) ->
         return StepOutcome(True, with_grads, 0.0, 0)
     ls = plan.loss_scaling
     if ls is not None:
-        _refuse_unscaled(plan, grads)
+        if grads.unscaled_seen or not grads.backward_pending:
+            _refuse_unscaled(plan, grads)
         grads.unscale(scaler, optimizers)
     # One decision for every optimizer of the step, taken on every rank together, and
     # reported the same on every rank.

@@ -556,11 +556,11 @@ class Precision:
             else:
                 outcome = step_with_closure(ctx, optimizers[0], closure)
         except BaseException:
-            # An exception mid-step (from a hook, an optimizer, a closure, a Ctrl-C) leaves
-            # that step undefined (resuming from a checkpoint is the recovery), but the run
-            # goes on: end the scaler's iteration at the scale it has, or every later step
-            # raises torch's "unscale_() has already been called on this optimizer since the
-            # last update()", and restore grad mode, which one inside no_grad() leaves off.
+            # An exception mid-step (a hook, an optimizer, a closure, a Ctrl-C) leaves the
+            # step undefined (resuming from a checkpoint is the recovery), but the run goes
+            # on: the scaler's iteration ends at its scale (else every later step raises
+            # torch's "unscale_() has already been called ... since the last update()"), and
+            # grad mode is restored (an interrupt in torch's no_grad() can leave it off).
             torch.set_grad_enabled(grad_mode)
             if scales:
                 scaler.update(new_scale=float(scaler.get_scale()))

@@ -36,7 +36,7 @@ def _print(measured: SpeedMeasurement) -> None:
         )
     for name, why in measured.skipped.items():
         print(f"  {name:6}  not measured: {why}")
-    auto = mixprec.resolve_auto(measured=measured)
+    auto = mixprec.policy.resolve_auto(measured=measured)
     print(f"  auto -> {auto.name}")
 
 

@@ -23,7 +23,7 @@ import warnings
 import torch
 from torch import nn
 
-from mixprec import Precision, policy
+from mixprec import Precision, preset
 from mixprec.workloads.gpt import GPT, GPTConfig
 
 CONFIG = GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=64)
@@ -53,7 +53,7 @@ def _loss(
 
 
 def errors(n: int, fp32_sum: bool, device: str) -> dict[str, float]:
-    pol = policy("bf16_master")
+    pol = preset("bf16_master")
     if fp32_sum:
         pol = pol.replace(grad_accum_dtype=torch.float32)
     prec = Precision(pol)
@@ -75,7 +75,7 @@ def errors(n: int, fp32_sum: bool, device: str) -> dict[str, float]:
 def step_times(n: int, repeats: int, device: str) -> dict[str, dict[str, float]]:
     runs = {}
     for name, fp32_sum in (("bf16 .grad", False), ("fp32 sums", True)):
-        pol = policy("bf16_master")
+        pol = preset("bf16_master")
         if fp32_sum:
             pol = pol.replace(grad_accum_dtype=torch.float32)
         prec = Precision(pol)

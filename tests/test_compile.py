@@ -36,7 +36,7 @@ MODELS: dict[str, Callable[[], nn.Module]] = {"llama": _llama, "gpt": _gpt}
 
 
 def _policy(model: str, name: str) -> Policy:
-    pol = mixprec.policy(name)
+    pol = mixprec.preset(name)
     if model == "llama" and pol.fp8 is None:
         # an arbitrary named module as well as the norms: the (untied) output head
         return pol.replace(fp32_modules=(*DEFAULT_FP32_MODULES, "lm_head"))

@@ -171,7 +171,7 @@ class SubLayerNorm(nn.LayerNorm):
 
 
 def test_fp32_module_matching() -> None:
-    p = mixprec.policy("bf16_master")
+    p = mixprec.preset("bf16_master")
     assert matches_fp32_module(p, "blocks.0.ln_1", nn.LayerNorm(4))
     assert matches_fp32_module(p, "x", nn.BatchNorm2d(4))
     assert matches_fp32_module(p, "x", nn.GroupNorm(2, 4))
@@ -192,17 +192,17 @@ def _norm_model() -> nn.Module:
 
 def test_the_rule_names_the_modules_and_parameters_of_a_model() -> None:
     model = _norm_model()
-    pol = mixprec.policy("bf16_master")
+    pol = mixprec.preset("bf16_master")
     rule = IslandRule.of(pol)
     assert rule.active and rule.entries == pol.fp32_modules
     assert rule.module_names(model) == ("1", "2")
     assert island_param_names(model, pol) == {"1.weight", "1.bias", "2.weight", "2.bias"}
     # fp32 storage: the patterns still match, but no island applies.
-    fp32 = IslandRule.of(mixprec.policy("amp_bf16"))
+    fp32 = IslandRule.of(mixprec.preset("amp_bf16"))
     assert not fp32.active and fp32.matches("1", model[1])
     assert (
         fp32.module_names(model) == ()
-        and island_param_names(model, mixprec.policy("fp32")) == set()
+        and island_param_names(model, mixprec.preset("fp32")) == set()
     )
     assert add_fp32_islands(model, fp32, "cpu") == [] and island_names(model) == ()
     assert is_norm_layer(model[1]) and not is_norm_layer(model[0])
@@ -215,7 +215,7 @@ def test_apply_then_remove_restores_the_model_exactly() -> None:
     keys = {k: (v.dtype, v.shape) for k, v in model.state_dict().items()}
     forwards = {name: m.forward for name, m in model.named_modules()}
     classes = {name: type(m) for name, m in model.named_modules()}
-    added = add_fp32_islands(model, mixprec.policy("bf16_master"), "cpu")
+    added = add_fp32_islands(model, mixprec.preset("bf16_master"), "cpu")
     assert added == [model[1], model[2]] and island_names(model) == ("1", "2")
     for name, module in model.named_modules():
         # The class and state_dict keys are the module's own; islands have an
@@ -240,15 +240,15 @@ def test_apply_then_remove_restores_the_model_exactly() -> None:
 def test_temporary_islands_keep_the_ones_that_existed() -> None:
     model = _norm_model()
     add_fp32_island(model[1], "cpu")
-    with temporary_fp32_islands(model, mixprec.policy("bf16_master"), "cpu"):
+    with temporary_fp32_islands(model, mixprec.preset("bf16_master"), "cpu"):
         assert island_names(model) == ("1", "2")
     assert island_names(model) == ("1",)
 
 
 def test_islands_are_the_norms_under_16_bit_storage_only() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
-    assert island_param_names(model, mixprec.policy("bf16_master")) == {"1.weight", "1.bias"}
-    assert island_param_names(model, mixprec.policy("fp32")) == set()
+    assert island_param_names(model, mixprec.preset("bf16_master")) == {"1.weight", "1.bias"}
+    assert island_param_names(model, mixprec.preset("fp32")) == set()
 
 
 # ------------------------------------------------------------- torch.compile

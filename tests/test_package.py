@@ -1,4 +1,5 @@
-"""`import mixprec`: light, lazy, and every subpackage reachable from it."""
+"""`import mixprec`: light, lazy, and every public subpackage reachable from it
+(the names themselves: tests/test_public_api.py)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,6 @@ def _run(code: str) -> str:
     return out.stdout.strip()
 
 
-def test_import_mixprec_loads_neither_torch_nor_matplotlib_nor_the_native_builder() -> None:
-    loaded = _run(
-        "import sys, mixprec; "
-        "print(sorted(m for m in ('torch', 'matplotlib', 'mixprec.optim.native') "
-        "if m in sys.modules))"
-    )
-    assert loaded == "[]"
-
-
 @pytest.mark.parametrize(
     ("expression", "expected"),
     [
@@ -32,9 +24,9 @@ def test_import_mixprec_loads_neither_torch_nor_matplotlib_nor_the_native_builde
         ("mixprec.optim.AdamW.__name__", "AdamW"),
         ("mixprec.checkpoint.save.__module__", "mixprec.checkpoint.saving"),
         ("mixprec.report.__name__", "rerender"),
-        ("callable(mixprec.policy)", "True"),
+        ("mixprec.preset('fp32').name", "fp32"),
         ("mixprec.speed.measure_speed.__module__", "mixprec.speed.measure"),
-        ("mixprec.userdirs.user_cache_dir.__name__", "user_cache_dir"),
+        ("mixprec.distributed.shard.__module__", "mixprec.distributed.fsdp"),
     ],
 )
 def test_subpackages_and_library_calls_are_reachable_after_import_mixprec(

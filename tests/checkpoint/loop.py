@@ -19,7 +19,7 @@ import mixprec
 from mixprec import checkpoint
 
 #: Every preset, each with int8 moments, remainders and scales large enough to be used.
-PRESETS = mixprec.PRESET_NAMES
+PRESETS = mixprec.policy.PRESET_NAMES
 
 
 def make_model() -> nn.Module:

@@ -151,17 +151,6 @@ def test_ctrl_c_while_starting_is_one_line(delay_s: float, tmp_path: Path) -> No
         assert err.strip().splitlines()[-1].startswith("mixprec: interrupted")
 
 
-def test_mixprec_policy_stays_the_preset_function() -> None:
-    import subprocess
-
-    code = (
-        "import mixprec.policy, mixprec; "
-        "print(callable(mixprec.policy) and mixprec.policy('fp32').name)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "fp32"
-
-
 def test_a_user_workload_s_error_keeps_its_type_and_leaves_no_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -111,7 +111,7 @@ def payload() -> dict[str, Any]:
     out = {}
     for name in ("amp_bf16", "bf16_master"):
         for reduce in (torch.float32, torch.bfloat16):
-            pol = mixprec.policy(name).replace(reduce_dtype=reduce)
+            pol = mixprec.preset(name).replace(reduce_dtype=reduce)
             key = f"{name}/{str(reduce).removeprefix('torch.')}"
             out[f"fsdp2 {key}"] = _payload(pol, _fsdp)
             out[f"ddp {key}"] = _payload(pol, _ddp)
@@ -267,7 +267,7 @@ def _findings(policy: mixprec.Policy | str, model: nn.Module) -> list[dict[str, 
 @scenario
 def doctor() -> dict[str, Any]:
     """What `mixprec.doctor.check` reads from live FSDP2 and DDP wrappers."""
-    bf16_reduce = mixprec.policy("bf16_master").replace(reduce_dtype=torch.bfloat16)
+    bf16_reduce = mixprec.preset("bf16_master").replace(reduce_dtype=torch.bfloat16)
 
     def prepared(name: str) -> nn.Module:
         return mixprec.Precision(name).prepare(cases.make_model())

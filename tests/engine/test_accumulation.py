@@ -16,11 +16,11 @@ import torch.distributed as dist
 from torch import nn
 
 import tolerances as tol
-from mixprec import LossScaling, Policy, Precision, PrecisionError, policy
+from mixprec import LossScaling, Policy, Precision, PrecisionError, preset
 
 from .helpers import loss_fn, make_model
 
-BF16_MASTER = policy("bf16_master")
+BF16_MASTER = preset("bf16_master")
 FP32_ACCUM = BF16_MASTER.replace(grad_accum_dtype=torch.float32)
 
 pytestmark = pytest.mark.usefixtures("quiet_expected_warnings")
@@ -162,7 +162,7 @@ def test_a_skipped_step_releases_the_sum() -> None:
 
 def test_fp32_parameters_are_left_to_autograd() -> None:
     """fp32 storage (and fp32 islands) already sum in fp32: no hooks, no buffer."""
-    prec = Precision(policy("amp_bf16").replace(grad_accum_dtype=torch.float32))
+    prec = Precision(preset("amp_bf16").replace(grad_accum_dtype=torch.float32))
     model = prec.prepare(make_model())
     accumulate(prec, model, batches(4))
     assert prec._accumulation.nbytes == 0
@@ -195,7 +195,7 @@ def test_fsdp2_models_are_refused_before_and_after_wrapping(tmp_path: Path) -> N
             prec.optimizer(model)
         # fp32 storage has no 16-bit gradient to sum: nothing to refuse (review: amp_bf16
         # with the field was refused under FSDP2).
-        amp = policy("amp_bf16").replace(grad_accum_dtype=torch.float32)
+        amp = preset("amp_bf16").replace(grad_accum_dtype=torch.float32)
         prec = Precision(amp)
         prec.optimizer(prec.prepare(shard(make_model(), amp)))
     finally:

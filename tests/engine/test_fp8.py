@@ -23,7 +23,7 @@ from mixprec.engine.fp8 import (
     is_float8_linear,
 )
 from mixprec.errors import PrecisionError, PrecisionWarning
-from mixprec.policy import FP8_PRESET_NAMES, Float8Training, policy
+from mixprec.policy import FP8_PRESET_NAMES, Float8Training, preset
 
 pytest.importorskip("torchao.float8")
 
@@ -132,7 +132,7 @@ def test_a_model_without_linears_warns() -> None:
 def test_a_root_linear_is_returned_converted() -> None:
     layer = nn.Linear(32, 32)
     weight = layer.weight
-    prec = Precision(policy("fp8_tensorwise").replace(fp8=Float8Training(skip_first_last=False)))
+    prec = Precision(preset("fp8_tensorwise").replace(fp8=Float8Training(skip_first_last=False)))
     with pytest.warns(PrecisionWarning, match="skip_first_last=False"):
         out = prec.prepare(layer)
     assert is_float8_linear(out) and out.weight is weight
@@ -142,7 +142,7 @@ def test_a_root_linear_is_returned_converted() -> None:
 @pytest.mark.compile
 def test_a_compiled_root_linear_that_would_convert_is_refused() -> None:
     """torch.compile's wrapper runs the module it was given, not a new Float8Linear."""
-    prec = Precision(policy("fp8_tensorwise").replace(fp8=Float8Training(skip_first_last=False)))
+    prec = Precision(preset("fp8_tensorwise").replace(fp8=Float8Training(skip_first_last=False)))
     compiled = torch.compile(nn.Linear(32, 32))
     with pytest.warns(PrecisionWarning), pytest.raises(PrecisionError, match="first, then torch"):
         prec.prepare(compiled)
@@ -228,7 +228,7 @@ def test_a_module_under_two_names_is_kept_whole_with_its_reason() -> None:
 
 def test_real_fp8_gemms_are_refused_where_there_are_none() -> None:
     assert fp8_hardware("cpu") == (False, "cpu has no FP8 GEMM units: torchao emulates them")
-    prec = Precision(policy("fp8_tensorwise").replace(fp8=Float8Training(emulate=False)))
+    prec = Precision(preset("fp8_tensorwise").replace(fp8=Float8Training(emulate=False)))
     with pytest.raises(PrecisionError, match=r"real FP8 GEMMs \(fp8 emulate=False\)"):
         prec.prepare(Net())
 
@@ -365,7 +365,7 @@ def no_torchao(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("no_torchao")
 def test_without_torchao_the_presets_are_data_but_prepare_says_the_install_line() -> None:
     for name in FP8_PRESET_NAMES:
-        p = mixprec.policy(name)
+        p = mixprec.preset(name)
         prec = Precision(p)  # building the run needs no torchao
         assert prec.plan.fp8 == p.fp8
         with pytest.raises(ImportError, match=r"pip install 'mixprec\[fp8\]'") as info:

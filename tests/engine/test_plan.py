@@ -22,30 +22,30 @@ pytestmark = pytest.mark.usefixtures("quiet_expected_warnings")
 
 
 def test_the_plan_holds_every_decision_of_the_policy() -> None:
-    plan = resolve_plan(mixprec.policy("bf16_master"))
+    plan = resolve_plan(mixprec.preset("bf16_master"))
     assert plan.policy_name == "bf16_master"
     assert plan.autocast_dtype == torch.bfloat16 and plan.autocast_enabled
     assert plan.storage_dtype == torch.bfloat16
-    assert plan.islands == IslandRule(mixprec.policy("bf16_master").fp32_modules, active=True)
+    assert plan.islands == IslandRule(mixprec.preset("bf16_master").fp32_modules, active=True)
     assert plan.master == master_spec("exact") and plan.moments == moment_spec("fp32")
     assert plan.loss_scaling is None and not plan.scales_loss and not plan.dynamic_scaling
     assert plan.reduce_dtype == torch.float32
-    amp = resolve_plan(mixprec.policy("amp_fp16"))
+    amp = resolve_plan(mixprec.preset("amp_fp16"))
     assert amp.loss_scaling == LossScaling() and amp.scales_loss and amp.dynamic_scaling
     assert not amp.islands.active  # fp32 storage: autocast's op lists decide
     static = resolve_plan(
         Policy(compute_dtype=torch.float16, loss_scaling=LossScaling.static(128.0))
     )
     assert static.scales_loss and not static.dynamic_scaling
-    fp32 = resolve_plan(mixprec.policy("fp32"))
+    fp32 = resolve_plan(mixprec.preset("fp32"))
     assert fp32.autocast_dtype is None and not fp32.autocast_enabled
-    pure = resolve_plan(mixprec.policy("bf16_pure"))
-    assert pure.risks == mixprec.policy("bf16_pure").risks() and pure.risks
+    pure = resolve_plan(mixprec.preset("bf16_pure"))
+    assert pure.risks == mixprec.preset("bf16_pure").risks() and pure.risks
 
 
 @pytest.mark.parametrize("name", PRESET_NAMES)
 def test_equal_policies_give_equal_frozen_plans(name: str) -> None:
-    a, b = Precision(name), Precision(mixprec.policy(name))
+    a, b = Precision(name), Precision(mixprec.preset(name))
     assert isinstance(a.plan, PrecisionPlan)
     assert a.plan == b.plan == resolve_plan(a.policy)
     assert hash(a.plan) == hash(b.plan)
@@ -120,11 +120,11 @@ def test_a_run_changes_nothing_global() -> None:
 
 
 def test_reduce_and_output_dtypes_are_planned_and_an_unapplied_output_cast_refused() -> None:
-    pol = mixprec.policy("amp_bf16").replace(reduce_dtype=torch.bfloat16)
+    pol = mixprec.preset("amp_bf16").replace(reduce_dtype=torch.bfloat16)
     assert resolve_plan(pol).reduce_dtype == torch.bfloat16  # applied by the wrappers
     # One process reduces nothing: a reduce dtype is moot there, an output cast is not.
     mixprec.Precision(pol).prepare(torch.nn.Linear(2, 2))
-    out = mixprec.policy("amp_bf16").replace(output_dtype=torch.bfloat16)
+    out = mixprec.preset("amp_bf16").replace(output_dtype=torch.bfloat16)
     assert resolve_plan(out).output_dtype == torch.bfloat16
     with pytest.raises(mixprec.PrecisionError, match=r"output.*only an FSDP2 root.*shard"):
         mixprec.Precision(out).prepare(torch.nn.Linear(2, 2))

@@ -89,7 +89,7 @@ def test_a_second_precision_reads_the_cache(monkeypatch: pytest.MonkeyPatch) -> 
     ("name", "kwargs", "match"),
     [
         ("fp32", {"model": "m", "example_input": "x"}, "already chosen"),
-        (mixprec.policy("amp_bf16"), {"model": "m", "example_input": "x"}, "'amp_bf16'"),
+        (mixprec.preset("amp_bf16"), {"model": "m", "example_input": "x"}, "'amp_bf16'"),
         ("auto", {"model": "m"}, "pass example_input="),
         ("auto", {"example_input": "x"}, "pass model="),
     ],

@@ -64,9 +64,9 @@ def test_grad_accum_counts_the_fp32_sums_the_engine_holds() -> None:
     import torch
     from torch import nn
 
-    from mixprec import Precision, policy
+    from mixprec import Precision, preset
 
-    pol = policy("bf16_master").replace(grad_accum_dtype=torch.float32)
+    pol = preset("bf16_master").replace(grad_accum_dtype=torch.float32)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 4), nn.Linear(4, 4))
     model[3].requires_grad_(False)

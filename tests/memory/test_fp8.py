@@ -21,7 +21,7 @@ from mixprec.memory import (
     fp8_layer_transients,
     measure,
 )
-from mixprec.policy import policy as get_policy
+from mixprec.policy import preset
 
 from .gpt import gpt_and_batch, shape_of
 
@@ -144,7 +144,7 @@ def test_one_layer_replay_is_the_measured_peak_byte_for_byte(
     x, y = torch.randn(tokens, 16), torch.randn(tokens, 16)
     _, _, got = _estimate_and_measure(name, model, x, y, _mse)
     assert got.fp8 is not None and got.fp8.emulate and got.fp8.layer == "1"
-    recipe = get_policy(name).fp8.recipe  # type: ignore[union-attr]
+    recipe = preset(name).fp8.recipe  # type: ignore[union-attr]
     assert (got.fp8.forward, got.fp8.backward) == fp8_layer_transients(
         recipe, tokens, k, n, emulate=True, bias=bias
     )
@@ -258,9 +258,9 @@ def test_device_picks_the_gemm_path() -> None:
     shape = shape_of(model, x)
     cpu = estimate(shape, "fp8_rowwise", device_type="cpu")
     forced = dataclasses.replace(
-        get_policy("fp8_rowwise"),
+        preset("fp8_rowwise"),
         name="fp8_rowwise_units",
-        fp8=dataclasses.replace(get_policy("fp8_rowwise").fp8, emulate=False),  # type: ignore[arg-type]
+        fp8=dataclasses.replace(preset("fp8_rowwise").fp8, emulate=False),  # type: ignore[arg-type]
     )
     units = estimate(shape, forced, device_type="cpu")
     assert cpu.fp8 is not None and cpu.fp8.emulate
@@ -314,5 +314,5 @@ def test_transformer_shape_sizes_the_linears_of_a_gqa_llama() -> None:
     shape = TransformerShape.from_config(
         {**config, "model_type": "llama", "hidden_act": "silu"}, seq_len=64
     )
-    predicted = transformer_fp8_layers(shape, get_policy("fp8_rowwise"))
+    predicted = transformer_fp8_layers(shape, preset("fp8_rowwise"))
     assert {(layer.in_features, layer.out_features, layer.bias) for layer in predicted} == built

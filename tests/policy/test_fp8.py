@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mixprec
-from mixprec.policy import FP8_PRESET_NAMES, FP8_RECIPES, Float8Training, Policy, policy
+from mixprec.policy import FP8_PRESET_NAMES, FP8_RECIPES, Float8Training, Policy, preset
 
 BF16 = torch.bfloat16
 
@@ -83,25 +83,25 @@ def test_fp8_needs_bf16_compute_and_says_the_fix() -> None:
 
 
 def test_presets_are_bf16_master_with_fp8_linears() -> None:
-    bf16_master = policy("bf16_master")
+    bf16_master = preset("bf16_master")
     for name, recipe in zip(FP8_PRESET_NAMES, FP8_RECIPES, strict=True):
-        p = policy(name)
+        p = preset(name)
         assert p.fp8 == Float8Training(recipe=recipe)
         assert p.replace(name="bf16_master", fp8=None) == bf16_master
         assert p.risks() == ()
         assert not p.scales_loss
         assert f"fp8 linears {recipe}" in p.describe()
-    assert set(FP8_PRESET_NAMES) <= set(mixprec.PRESET_NAMES)
+    assert set(FP8_PRESET_NAMES) <= set(mixprec.policy.PRESET_NAMES)
 
 
 def test_converting_the_first_and_last_layers_is_a_risk() -> None:
-    p = policy("fp8_tensorwise").replace(fp8=Float8Training(skip_first_last=False))
+    p = preset("fp8_tensorwise").replace(fp8=Float8Training(skip_first_last=False))
     (risk,) = p.risks()
     assert "skip_first_last=False" in risk and "output head" in risk
 
 
 def test_dict_round_trip() -> None:
-    p = policy("fp8_rowwise").replace(
+    p = preset("fp8_rowwise").replace(
         fp8=Float8Training(recipe="rowwise", emulate=True, min_divisor=8, exclude=("head",))
     )
     d = json.loads(json.dumps(p.to_dict()))
@@ -113,7 +113,7 @@ def test_dict_round_trip() -> None:
         "exclude": ["head"],
     }
     assert Policy.from_dict(d) == p
-    assert policy("bf16_master").to_dict()["fp8"] is None
+    assert preset("bf16_master").to_dict()["fp8"] is None
 
 
 def test_from_dict_the_yaml_spellings() -> None:
@@ -158,8 +158,8 @@ def test_fp8_on_an_fp16_preset_is_refused_from_config() -> None:
 def test_the_presets_are_data_without_torchao() -> None:
     """Listing and building the fp8 presets imports neither torchao nor the engine."""
     code = (
-        "import sys; from mixprec.policy import policy; "
-        "[policy(n).to_dict() for n in ('fp8_tensorwise', 'fp8_rowwise', 'fp8_rowwise_gw_hp')]; "
+        "import sys; from mixprec.policy import preset; "
+        "[preset(n).to_dict() for n in ('fp8_tensorwise', 'fp8_rowwise', 'fp8_rowwise_gw_hp')]; "
         "print(sorted(m for m in sys.modules if m.startswith(('torchao', 'mixprec.engine'))))"
     )
     out = subprocess.run(

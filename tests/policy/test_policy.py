@@ -20,7 +20,7 @@ from mixprec.policy import (
     PRESET_NAMES,
     LossScaling,
     Policy,
-    policy,
+    preset,
     resolve_auto,
 )
 
@@ -53,7 +53,7 @@ def get(name: str) -> Policy:
     """The preset: built without any warning; only the pure-bf16 one lists a risk."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        p = policy(name)
+        p = preset(name)
     assert not caught, (name, [str(w.message) for w in caught])
     assert bool(p.risks()) == (p.name == "bf16_pure"), (name, p.risks())
     return p
@@ -100,7 +100,7 @@ def test_issue_spellings(alias: str, target: str) -> None:
 
 def test_unknown_policy_lists_valid_names() -> None:
     with pytest.raises(ValueError, match=r"unknown precision policy 'bf17'.*bf16_master.*auto"):
-        policy("bf17")
+        preset("bf17")
 
 
 @pytest.mark.parametrize(
@@ -110,14 +110,14 @@ def test_unknown_policy_lists_valid_names() -> None:
 def test_a_typo_of_a_name_says_what_was_meant(typo: str, meant: str) -> None:
     """Found in issue 30: a typo printed the whole list with no suggestion."""
     with pytest.raises(ValueError, match=rf"'{typo}' \(did you mean '{meant}'\?\); valid"):
-        policy(typo)
+        preset(typo)
     with pytest.raises(ValueError) as info:
-        policy("zzz")  # nothing close: no suggestion
+        preset("zzz")  # nothing close: no suggestion
     assert "did you mean" not in str(info.value)
 
 
 def test_pure_bf16_warns_where_it_is_used_not_when_built() -> None:
-    pure = policy("bf16_pure")  # plain data: no warning (pytest turns one into an error)
+    pure = preset("bf16_pure")  # plain data: no warning (pytest turns one into an error)
     assert re.search(r"bf16 with no master.*master='exact'", pure.risks()[0])
     prec = mixprec.Precision(pure)
     with pytest.warns(PrecisionWarning, match=r"bf16 with no master.*master='exact'"):
@@ -125,7 +125,7 @@ def test_pure_bf16_warns_where_it_is_used_not_when_built() -> None:
 
 
 def test_policy_is_frozen_and_keyword_only() -> None:
-    p = policy("amp_bf16")
+    p = preset("amp_bf16")
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.compute_dtype = FP16  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -222,8 +222,8 @@ def test_from_dict_errors(data: dict[str, object], fragment: str) -> None:
 
 def test_replace_revalidates() -> None:
     with pytest.raises(ValueError, match="needs bf16 params"):
-        policy("bf16_master").replace(param_dtype=FP16)
-    assert policy("bf16_master").replace(moments="int8").name == "custom"
+        preset("bf16_master").replace(param_dtype=FP16)
+    assert preset("bf16_master").replace(moments="int8").name == "custom"
 
 
 def _caps(**kw: object) -> DeviceCaps:
@@ -261,11 +261,11 @@ def test_auto_decides_by_device_and_says_why(
     p = resolve_auto()
     assert p.name == expected
     assert "test gpu" in p.note and "why" in p.note
-    assert policy("auto") == p
+    assert preset("auto") == p
 
 
 def test_auto_on_this_machine_is_explained() -> None:
-    p = mixprec.policy("auto", device="cpu")
+    p = mixprec.preset("auto", device="cpu")
     assert p.name in ("amp_bf16", "fp32")
     assert p.note.startswith(f"auto chose {p.name}")
 
@@ -273,7 +273,7 @@ def test_auto_on_this_machine_is_explained() -> None:
 def test_policy_module_is_plain_data_and_does_not_load_the_optimizer() -> None:
     # Checking a master name must not load kernels or the native builder.
     code = (
-        "import sys; from mixprec.policy import policy; policy('bf16_lean'); "
+        "import sys; from mixprec.policy import preset; preset('bf16_lean'); "
         "bad = sorted(m for m in sys.modules if m.startswith(('mixprec.optim', 'mixprec.eng'))); "
         "assert not bad, bad"
     )
@@ -285,7 +285,7 @@ def test_policy_module_is_plain_data_and_does_not_load_the_optimizer() -> None:
 def test_distributed_fields_are_plain_data_a_precision_accepts(field: str) -> None:
     """They are applied by mixprec.distributed's wrappers and checked by prepare
     (tests/engine/test_plan.py, tests/distributed)."""
-    pol = policy("amp_bf16").replace(**{field: torch.bfloat16})
+    pol = preset("amp_bf16").replace(**{field: torch.bfloat16})
     assert getattr(Policy.from_dict(pol.to_dict()), field) == torch.bfloat16
     assert getattr(mixprec.Precision(pol).plan, field) == torch.bfloat16
 
@@ -326,20 +326,20 @@ def test_measured_auto_only_chooses_safe_presets() -> None:
     assert tuple(AUTO_CANDIDATES) == CANDIDATE_FORMATS
     assert dict(AUTO_CANDIDATES) == {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp_fp16"}
     for fmt, name in AUTO_CANDIDATES.items():
-        p = policy(name)
+        p = preset(name)
         assert p.risks() == () and p.param_dtype == FP32 and p.moments == "fp32"
-        assert p.compute_dtype == (None if fmt == "fp32" else mixprec.parse_dtype(fmt))
+        assert p.compute_dtype == (None if fmt == "fp32" else mixprec.dtypes.parse_dtype(fmt))
         assert (p.loss_scaling is not None) == (fmt == "fp16") and not p.allow_unscaled
 
 
 def test_grad_accum_dtype_is_fp32_or_none_and_reads_from_configs() -> None:
     """Issue 30: the dtype gradients of 16-bit parameters are summed in over a step's
     backward passes; None (the default) keeps today's behaviour (in .grad)."""
-    assert policy("bf16_master").grad_accum_dtype is None
+    assert preset("bf16_master").grad_accum_dtype is None
     pol = Policy.from_dict({"preset": "bf16_master", "grad_accum_dtype": "fp32"})
     assert pol.grad_accum_dtype == FP32
     assert Policy.from_dict(json.loads(json.dumps(pol.to_dict()))) == pol
-    assert Policy.from_dict({"preset": "bf16_master", "grad_accum_dtype": None}) == policy(
+    assert Policy.from_dict({"preset": "bf16_master", "grad_accum_dtype": None}) == preset(
         "bf16_master"
     ).replace(name="custom")
     assert "accumulate grads fp32" in pol.describe()
@@ -347,6 +347,6 @@ def test_grad_accum_dtype_is_fp32_or_none_and_reads_from_configs() -> None:
     with pytest.raises(
         ValueError, match=r"grad_accum_dtype=bf16 is not supported; valid: fp32, None \(null\)"
     ):
-        policy("bf16_master").replace(grad_accum_dtype=BF16)
+        preset("bf16_master").replace(grad_accum_dtype=BF16)
     with pytest.raises(TypeError, match="grad_accum_dtype='fp32' is a string"):
         Policy(grad_accum_dtype="fp32")  # type: ignore[arg-type]

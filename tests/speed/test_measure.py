@@ -37,7 +37,7 @@ def test_picks_fp32_when_bf16_autocast_measures_slower(
     assert m.choice() == "fp32"
     assert m.ratios() == {"fp32": 1.0, "bf16": pytest.approx(2.41), "fp16": pytest.approx(9.0)}
     assert len(timer.calls) == 3 * (1 + 3), "one warm-up and three timed steps per format"
-    policy = mixprec.resolve_auto(measured=m)
+    policy = mixprec.policy.resolve_auto(measured=m)
     assert policy.name == "fp32"
     assert "auto chose fp32" in policy.note and "measured" in policy.note
     assert (
@@ -52,7 +52,7 @@ def test_picks_bf16_for_shapes_where_bf16_measures_faster(
 ) -> None:
     m = measure_speed(shapes="64x32x16", formats=ALL, timer=fake_timer(FAST_BF16), device="cpu")
     assert m.choice() == "bf16" and m.target == "matmuls 64x32x16"
-    policy = mixprec.resolve_auto(measured=m)
+    policy = mixprec.policy.resolve_auto(measured=m)
     assert policy.name == "amp_bf16" and policy.param_dtype == torch.float32
     assert "bf16 autocast step 0.45x fp32's" in policy.note
 
@@ -61,9 +61,9 @@ def test_fp16_choice_is_the_loss_scaled_preset(fake_timer: Callable[..., FakeTim
     m = measure_speed(
         shapes="8x8x8", formats=ALL, timer=fake_timer({"fp32": 1.0, "bf16": 0.8, "fp16": 0.4})
     )
-    policy = mixprec.resolve_auto(measured=m)
+    policy = mixprec.policy.resolve_auto(measured=m)
     assert policy.name == "amp_fp16" and policy.loss_scaling is not None
-    assert mixprec.resolve_auto(measured=m, margin=0.7).name == "fp32"
+    assert mixprec.policy.resolve_auto(measured=m, margin=0.7).name == "fp32"
 
 
 @pytest.mark.parametrize(
@@ -240,13 +240,13 @@ def test_resolve_auto_refuses_a_measurement_of_another_device(
     fake_timer: Callable[..., FakeTimer],
 ) -> None:
     m = measure_speed(shapes="8x8x8", formats=["fp32"], timer=fake_timer(SLOW_BF16), device="cpu")
-    assert mixprec.resolve_auto("cpu", measured=m).name == "fp32"
+    assert mixprec.policy.resolve_auto("cpu", measured=m).name == "fp32"
     with pytest.raises(ValueError, match="measured on cpu, not on cuda"):
-        mixprec.resolve_auto("cuda", measured=m)
+        mixprec.policy.resolve_auto("cuda", measured=m)
 
 
 def test_device_facts_fallback_says_nothing_was_measured() -> None:
-    note = mixprec.resolve_auto("cpu").note
+    note = mixprec.policy.resolve_auto("cpu").note
     assert "from device facts, nothing measured" in note
 
 

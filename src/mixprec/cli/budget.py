@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     from mixprec.dtypes import parse_dtype
     from mixprec.memory import TransformerShape, estimate
-    from mixprec.policy import PRESET_NAMES, policy
+    from mixprec.policy import PRESET_NAMES, preset
 
     if sum(x is not None for x in (args.params, args.config, args.model)) != 1:
         raise UsageError(
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     policies: list[Any] = list(names)
     if args.grad_accum_dtype is not None:
         accum = parse_dtype(args.grad_accum_dtype)
-        policies = [dataclasses.replace(policy(n), grad_accum_dtype=accum) for n in names]
+        policies = [dataclasses.replace(preset(n), grad_accum_dtype=accum) for n in names]
     results = [
         estimate(
             source,

@@ -197,12 +197,12 @@ def _fp8_note() -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print the presets (or JSON); with ``--probe``, measure what ``auto`` picks."""
-    from mixprec.policy import ALIASES, PRESET_NAMES, policy, resolve_auto
+    from mixprec.policy import ALIASES, PRESET_NAMES, preset, resolve_auto
 
     _check_args(args)
     measured = _measure(args) if args.probe else None
     auto = resolve_auto(measured=measured)
-    presets = [policy(n) for n in PRESET_NAMES]
+    presets = [preset(n) for n in PRESET_NAMES]
     if args.json:
         emit_json(
             {

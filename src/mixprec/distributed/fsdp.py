@@ -26,7 +26,7 @@ from mixprec.engine.plan import PrecisionPlan, resolve_plan
 from mixprec.engine.storage import apply_storage
 from mixprec.engine.wrappers import fsdp_modules, is_ddp
 from mixprec.islands import IslandRule, is_fp32_island
-from mixprec.policy import Policy, policy
+from mixprec.policy import Policy, preset
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -54,7 +54,7 @@ def policy_of(policy_arg: Policy | str | Precision) -> Policy:
 
     if isinstance(policy_arg, Precision):
         return policy_arg.policy
-    return policy(policy_arg)
+    return preset(policy_arg)
 
 
 def mixed_precision_policy(

@@ -80,7 +80,7 @@ from mixprec.engine.wrappers import check_wrapped, fsdp_modules, is_ddp
 from mixprec.errors import PrecisionError, PrecisionWarning, user_stacklevel
 from mixprec.islands import island_names, island_param_ids
 from mixprec.optim.sharding import is_dtensor
-from mixprec.policy import Policy, policy, resolve_auto
+from mixprec.policy import Policy, preset, resolve_auto
 from mixprec.telemetry import PrecisionStats, StepReport
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ class Precision:
     method executes that plan.
 
     Args:
-        policy: a `Policy`, or a preset name or alias (see `mixprec.policy`).
+        policy: a `Policy`, or a preset name or alias (see `mixprec.preset`).
         device: the device type autocast runs on; by default taken from the model
             in `prepare` (or from `model`), else CUDA when available, else CPU.
         model: with ``"auto"`` only: a model whose training step is timed in fp32,
@@ -162,7 +162,7 @@ class Precision:
     ) -> None:
         self.measured: SpeedMeasurement | None = None
         if model is None and example_input is None:
-            self.policy: Policy = policy(policy_or_name, device=device)
+            self.policy: Policy = preset(policy_or_name, device=device)
         else:
             from mixprec.speed.measure import measure_for_auto
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from mixprec.experiment.gates import Gates
 from mixprec.experiment.hardware import DEVICE_TYPES
-from mixprec.policy import policy as get_policy
+from mixprec.policy import preset
 from mixprec.workloads.settings import TrainSettings
 
 __all__ = [
@@ -165,7 +165,7 @@ class Contract:
             )
         if self.baseline in self.candidates:
             raise ValueError(f"the baseline {self.baseline!r} is also listed as a candidate")
-        resolved = {n: get_policy(n).name for n in (self.baseline, *self.candidates)}
+        resolved = {n: preset(n).name for n in (self.baseline, *self.candidates)}
         if "auto" in resolved and resolved["auto"] in resolved:
             raise ValueError(
                 f"'auto' resolves to {resolved['auto']!r} on this device, which is also listed; "
@@ -273,7 +273,7 @@ class Contract:
             name = canonical_policy(name)
         except ValueError as exc:
             raise ValueError(f"baseline_for_fp8 {name!r}: {exc}") from None
-        sixteen = [c for c in self.candidates if get_policy(c).fp8 is None]
+        sixteen = [c for c in self.candidates if preset(c).fp8 is None]
         if name not in sixteen:
             choose = f"name one of {sixteen}, or " if sixteen else ""
             raise ValueError(
@@ -353,7 +353,7 @@ class Contract:
             settings.pop(key)
         for key in DECISION_KEYS:
             settings.pop(key, None)
-        pol = get_policy(policy_name).to_dict()
+        pol = preset(policy_name).to_dict()
         pol.pop("note", None)
         # Policy fields added since (fp8, grad_accum_dtype) are hashed only when set, so
         # the records of earlier versions keep their fingerprints and are reused, not
@@ -398,7 +398,7 @@ def canonical_policy(name: str) -> str:
 
     if not isinstance(name, str):
         raise ValueError(f"policy names must be strings, got {name!r}")
-    get_policy(name)  # raises ValueError naming valid presets
+    preset(name)  # raises ValueError naming valid presets
     return ALIASES.get(name, name)
 
 

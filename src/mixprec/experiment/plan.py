@@ -18,7 +18,7 @@ import torch
 from mixprec.device import device_caps
 from mixprec.experiment.contract import DEFAULT_CANDIDATES, Contract
 from mixprec.experiment.summary import tail_start
-from mixprec.policy import policy as get_policy
+from mixprec.policy import preset
 from mixprec.workloads import Workload
 from mixprec.workloads.settings import TrainSettings
 
@@ -132,7 +132,7 @@ def default_candidates(contract: Mapping[str, Any], device: str) -> tuple[dict[s
     caps = device_caps(device)
     if "candidates" in contract or contract.get("step_caps") is not None or caps.fp16_fast:
         return dict(contract), ""
-    fp16 = [n for n in DEFAULT_CANDIDATES if get_policy(n).compute_dtype == torch.float16]
+    fp16 = [n for n in DEFAULT_CANDIDATES if preset(n).compute_dtype == torch.float16]
     kept = [n for n in DEFAULT_CANDIDATES if n not in fp16]
     note = (
         f"{', '.join(fp16)} left out of the default candidates: fp16 matmul is not "
@@ -151,7 +151,7 @@ def step_caps_for(contract: Contract, steps: int, device: str) -> dict[str, int]
     return {
         name: max(1, steps // 5)
         for name in contract.candidates
-        if get_policy(name).compute_dtype == torch.float16
+        if preset(name).compute_dtype == torch.float16
     }
 
 

@@ -45,8 +45,7 @@ from mixprec.experiment.plan import (
 from mixprec.experiment.records import RunRecord
 from mixprec.islands import matches_fp32_module
 from mixprec.memory import MemoryBreakdown, estimate, measure
-from mixprec.policy import DEFAULT_FP32_MODULES, Policy
-from mixprec.policy import policy as get_policy
+from mixprec.policy import DEFAULT_FP32_MODULES, Policy, preset
 from mixprec.workloads import Workload, load_workload
 from mixprec.workloads.base import stream_seed
 from mixprec.workloads.settings import TrainSettings, lr_at
@@ -220,7 +219,7 @@ def run_one(
     train = settings.train
     total = train.steps if run_steps is None else min(run_steps, train.steps)
     start = time.perf_counter()
-    pol = get_policy(policy_name)
+    pol = preset(policy_name)
     base: dict[str, Any] = {
         "workload": workload.name,
         "size": str(workload.config.get("size", "")),

@@ -32,7 +32,7 @@ from mixprec.experiment.contract import Contract
 from mixprec.experiment.orchestration import RunFn
 from mixprec.experiment.plan import RunSettings, settings_dict
 from mixprec.experiment.records import RunRecord, record_path, write_json_atomic
-from mixprec.policy import policy as get_policy
+from mixprec.policy import preset
 from mixprec.tracking import RunStatus, TrackedRun, Tracker
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class CompareTracking:
         ) -> RunRecord:
             self.log_settings(settings)
             child = self._child(policy_name, seed)
-            pol: Policy = get_policy(policy_name)
+            pol: Policy = preset(policy_name)
             child.log_params(
                 {
                     "policy": pol.name,

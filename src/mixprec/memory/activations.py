@@ -20,8 +20,7 @@ import torch
 from torch import nn
 
 from mixprec.islands import island_param_names, temporary_fp32_islands
-from mixprec.policy import Policy
-from mixprec.policy import policy as get_policy
+from mixprec.policy import Policy, preset
 
 __all__ = [
     "FakeForward",
@@ -120,7 +119,7 @@ def fake_forward(
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    pol = get_policy(policy)
+    pol = preset(policy)
     islands = island_param_names(model, pol)
     args = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:

@@ -31,8 +31,7 @@ from mixprec.memory.fp8 import (
 from mixprec.memory.state_layout import int8_eligible, state_nbytes
 from mixprec.memory.transformer import TransformerShape
 from mixprec.optim.sharding import dim0_row_counts
-from mixprec.policy import Policy
-from mixprec.policy import policy as get_policy
+from mixprec.policy import Policy, preset
 
 __all__ = ["estimate"]
 
@@ -151,7 +150,7 @@ def estimate(
         PrecisionError: a module an FP8 policy's `Precision.prepare` converted, with a
             policy `prepare` would refuse on it (one without fp8, or another recipe).
     """
-    pol = get_policy(policy)
+    pol = preset(policy)
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if sharding not in ("none", "fsdp", "ddp"):

@@ -21,8 +21,7 @@ from mixprec.islands import island_param_names
 from mixprec.memory.activations import count_saved, storage_key
 from mixprec.memory.breakdown import Components, Fp8Memory, MemoryBreakdown
 from mixprec.memory.fp8 import fp8_transient_windows, measured_transients
-from mixprec.policy import Policy
-from mixprec.policy import policy as get_policy
+from mixprec.policy import Policy, preset
 
 __all__ = [
     "MASTER_STATE_KEYS",
@@ -164,7 +163,7 @@ def measure(
         policy: the policy in force (for island classification and the name);
             default: infer nothing about islands and name it ``measured``.
     """
-    pol = get_policy(policy) if policy is not None else None
+    pol = preset(policy) if policy is not None else None
     params = [(n, p) for n, p in model.named_parameters()]
     param_keys = {storage_key(_local(p)) for _, p in params}
     param_keys |= {storage_key(_local(b)) for b in model.buffers()}

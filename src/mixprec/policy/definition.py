@@ -95,7 +95,7 @@ class Policy:
     """Every precision decision of a training run.
 
     Construct with real `torch.dtype` values; strings from configs go through
-    `Policy.from_dict` (or `mixprec.parse_dtype`). Invalid combinations raise
+    `Policy.from_dict` (or `mixprec.dtypes.parse_dtype`). Invalid combinations raise
     `ValueError` naming the fix. A policy is plain data: constructing one never
     warns; the risky-but-allowed patterns are listed by `risks`, which
     `Precision.prepare` turns into a `PrecisionWarning` where the policy is used.
@@ -312,7 +312,7 @@ class Policy:
     def from_dict(cls, data: Mapping[str, Any]) -> Policy:
         """Build a policy from plain data (a YAML/JSON mapping); the config edge.
 
-        A ``preset`` key starts from that preset (see `policy`) and the other keys
+        A ``preset`` key starts from that preset (see `preset`) and the other keys
         override its fields. Dtypes are strings (``"bf16"``), ``loss_scaling`` is
         null, ``"dynamic"``, a number (a static scale) or a mapping of
         `LossScaling` fields; ``fp32_modules`` is a list of name patterns; ``fp8`` is
@@ -332,9 +332,9 @@ class Policy:
         values = dict(data)
         base: Policy | None = None
         if "preset" in values:
-            from mixprec.policy.presets import policy  # presets are built from this class
+            from mixprec.policy.presets import preset  # presets are built from this class
 
-            base = policy(str(values.pop("preset")))
+            base = preset(str(values.pop("preset")))
         kwargs: dict[str, Any] = {}
         for key in ("compute_dtype", "output_dtype", "grad_accum_dtype"):
             if key in values:
@@ -406,7 +406,7 @@ def _check_dtype_field(
     if isinstance(value, str):
         raise TypeError(
             f"{name}={value!r} is a string; Policy takes torch.dtype values "
-            f"(use mixprec.parse_dtype({value!r}) or Policy.from_dict for configs)"
+            f"(use mixprec.dtypes.parse_dtype({value!r}) or Policy.from_dict for configs)"
         )
     if value not in allowed:
         choices = [dtype_name(d) for d in allowed] + (["None (null)"] if optional else [])

@@ -1,6 +1,6 @@
 """Named policies: the presets, other tools' spellings of them, and ``auto``.
 
-Presets come from `policy(name)`, which also accepts other tools' spellings
+Presets come from `preset(name)`, which also accepts other tools' spellings
 (Lightning's ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"``; Accelerate's
 ``"fp16"``/``"bf16"``; Composer's ``"amp_bf16"``...).
 
@@ -35,7 +35,7 @@ __all__ = [
     "AUTO_CANDIDATES",
     "FP8_PRESET_NAMES",
     "PRESET_NAMES",
-    "policy",
+    "preset",
     "preset_names",
     "resolve_auto",
 ]
@@ -156,7 +156,7 @@ def _normalize(name: str) -> str:
     return name.strip().lower().replace("-", "_")
 
 
-def policy(name: str | Policy, *, device: torch.device | str | None = None) -> Policy:
+def preset(name: str | Policy, *, device: torch.device | str | None = None) -> Policy:
     """The preset called `name` (or an alias of it); ``"auto"`` picks one for `device`.
 
     Args:
@@ -235,7 +235,7 @@ def resolve_auto(
         how = {} if margin is None else {"margin": margin}
         chosen = AUTO_CANDIDATES[measured.choice(**how)]
         note = f"auto chose {chosen} on {measured.device_name}, measured: {measured.explain(**how)}"
-        return dataclasses.replace(policy(chosen), note=note)
+        return dataclasses.replace(preset(chosen), note=note)
     caps = device_caps(device)
     if caps.bf16_fast and caps.bf16_supported:
         chosen, why = "amp_bf16", caps.bf16_reason
@@ -243,7 +243,7 @@ def resolve_auto(
         chosen, why = "amp_fp16", f"{caps.fp16_reason}; {caps.bf16_reason}"
     else:
         chosen, why = "fp32", f"{caps.bf16_reason}; {caps.fp16_reason}"
-    base = policy(chosen)
+    base = preset(chosen)
     return dataclasses.replace(
         base,
         note=f"auto chose {chosen} on {caps.name} from device facts, nothing measured: {why}",

@@ -3,7 +3,7 @@
 The result, a `SpeedMeasurement`, is plain data: the samples of each measured
 format, the formats left out and why, where the numbers came from (measured now,
 or the cache). `SpeedMeasurement.choice` applies `choose_format`;
-`mixprec.resolve_auto(measured=...)` turns it into a preset.
+`mixprec.policy.resolve_auto(measured=...)` turns it into a preset.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def _accum(probe: Probe) -> list[mixprec.doctor.Finding]:
 
 @pytest.mark.parametrize("model_known", [True, False])
 def test_bf16_accumulation_is_reported_with_its_measured_error(model_known: bool) -> None:
-    (finding,) = _accum(_run(mixprec.policy("bf16_master"), 64, model_known=model_known))
+    (finding,) = _accum(_run(mixprec.preset("bf16_master"), 64, model_known=model_known))
     ev = finding.evidence
     assert finding.severity == "warning"
     assert ev["backwards"] == 64 and ev["grad_dtype"] == "bf16"
@@ -65,7 +65,7 @@ def test_bf16_accumulation_is_reported_with_its_measured_error(model_known: bool
 def test_clipping_and_unscaling_are_not_counted_as_accumulation_error(scaled: bool) -> None:
     """Reported: after the README's prec.clip_grad_norm_ the error read 47% at 8
     micro-batches (1 - the clip coefficient), where the summation's was 0.35%."""
-    pol = mixprec.policy("bf16_master")
+    pol = mixprec.preset("bf16_master")
     if scaled:
         pol = pol.replace(loss_scaling=mixprec.LossScaling(init_scale=2.0**10, dynamic=False))
     plain = _accum(_run(pol, 8, model_known=True, steps=1))[0].evidence
@@ -77,15 +77,15 @@ def test_clipping_and_unscaling_are_not_counted_as_accumulation_error(scaled: bo
 
 
 def test_the_field_and_a_single_micro_batch_are_not_reported() -> None:
-    fixed = mixprec.policy("bf16_master").replace(grad_accum_dtype=torch.float32)
+    fixed = mixprec.preset("bf16_master").replace(grad_accum_dtype=torch.float32)
     assert not _accum(_run(fixed, 8, model_known=True))
-    assert not _accum(_run(mixprec.policy("bf16_master"), 1, model_known=True))
-    assert not _accum(_run(mixprec.policy("amp_bf16"), 8, model_known=True))
+    assert not _accum(_run(mixprec.preset("bf16_master"), 1, model_known=True))
+    assert not _accum(_run(mixprec.preset("amp_bf16"), 8, model_known=True))
 
 
 def test_the_witness_changes_nothing_and_leaves_no_hooks() -> None:
     """The probe's fp32 sums only witness: the run's gradients are the same with it."""
-    pol = mixprec.policy("bf16_master")
+    pol = mixprec.preset("bf16_master")
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PrecisionWarning)

@@ -10,21 +10,26 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mixprec.doctor.frontends.dispatch import (
-        FORMATS,
-        FRONT_ENDS,
-        ConfigFormat,
-        check_config,
-        check_file,
-        detect_format,
-        front_end,
-        load_config,
-    )
-    from mixprec.doctor.frontends.document import ConfigDoc, read_config
-    from mixprec.doctor.frontends.frontend import DeviceArg, FactsReader, FrontEnd, resolve_device
-    from mixprec.doctor.frontends.live import check, facts_from_objects, optimizer_facts
+    from mixprec.doctor.frontends.dispatch import FORMATS as FORMATS
+    from mixprec.doctor.frontends.dispatch import FRONT_ENDS as FRONT_ENDS
+    from mixprec.doctor.frontends.dispatch import ConfigFormat as ConfigFormat
+    from mixprec.doctor.frontends.dispatch import check_config as check_config
+    from mixprec.doctor.frontends.dispatch import check_file as check_file
+    from mixprec.doctor.frontends.dispatch import detect_format as detect_format
+    from mixprec.doctor.frontends.dispatch import front_end as front_end
+    from mixprec.doctor.frontends.dispatch import load_config as load_config
+    from mixprec.doctor.frontends.document import ConfigDoc as ConfigDoc
+    from mixprec.doctor.frontends.document import read_config as read_config
+    from mixprec.doctor.frontends.frontend import DeviceArg as DeviceArg
+    from mixprec.doctor.frontends.frontend import FactsReader as FactsReader
+    from mixprec.doctor.frontends.frontend import FrontEnd as FrontEnd
+    from mixprec.doctor.frontends.frontend import resolve_device as resolve_device
+    from mixprec.doctor.frontends.live import check as check
+    from mixprec.doctor.frontends.live import facts_from_objects as facts_from_objects
+    from mixprec.doctor.frontends.live import optimizer_facts as optimizer_facts
 
-#: Public name -> the module that defines it. Imported on first use (PEP 562):
+#: Public name -> the module that defines it (the imports above are what type checkers
+#: read; tests/test_public_api.py keeps both equal). Imported on first use (PEP 562):
 #: the config front ends must not load torch, which `live` needs.
 _EXPORTS = {
     "FORMATS": "mixprec.doctor.frontends.dispatch",
@@ -46,25 +51,7 @@ _EXPORTS = {
     "optimizer_facts": "mixprec.doctor.frontends.live",
 }
 
-__all__ = [
-    "FORMATS",
-    "FRONT_ENDS",
-    "ConfigDoc",
-    "ConfigFormat",
-    "DeviceArg",
-    "FactsReader",
-    "FrontEnd",
-    "check",
-    "check_config",
-    "check_file",
-    "detect_format",
-    "facts_from_objects",
-    "front_end",
-    "load_config",
-    "optimizer_facts",
-    "read_config",
-    "resolve_device",
-]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

@@ -30,7 +30,7 @@ from mixprec.dtypes import dtype_name, is_16bit, is_fp8
 from mixprec.engine import Precision
 from mixprec.engine.wrappers import Reduction, reductions
 from mixprec.islands import is_norm_layer
-from mixprec.policy import Policy, policy
+from mixprec.policy import Policy, preset
 
 __all__ = [
     "PEFT_MAX_TRAINABLE_FRACTION",
@@ -395,8 +395,8 @@ def _resolve_policy(value: Policy | str | Precision, device: DeviceArg) -> Polic
     if isinstance(value, Policy):
         return value
     if isinstance(device, torch.device | str):
-        return policy(value, device=device)
-    return policy(value)
+        return preset(value, device=device)
+    return preset(value)
 
 
 def check(

@@ -104,7 +104,7 @@ def policy_from_config(
         ValueError: for unknown keys or values, prefixed with `where`.
     """
     from mixprec.formats import check_master
-    from mixprec.policy import Policy, policy
+    from mixprec.policy import Policy, preset
 
     data = dict(raw)
     master_raw = data.pop("master", None)
@@ -112,7 +112,7 @@ def policy_from_config(
     if not isinstance(allow_raw, bool):
         raise ValueError(f"{where}: allow_unscaled must be true or false, got {allow_raw!r}")
     try:
-        preset_master = policy(str(data["preset"])).master if "preset" in data else "none"
+        preset_master = preset(str(data["preset"])).master if "preset" in data else "none"
         pol = Policy.from_dict({**data, "master": "none", "allow_unscaled": True})
         master = check_master(str(master_raw)) if master_raw is not None else preset_master
     except (ValueError, TypeError) as exc:
@@ -219,7 +219,7 @@ def facts_from_mixprec(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
     Raises:
         ValueError: for a missing/invalid ``precision`` mapping or invalid values.
     """
-    from mixprec.policy import policy
+    from mixprec.policy import preset
 
     raw = doc.mapping("precision")
     if raw is None:
@@ -247,7 +247,7 @@ def facts_from_mixprec(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
     # `loss_scaling: null` over a preset that scales: the line to fix is that key.
     off_by = ""
     scaling_nulled = "loss_scaling" in raw and raw["loss_scaling"] is None
-    if scaling_nulled and "preset" in raw and policy(str(raw["preset"])).scales_loss:
+    if scaling_nulled and "preset" in raw and preset(str(raw["preset"])).scales_loss:
         off_by = "precision.loss_scaling: null"
         where["compute_dtype"] = where["loss_scaling"] = doc.loc("precision.loss_scaling")
 

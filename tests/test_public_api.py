@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -191,3 +193,21 @@ def test_public_modules_are_reachable_and_list_their_api() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [w for name in PUBLIC_MODULES for w in (name, "True")]
+
+
+def test_docs_examples_and_benchmarks_use_no_deprecated_spelling() -> None:
+    root = Path(__file__).resolve().parents[1]
+    old = re.compile(rf"\bmixprec\.(?:policy\([\"']|(?:{'|'.join(MOVED)})\b)")
+    files = [
+        root / "README.md",
+        *root.glob("docs/**/*.md"),
+        *root.glob("examples/**/*.py"),
+        *root.glob("bench/*.py"),
+    ]
+    found = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for path in files
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if old.search(line)
+    ]
+    assert not found, "\n".join(found)

@@ -115,6 +115,11 @@ class TrainingFacts:
         compute_dtype: the dtype matmuls effectively run in (autocast/FSDP2
             compute dtype, else the storage dtype), None if unknown.
         loss_scaling: whether the loss is scaled; None if unknown.
+        compute_changed_by: on the target device, what the trainer does instead of the
+            compute format the config asks for (`requested_compute_dtype`), e.g. the HF
+            Trainer's ``fp16: true`` on a CPU, which runs without autocast; else empty.
+        requested_compute_dtype: the compute format the config asks for, when the
+            trainer runs another on the target device (`compute_changed_by`).
         unscaled_acknowledged: fp16 without scaling was explicitly allowed.
         optimizer: the optimizer, None if unknown.
         reduce_dtype: dtype of cross-rank gradient reduction, None if unknown (a
@@ -150,6 +155,8 @@ class TrainingFacts:
     param_dtype_note: str = ""
     compute_dtype: str | None = None
     loss_scaling: bool | None = None
+    compute_changed_by: str = ""
+    requested_compute_dtype: str | None = None
     unscaled_acknowledged: bool = False
     optimizer: OptimizerFacts | None = None
     reduce_dtype: str | None = None
@@ -172,7 +179,14 @@ class TrainingFacts:
     where: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _name_dtypes(self, "param_dtype", "compute_dtype", "reduce_dtype", "policy_reduce_dtype")
+        _name_dtypes(
+            self,
+            "param_dtype",
+            "compute_dtype",
+            "requested_compute_dtype",
+            "reduce_dtype",
+            "policy_reduce_dtype",
+        )
 
     def locate(self, *facts: str) -> str:
         """The location of the first of `facts` that has one, else the source."""

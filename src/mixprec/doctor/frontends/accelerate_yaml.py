@@ -279,6 +279,16 @@ def facts_from_accelerate(doc: ConfigDoc, *, device: DeviceCaps | None = None) -
         reduce_dtype = "bf16"
         reduce_note = f"{env}: gradients are bf16"
 
+    changed_by = ""
+    on_cpu = device is not None and device.device_type == "cpu"
+    if mp == "fp16" and dist in ("NO", "MULTI_CPU") and on_cpu:
+        # Accelerator(mixed_precision="fp16") on a CPU sets native_amp False: no autocast,
+        # no GradScaler (measured: accelerate 1.15)
+        compute, loss_scaling, changed_by = (
+            param_dtype,
+            False,
+            ("Accelerate runs mixed_precision: fp16 without autocast (no fp16 AMP on a CPU)"),
+        )
     mp_where = doc.loc("mixed_precision", "distributed_type")
     where = {
         "param_dtype": doc.loc("deepspeed_config.deepspeed_config_file", "distributed_type")
@@ -299,6 +309,8 @@ def facts_from_accelerate(doc: ConfigDoc, *, device: DeviceCaps | None = None) -
         param_dtype_note=param_note,
         compute_dtype=compute,
         loss_scaling=loss_scaling,
+        compute_changed_by=changed_by,
+        requested_compute_dtype="fp16" if changed_by else None,
         optimizer=optimizer,
         reduce_dtype=reduce_dtype,
         reduce_note=reduce_note,

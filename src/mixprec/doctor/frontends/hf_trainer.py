@@ -233,6 +233,17 @@ def facts_from_hf(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Traini
         optimizer = hf_optimizer_facts(optim, trainable, peft=peft, note="; ".join(notes))
 
     compute = "bf16" if bf16 else "fp16" if fp16 else storage
+    changed_by = ""
+    if fp16 and device is not None and device.device_type == "cpu":
+        # transformers builds its Accelerator with fp16, which on a CPU turns native AMP
+        # off: no autocast and no GradScaler (measured: transformers 5.24, accelerate 1.15)
+        compute, changed_by = (
+            storage,
+            (
+                "the HF Trainer runs fp16: true without autocast (Accelerate has no fp16 AMP on "
+                "a CPU)"
+            ),
+        )
     steps = config_int(doc, "max_steps")
     if steps is not None and steps <= 0:
         steps = None  # -1 (the default) or 0: num_train_epochs decides (Trainer: max_steps > 0)
@@ -251,7 +262,9 @@ def facts_from_hf(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Traini
         param_dtype=trainable,
         param_dtype_note="; ".join(n for n in (storage_note, how) if n),
         compute_dtype=compute,
-        loss_scaling=fp16,
+        loss_scaling=fp16 and not changed_by,
+        compute_changed_by=changed_by,
+        requested_compute_dtype="fp16" if changed_by else None,
         optimizer=optimizer,
         peft=peft,
         steps=steps,

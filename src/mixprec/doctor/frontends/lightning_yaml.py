@@ -151,6 +151,12 @@ def facts_from_lightning(doc: ConfigDoc, *, device: DeviceCaps | None = None) ->
     reduce_dtype: str | None = None
     reduce_note = ""
     loss_scaling: bool | None = scaled
+    changed_by = ""
+    if precision == "16-mixed" and device is not None and device.device_type == "cpu":
+        # lightning.fabric.connector: "AMP with fp16 is not supported on CPU. Using
+        # `precision='bf16-mixed'` instead." (a warning; measured: lightning 2.6)
+        compute, loss_scaling = "bf16", False
+        changed_by = "Lightning replaces 16-mixed with bf16-mixed (with a warning)"
     if strategy.startswith("deepspeed"):
         param_dtype, loss_scaling = None, None
         param_note = "a DeepSpeed strategy decides storage and scaling"
@@ -223,6 +229,8 @@ def facts_from_lightning(doc: ConfigDoc, *, device: DeviceCaps | None = None) ->
         param_dtype_note=param_note,
         compute_dtype=compute,
         loss_scaling=loss_scaling,
+        compute_changed_by=changed_by,
+        requested_compute_dtype="fp16" if changed_by else None,
         optimizer=optimizer,
         reduce_dtype=reduce_dtype,
         reduce_note=reduce_note,

@@ -95,7 +95,40 @@ def _fp8_not_accelerated(facts: TrainingFacts) -> list[Finding]:
     ]
 
 
+def _compute_changed(facts: TrainingFacts) -> list[Finding]:
+    """The trainer runs another compute format than the config asks for on this device
+    (the HF Trainer's or Accelerate's fp16 on a CPU: no autocast; Lightning's 16-mixed on a
+    CPU: bf16-mixed)."""
+    caps, asked = facts.device, facts.requested_compute_dtype
+    if caps is None or asked is None or not facts.compute_changed_by:
+        return []
+    runs = dtype_label(facts.compute_dtype) if facts.compute_dtype else "the model's own dtype"
+    better = next((d for d in ("bf16", "fp16") if d != asked and caps.fast(d)), None)
+    return [
+        Finding(
+            rule="format-not-accelerated",
+            severity="warning",
+            where=facts.locate("compute_dtype", "device"),
+            message=(
+                f"{dtype_label(asked)} compute requested on {caps.name}, where "
+                f"{facts.compute_changed_by}: matmuls run in {runs}"
+                + ("" if facts.loss_scaling else ", with no loss scaling")
+            ),
+            evidence={
+                "requested": dtype_label(asked),
+                "effective": runs,
+                "device": caps.device_type,
+                "device_name": caps.name,
+                "changed_by": facts.compute_changed_by,
+            },
+            fix=accelerated_fix(facts, dtype_label(better) if better else None, caps.name),
+        )
+    ]
+
+
 def _16bit_not_accelerated(facts: TrainingFacts) -> list[Finding]:
+    if facts.compute_changed_by:
+        return _compute_changed(facts)
     caps = facts.device
     dt = facts.compute_dtype
     if caps is None or dt is None or not is_16bit_name(dt):

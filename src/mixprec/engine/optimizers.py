@@ -21,7 +21,13 @@ from mixprec.engine.gradients import SIXTEEN_BIT, optimizer_params
 from mixprec.engine.plan import PrecisionPlan
 from mixprec.errors import PrecisionError
 
-__all__ = ["ParamsArg", "check_optimizers", "implied_param_groups", "refuse_other_formats"]
+__all__ = [
+    "ParamsArg",
+    "check_optimizers",
+    "implied_param_groups",
+    "refuse_other_formats",
+    "unwrapped",
+]
 
 ParamsArg = nn.Module | Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
@@ -92,6 +98,17 @@ def _tensor(item: object) -> torch.Tensor | None:
     return item if isinstance(item, torch.Tensor) else None
 
 
+def unwrapped(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer a wrapper holds as ``.optimizer`` (Accelerate's
+    ``AcceleratedOptimizer``, HF Trainer's), unwrapped to the innermost; `optimizer` itself
+    when it wraps none. The wrapper is what steps (it may skip a step on purpose, as
+    Accelerate does between accumulation boundaries); the inner one is what is checked."""
+    inner = getattr(optimizer, "optimizer", None)
+    while isinstance(inner, torch.optim.Optimizer) and inner is not optimizer:
+        optimizer, inner = inner, getattr(inner, "optimizer", None)
+    return optimizer
+
+
 def check_optimizers(plan: PrecisionPlan, optimizers: Iterable[torch.optim.Optimizer]) -> None:
     """Raise `PrecisionError` if an optimizer cannot honour `plan` (see
     `Precision.check_optimizers`)."""
@@ -99,7 +116,7 @@ def check_optimizers(plan: PrecisionPlan, optimizers: Iterable[torch.optim.Optim
     storage = plan.storage_dtype
     master = plan.master.name
     for opt in optimizers:
-        format_of = getattr(opt, "format_of", None)
+        format_of = getattr(unwrapped(opt), "format_of", None)
         for p in optimizer_params(opt):
             if p.dtype not in SIXTEEN_BIT:
                 continue

@@ -28,6 +28,7 @@ from mixprec.doctor.frontends.frontend import DeviceArg, resolve_device
 from mixprec.doctor.rules import run_static_rules
 from mixprec.dtypes import dtype_name, is_16bit, is_fp8
 from mixprec.engine import Precision
+from mixprec.engine.optimizers import unwrapped
 from mixprec.engine.wrappers import Reduction, reductions
 from mixprec.islands import is_norm_layer
 from mixprec.policy import Policy, preset
@@ -103,6 +104,7 @@ def optimizer_facts(optimizer: torch.optim.Optimizer) -> OptimizerFacts:
     Transformer Engine's FusedAdam, torch-optimi (Kahan summation) and torchao's
     AdamW variants by their module and attributes, without importing them.
     """
+    optimizer = unwrapped(optimizer)  # Accelerate's AcceleratedOptimizer: judge what it holds
     mod, cls = type(optimizer).__module__, type(optimizer).__name__
     name = _class_name(optimizer)
     groups: list[GroupFacts] = []

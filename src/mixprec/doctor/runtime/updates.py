@@ -16,6 +16,7 @@ from mixprec.doctor.runtime.rules import vanishing_updates
 from mixprec.doctor.runtime.schedule import SampleSchedule
 from mixprec.doctor.runtime.thresholds import ProbeThresholds
 from mixprec.dtypes import dtype_name, is_16bit
+from mixprec.engine.optimizers import unwrapped
 
 if TYPE_CHECKING:
     from mixprec.engine import Precision, StepReport
@@ -50,7 +51,7 @@ class _Entry:
 
 
 def _master_weights(opt: torch.optim.Optimizer) -> list[torch.Tensor] | None:
-    fn = getattr(opt, "master_weights", None)
+    fn = getattr(unwrapped(opt), "master_weights", None)
     if not callable(fn):
         return None
     values = fn()  # mixprec.optim returns new tensors: no copy needed

@@ -1,0 +1,73 @@
+"""Calls the trainers make around `Precision.step`, each once wrong (issue 33).
+
+Trainers clip with torch's own functions after ``prec.unscale_``, run the first
+backward themselves, and wrap the optimizer (Accelerate's
+``AcceleratedOptimizer``); `Precision.step` must report what really happened
+and refuse with its own error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mixprec
+
+from .helpers import loss_fn, make_data, make_model
+
+
+def _backward(prec: mixprec.Precision, model: torch.nn.Module, *, overflow: bool) -> None:
+    x, y = make_data(32)
+    first = model[0].weight
+    hook = first.register_hook(lambda g: torch.full_like(g, float("inf"))) if overflow else None
+    with prec.autocast():
+        loss = loss_fn(model(x), y)
+    prec.backward(loss)
+    if hook is not None:
+        hook.remove()
+
+
+class _Wrapper(torch.optim.Optimizer):
+    """Shaped like accelerate's ``AcceleratedOptimizer``: an Optimizer subclass that holds
+    the real optimizer as ``.optimizer`` and shares its param groups and state."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.defaults = optimizer.defaults
+        self.calls = 0
+
+    @property
+    def param_groups(self):  # type: ignore[no-untyped-def,override]
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):  # type: ignore[no-untyped-def,override]
+        return self.optimizer.state
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def,override]
+        self.calls += 1
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+
+def test_an_optimizer_wrapper_is_checked_through_the_optimizer_it_wraps() -> None:
+    prec = mixprec.Precision("bf16_master")
+    model = prec.prepare(make_model())
+    opt = _Wrapper(prec.optimizer(model))
+    _backward(prec, model, overflow=False)
+    report = prec.step(opt)
+    assert report.applied and opt.calls == 1  # stepped through the wrapper
+
+
+def test_accelerates_wrapper_is_accepted() -> None:
+    accelerate = pytest.importorskip("accelerate")
+    prec = mixprec.Precision("bf16_master")
+    model = prec.prepare(make_model())
+    acc = accelerate.Accelerator(cpu=True)
+    model, opt = acc.prepare(model, prec.optimizer(model))
+    _backward(prec, model, overflow=False)
+    before = model[0].weight.detach().clone()
+    assert prec.step(opt).applied
+    assert not torch.equal(before, model[0].weight)

@@ -37,15 +37,11 @@ from mixprec.checkpoint.layout import (
 )
 from mixprec.checkpoint.ranks import together
 from mixprec.checkpoint.state import indexed_optimizer_state, param_names, set_rng_state
-from mixprec.policy import Policy
 
 if TYPE_CHECKING:
     from mixprec.engine import Precision
 
 __all__ = ["load"]
-
-#: Policy fields that do not change what a checkpoint holds.
-_DESCRIPTIVE_FIELDS = ("name", "note")
 
 
 def load(
@@ -182,10 +178,7 @@ def _check_setup(
 def _policy_diff(saved: Mapping[str, Any] | None, precision: Precision | None) -> dict[str, Any]:
     if saved is None or precision is None:
         return {}
-    mine = precision.policy.to_dict()
-    saved = Policy.saved_fields(saved)
-    keys = sorted((set(saved) | set(mine)) - set(_DESCRIPTIVE_FIELDS))
-    return {k: (saved.get(k), mine.get(k)) for k in keys if saved.get(k) != mine.get(k)}
+    return precision.policy.differences(saved)
 
 
 def _read_state(

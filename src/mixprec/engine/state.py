@@ -55,13 +55,12 @@ def parse_state(
     if not isinstance(saved, dict):
         raise ValueError(f"Precision state 'policy' must be a dict, got {saved!r}")
     if strict:
-        mine = policy.to_dict()
-        was = Policy.saved_fields(saved)
-        diff = sorted(k for k in mine if k not in ("name", "note") and was.get(k) != mine[k])
+        diff = policy.differences(saved)
         if diff:
             raise ValueError(
-                f"state was saved under a different policy (fields {diff} differ: saved "
-                f"{ {k: was.get(k) for k in diff} }, now { {k: mine[k] for k in diff} }); "
+                f"state was saved under a different policy (fields {sorted(diff)} differ: "
+                f"saved { {k: a for k, (a, _) in diff.items()} }, now "
+                f"{ {k: b for k, (_, b) in diff.items()} }); "
                 "pass strict=False to resume under the new policy deliberately"
             )
     scaler_state = state["scaler"]

@@ -33,10 +33,6 @@ RESUME = ("latest", "latest-valid")
 #: that saves it so.
 _STRATEGY_FLAG = {"sharded": " --strategy fsdp2", "replicated": " --strategy ddp"}
 
-#: Policy fields that only describe it (a checkpoint of another name but the same
-#: fields resumes).
-_DESCRIPTIVE = ("name", "note")
-
 
 def resume_point(
     root: Path, out: Path, resume: str | None, *, world: int, ranks_as_saved: bool
@@ -74,14 +70,8 @@ def resume_point(
 
 def check_policy(info: CheckpointInfo, policy: Policy) -> None:
     """Refuse a checkpoint saved under another policy (its descriptive fields aside)."""
-    saved = Policy.saved_fields(info.policy) if info.policy is not None else {}
-    mine = policy.to_dict()
-    keys = sorted((set(saved) | set(mine)) - set(_DESCRIPTIVE))
-    diff = [
-        f"{k} (saved {saved.get(k)!r}, now {mine.get(k)!r})"
-        for k in keys
-        if saved.get(k) != mine.get(k)
-    ]
+    saved = dict(info.policy) if info.policy is not None else {}
+    diff = [f"{k} (saved {a!r}, now {b!r})" for k, (a, b) in policy.differences(saved).items()]
     if diff:
         name = saved.get("name", "?")
         raise ValueError(

@@ -301,12 +301,14 @@ class Policy:
             "note": self.note,
         }
 
-    @classmethod
-    def saved_fields(cls, saved: Mapping[str, Any]) -> dict[str, Any]:
-        """A `to_dict` saved by an earlier version with the fields it lacks at their
-        defaults (a field added since, such as ``grad_accum_dtype``, had its default
-        then): what a saved state, checkpoint or run compares with today's `to_dict`."""
-        return {**cls().to_dict(), **saved}
+    def differences(self, saved: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+        """The fields that change what runs (``name`` and ``note`` aside) where `saved`,
+        a `to_dict` from a state, checkpoint or run, differs from this policy: field ->
+        (saved value, this policy's value). A field added since `saved` was written (such
+        as ``grad_accum_dtype``) is read at its default, which it had then."""
+        was, mine = {**Policy().to_dict(), **saved}, self.to_dict()
+        keys = sorted((set(was) | set(mine)) - {"name", "note"})
+        return {k: (was.get(k), mine.get(k)) for k in keys if was.get(k) != mine.get(k)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Policy:

@@ -1,0 +1,123 @@
+"""The shared run of the Lightning tests: a tiny HF Llama, fixed batches, a schedule,
+a poisoned batch, the README loop and the LightningModule (imported by the tests and
+by the resumed process they start)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as pl
+import torch
+from lightning.pytorch import loggers
+
+import mixprec
+from hf_models import tiny_llama
+from mixprec.policy import LossScaling
+
+STEPS = 40  # two epochs of EPOCH batches: a checkpoint after the first resumes exactly
+EPOCH = 20
+POISONED = (7, 17)  # batches whose forward is poisoned: steps 7, 17, 27 and 37
+LR = 3e-3
+
+
+def policy(name: str) -> mixprec.Policy:
+    base = mixprec.policy(name)
+    if base.loss_scaling is None:
+        return base
+    return base.replace(loss_scaling=LossScaling(init_scale=2.0**24, growth_interval=3))
+
+
+def batches() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(0, 256, (4, 16), generator=g) for _ in range(EPOCH)]
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return tiny_llama()
+
+
+def schedule(step: int) -> float:
+    return min(1.0, (step + 1) / 5) * 0.5 ** (step / 20)
+
+
+class Poison:
+    """A forward hook that turns the embedding output NaN for the `POISONED` batches."""
+
+    def __init__(self) -> None:
+        every = batches()
+        self.poisoned = [every[i] for i in POISONED]
+
+    def __call__(self, _module: Any, inputs: Any, out: torch.Tensor) -> torch.Tensor:
+        hit = any(torch.equal(inputs[0], b) for b in self.poisoned)
+        return out * float("nan") if hit else out
+
+
+def own_loop(name: str) -> tuple[list[float], list[float], torch.nn.Module, Any]:
+    prec = mixprec.Precision(policy(name))
+    model = prec.prepare(make_model())
+    model.get_input_embeddings().register_forward_hook(Poison())
+    opt = prec.optimizer(model, lr=LR)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    losses, lrs = [], []
+    for x in batches() * (STEPS // EPOCH):
+        with prec.autocast():
+            loss = model(input_ids=x, labels=x).loss
+        prec.backward(loss)
+        prec.clip_grad_norm_(model.parameters(), 1.0)
+        report = prec.step(opt)
+        if report.applied:
+            sched.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+        lrs.append(opt.param_groups[0]["lr"])
+    return losses, lrs, model, opt
+
+
+class Module(pl.LightningModule):
+    def __init__(self, prec: mixprec.Precision) -> None:
+        super().__init__()
+        self.prec = prec
+        self.model = make_model()
+        self.model.get_input_embeddings().register_forward_hook(Poison())
+        self.losses: list[float] = []
+        self.lrs: list[float] = []
+
+    def training_step(self, batch: torch.Tensor, _index: int) -> torch.Tensor:
+        loss: torch.Tensor = self.model(input_ids=batch, labels=batch).loss
+        self.losses.append(float(loss.detach()))
+        return loss
+
+    def on_train_batch_end(self, *_args: Any) -> None:
+        self.lrs.append(self.optimizers().param_groups[0]["lr"])
+
+    def configure_optimizers(self) -> Any:
+        opt = self.prec.optimizer(self.model, lr=LR)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def trainer(plugin: Any, tmp_path: Path, **kwargs: Any) -> Any:
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=STEPS,
+        plugins=[plugin],
+        gradient_clip_val=1.0,
+        logger=loggers.CSVLogger(str(tmp_path)),
+        enable_checkpointing=bool(kwargs.get("callbacks")),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        **kwargs,
+    )
+
+
+def loader() -> torch.utils.data.DataLoader[torch.Tensor]:
+    return torch.utils.data.DataLoader(batches(), batch_size=None, shuffle=False)
+
+
+def bitwise(a: list[float], b: list[float]) -> bool:
+    return all((x == y) or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))

@@ -1,0 +1,142 @@
+"""The Lightning plugins against mixprec's own loop, bitwise (issue 33).
+
+A tiny HF Llama (built from a config) trains 40 steps on fixed byte-level
+batches, once in the README loop and once under `lightning.Trainer` (or
+`Fabric`) with the plugin: the losses, weights and optimizer state must be
+bitwise the same, under ``bf16_master`` and under ``amp_fp16`` with a small
+loss scale that grows every 3 steps (so that steps are skipped), with a NaN
+injected into one step; the learning-rate schedule holds on skipped steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning", reason="the lightning extra is not installed")
+
+from lightning_setup import (  # noqa: E402 - after the skip
+    LR,
+    Module,
+    Poison,
+    batches,
+    bitwise,
+    loader,
+    make_model,
+    own_loop,
+    policy,
+    schedule,
+    trainer,
+)
+
+import mixprec  # noqa: E402
+from mixprec.integrations import lightning as integration  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["bf16_master", "amp_fp16"])
+def test_trainer_is_bitwise_the_own_loop(name: str, tmp_path: Path) -> None:
+    losses, lrs, model, _ = own_loop(name)
+    prec = mixprec.Precision(policy(name))
+    plugin = integration.MixprecPrecision(prec)
+    module = Module(prec)
+    trainer(plugin, tmp_path).fit(module, loader())
+    assert bitwise(module.losses, losses)
+    assert module.lrs == lrs  # the schedule held on the same skipped steps
+    for mine, theirs in zip(module.model.parameters(), model.parameters(), strict=True):
+        assert mine.dtype == theirs.dtype and torch.equal(mine, theirs)
+    poisoned = 4  # POISONED batches in each of 2 epochs
+    if name == "amp_fp16":  # the loss scale starts at 2**24: overflows are skipped too
+        assert prec.stats.skipped_steps > poisoned
+    else:
+        assert prec.stats.skipped_steps == poisoned
+    assert plugin.last_report is not None
+    logged = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text()
+    assert "mixprec/skipped_steps" in logged
+
+
+def test_fabric_is_bitwise_the_own_loop() -> None:
+    name = "amp_fp16"
+    losses, _, model, _ = own_loop(name)
+    prec = mixprec.Precision(policy(name))
+    plugin = integration.MixprecFabricPrecision(prec)
+    fabric = pl.Fabric(accelerator="cpu", devices=1, plugins=[plugin])
+    net = fabric.setup_module(make_model())
+    net.get_input_embeddings().register_forward_hook(Poison())
+    opt = fabric.setup_optimizers(prec.optimizer(net, lr=LR))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt.optimizer, schedule)
+    mine = []
+    for x in batches() * 2:
+        loss = net(input_ids=x, labels=x).loss
+        fabric.backward(loss)
+        fabric.clip_gradients(net, opt, max_norm=1.0, error_if_nonfinite=False)
+        opt.step()
+        if plugin.last_report is not None and plugin.last_report.applied:
+            sched.step()
+        opt.zero_grad()
+        mine.append(float(loss.detach()))
+    assert bitwise(mine, losses)
+    for a, b in zip(net.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_precision_flag_and_plugin_together_are_refused() -> None:
+    plugin = integration.MixprecPrecision("bf16_master")
+    with pytest.raises(ValueError, match="Received both `precision=bf16-true`"):
+        pl.Trainer(accelerator="cpu", precision="bf16-true", plugins=[plugin])
+
+
+RESUME = """
+import json, sys
+import torch
+from lightning_setup import Module, loader, trainer
+import mixprec
+from mixprec.integrations.lightning import MixprecPrecision
+from lightning_setup import policy
+ckpt, out = sys.argv[1], sys.argv[2]
+prec = mixprec.Precision(policy("amp_fp16"))
+module = Module(prec)
+run = trainer(MixprecPrecision(prec), __import__("pathlib").Path(out))
+run.fit(module, loader(), ckpt_path=ckpt)
+json.dump({"losses": module.losses, "lrs": module.lrs, "scale": prec.loss_scale,
+           "skipped": prec.stats.skipped_steps}, open(out + "/resumed.json", "w"))
+torch.save({k: v for k, v in module.state_dict().items()}, out + "/weights.pt")
+"""
+
+
+def test_a_lightning_checkpoint_resumes_bitwise_in_a_new_process(tmp_path: Path) -> None:
+    """Lightning's own checkpoint, mid-run (after step 20 of 40), resumed in a new process
+    continues as the uninterrupted run: losses, schedule, loss scale and weights."""
+    checkpoint = pl.pytorch.callbacks.ModelCheckpoint(
+        dirpath=str(tmp_path / "ckpt"), every_n_train_steps=20, save_top_k=-1
+    )
+    prec = mixprec.Precision(policy("amp_fp16"))
+    module = Module(prec)
+    whole = trainer(integration.MixprecPrecision(prec), tmp_path, callbacks=[checkpoint])
+    whole.fit(module, loader())
+    [mid] = [p for p in (tmp_path / "ckpt").iterdir() if "step=20" in p.name]
+    out = tmp_path / "resumed"
+    out.mkdir()
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])}
+    env["PYTHONPATH"] += os.pathsep + os.environ.get("PYTHONPATH", "")
+    subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(RESUME), str(mid), str(out)],
+        check=True,
+        env=env,
+        cwd=tests,
+        timeout=300,
+    )
+    resumed = json.loads((out / "resumed.json").read_text())
+    assert bitwise(resumed["losses"], module.losses[20:])
+    assert resumed["lrs"] == module.lrs[20:]
+    assert resumed["scale"] == prec.loss_scale
+    weights = torch.load(out / "weights.pt", weights_only=True)
+    for name, value in module.state_dict().items():
+        assert torch.equal(weights[name], value), name

@@ -87,3 +87,44 @@ def test_save_state_resumes_bitwise_in_a_new_process(tmp_path: Path) -> None:
     saved = torch.load(weights, weights_only=True)
     for key, value in model.state_dict().items():
         assert torch.equal(saved[key], value), key
+
+
+class Recorder(accelerate.tracking.GeneralTracker):  # type: ignore[misc]
+    """An Accelerate tracker that keeps what it is given."""
+
+    name = "recorder"
+    requires_logging_directory = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def tracker(self) -> Recorder:
+        return self
+
+    def store_init_configuration(self, values: dict[str, object]) -> None:
+        pass
+
+    def log(self, values: dict[str, float], step: int | None = None, **_: object) -> None:
+        self.logged.append((step, values))
+
+
+def test_skips_and_the_loss_scale_reach_the_accelerators_trackers() -> None:
+    recorder = Recorder()
+    accelerator = accelerate.Accelerator(cpu=True, log_with=[recorder])
+    accelerator.init_trackers("mixprec")
+    scaling = mixprec.LossScaling(init_scale=2.0**10)
+    prec = mixprec.Precision(mixprec.policy("amp_fp16").replace(loss_scaling=scaling))
+    model = prec.prepare(torch.nn.Linear(4, 1))
+    opt = accelerator.prepare(prec.optimizer(model, lr=0.1))
+    loop = AcceleratedPrecision(accelerator, prec)
+    for poison in (1.0, float("nan"), 1.0):
+        with prec.autocast():
+            loss = model(torch.ones(2, 4)).float().sum() * poison
+        loop.backward(loss)
+        loop.step(opt)
+    skipped = [values["mixprec/skipped_steps"] for _, values in recorder.logged]
+    assert [step for step, _ in recorder.logged] == [0, 1, 2]
+    assert skipped == [0.0, 1.0, 1.0]
+    assert recorder.logged[1][1]["mixprec/loss_scale"] == 2.0**9  # backed off once

@@ -1,0 +1,271 @@
+"""mixprec inside `transformers.Trainer`: bitwise against mixprec's own loop.
+
+A tiny Llama (width 32, 2 layers, 256 bytes) trains on a fixed tensor of bytes,
+once through `PrecisionTrainer` and once in the README loop (`prec.autocast`,
+`prec.backward`, `prec.clip_grad_norm_`, `prec.step`, the scheduler stepped only
+on applied steps), with the same data order, seed and LR schedule: every loss,
+and the weights, masters, moments and loss scale at the end, must be equal bit
+for bit. Resumes run in a new process (this file is also its script).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the HF integration needs transformers")
+
+import mixprec  # noqa: E402
+from mixprec.integrations.hf import PRECISION_STATE_NAME, PrecisionTrainer  # noqa: E402
+
+STEPS, BATCH, LENGTH = 40, 4, 32
+LR, WARMUP, WEIGHT_DECAY, MAX_NORM = 1e-3, 4, 0.1, 1.0
+TEXT = b"To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
+DATA = torch.tensor(list((TEXT * 100)[: STEPS * BATCH * LENGTH])).view(STEPS * BATCH, LENGTH)
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def amp_fp16_skipping() -> mixprec.Policy:
+    """amp_fp16 with a scale that overflows fp16 gradients and grows back every 4 steps."""
+    scaling = mixprec.LossScaling(init_scale=2.0**22, growth_interval=4)
+    return mixprec.policy("amp_fp16").replace(loss_scaling=scaling)
+
+
+POLICIES: dict[str, Any] = {"bf16_master": "bf16_master", "amp_fp16": amp_fp16_skipping}
+
+
+def make_policy(name: str) -> mixprec.Policy | str:
+    made = POLICIES[name]
+    return made() if callable(made) else made
+
+
+def make_model(lora: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
+    model: torch.nn.Module = transformers.LlamaForCausalLM(config)
+    if lora:
+        peft = pytest.importorskip("peft", reason="the LoRA tests need peft")
+        lora_config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+        model = peft.get_peft_model(model, lora_config)
+    return model
+
+
+def nan_at(step: int | None, loss: torch.Tensor, at: int) -> torch.Tensor:
+    """The loss, made NaN at step `step` (the fault the skip tests inject)."""
+    return loss * float("nan") if at == step else loss
+
+
+class RecordingTrainer(PrecisionTrainer):
+    """Keeps every training loss as computed (and injects a NaN loss at `nan_step`)."""
+
+    def __init__(self, *args: Any, nan_step: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.nan_step = nan_step
+        self.losses: list[float] = []
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        loss = nan_at(self.nan_step, loss, self.state.global_step)
+        self.losses.append(loss.item())
+        return loss
+
+
+def make_trainer(
+    policy: str, out: str, *, lora: bool = False, nan_step: int | None = None, **args: Any
+) -> RecordingTrainer:
+    settings: dict[str, Any] = {
+        "output_dir": out,
+        "max_steps": STEPS,
+        "per_device_train_batch_size": BATCH,
+        "learning_rate": LR,
+        "lr_scheduler_type": "linear",
+        "warmup_steps": WARMUP,
+        "weight_decay": WEIGHT_DECAY,
+        "max_grad_norm": MAX_NORM,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "train_sampling_strategy": "sequential",
+        "seed": 0,
+        "use_cpu": True,
+        "disable_tqdm": True,
+        **args,
+    }
+    return RecordingTrainer(
+        model=make_model(lora),
+        args=transformers.TrainingArguments(**settings),
+        train_dataset=[{"input_ids": row, "labels": row} for row in DATA],
+        precision=make_policy(policy),
+        nan_step=nan_step,
+    )
+
+
+def own_loop(policy: str, *, lora: bool = False, nan_step: int | None = None) -> dict[str, Any]:
+    """The README loop on the same model, data, groups and schedule."""
+    prec = mixprec.Precision(make_policy(policy))
+    model = prec.prepare(make_model(lora))
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for n, p in named if "norm" not in n], "weight_decay": WEIGHT_DECAY},
+        {"params": [p for n, p in named if "norm" in n], "weight_decay": 0.0},
+    ]
+    opt = prec.optimizer([g for g in groups if g["params"]], lr=LR)
+    sched = transformers.get_scheduler(
+        "linear", opt, num_warmup_steps=WARMUP, num_training_steps=STEPS
+    )
+    losses, lrs, skipped, scales = [], [], [], []
+    for step in range(STEPS):
+        x = DATA[step * BATCH : (step + 1) * BATCH]
+        with prec.autocast():
+            loss = nan_at(nan_step, model(input_ids=x, labels=x).loss, step)
+        prec.backward(loss)
+        prec.clip_grad_norm_(model.parameters(), MAX_NORM)
+        lrs.append(sched.get_last_lr()[0])
+        report = prec.step(opt)
+        if report.applied:
+            sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        skipped.append(prec.stats.skipped_steps)
+        scales.append(prec.stats.loss_scale)
+    return {
+        "losses": losses,
+        "lrs": lrs,
+        "skipped": skipped,
+        "scales": scales,
+        "final": final_state(model, opt, prec),
+    }
+
+
+def final_state(model: torch.nn.Module, opt: Any, prec: mixprec.Precision) -> dict[str, Any]:
+    """Weights, optimizer state (masters, moments) and the precision state, as saved."""
+    return {
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "optimizer": opt.state_dict()["state"],
+        "precision": prec.state_dict(),
+    }
+
+
+def trainer_state(trainer: RecordingTrainer) -> dict[str, Any]:
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    return {
+        "losses": trainer.losses,
+        "lrs": [h["learning_rate"] for h in logs],
+        "skipped": [h.get("skipped_steps") for h in logs],
+        "scales": [h.get("loss_scale") for h in logs],
+        "final": final_state(trainer.model, trainer.optimizer.optimizer, trainer.precision),
+    }
+
+
+def assert_equal(a: Any, b: Any, where: str = "") -> None:
+    """Bitwise equality through nested dicts, lists and tensors (NaN equals NaN)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_equal(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_equal(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(
+            a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8)
+        ), where
+    elif isinstance(a, float) and math.isnan(a):
+        assert isinstance(b, float) and math.isnan(b), where
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+@pytest.mark.parametrize("policy", ["bf16_master", "amp_fp16"])
+def test_trainer_matches_own_loop_bitwise(policy: str, tmp_path: Path) -> None:
+    trainer = make_trainer(policy, str(tmp_path))
+    trainer.train()
+    got, want = trainer_state(trainer), own_loop(policy)
+    assert_equal(got, want)
+    assert trainer.precision.stats.steps == STEPS
+    if policy == "amp_fp16":  # steps were skipped, and the scheduler held back on them
+        assert 0 < want["skipped"][-1] < STEPS // 2
+        assert len(set(got["lrs"])) < STEPS - 1
+
+
+def test_nan_step_is_skipped_logged_and_holds_the_scheduler(tmp_path: Path) -> None:
+    trainer = make_trainer("bf16_master", str(tmp_path), nan_step=5)
+    trainer.train()
+    got, want = trainer_state(trainer), own_loop("bf16_master", nan_step=5)
+    assert_equal(got, want)
+    assert got["skipped"][4:7] == [0, 1, 1]
+    assert got["lrs"][5] == got["lrs"][6] != got["lrs"][7]
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_lora_matches_own_loop_bitwise(tmp_path: Path) -> None:
+    trainer = make_trainer("bf16_master", str(tmp_path), lora=True)
+    trainer.train()
+    got, want = trainer_state(trainer), own_loop("bf16_master", lora=True)
+    assert_equal(got, want)
+    adapters = [p for n, p in trainer.model.named_parameters() if "lora_" in n]
+    assert len(adapters) == 8 and {p.dtype for p in adapters} == {torch.bfloat16}
+
+
+def resume(policy: str, lora: bool, out: str) -> None:
+    """In a new process: resume from the checkpoint at step STEPS // 2 to the end; save
+    the losses after it and the final state to `out`/resumed.pt."""
+    trainer = make_trainer(policy, out, lora=lora, save_strategy="steps", save_steps=STEPS // 2)
+    trainer.train(resume_from_checkpoint=os.path.join(out, f"checkpoint-{STEPS // 2}"))
+    inner = trainer.optimizer.optimizer
+    held = {id(p) for g in inner.param_groups for p in g["params"]}
+    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
+    assert all(id(p) in held for p in trainable), "a trainable parameter is not optimized"
+    torch.save(trainer_state(trainer), os.path.join(out, "resumed.pt"))
+
+
+@pytest.mark.parametrize(("policy", "lora"), [("amp_fp16", False), ("bf16_master", True)])
+def test_resume_in_a_new_process_is_bitwise(policy: str, lora: bool, tmp_path: Path) -> None:
+    out = str(tmp_path)
+    trainer = make_trainer(policy, out, lora=lora, save_strategy="steps", save_steps=STEPS // 2)
+    trainer.train()
+    assert os.path.isfile(os.path.join(out, f"checkpoint-{STEPS // 2}", PRECISION_STATE_NAME))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=SRC)
+    args = [sys.executable, __file__, policy, str(lora), out]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = torch.load(os.path.join(out, "resumed.pt"), weights_only=False)
+    full = trainer_state(trainer)
+    half = STEPS // 2
+    assert_equal(resumed["losses"], full["losses"][half:])
+    for key in ("lrs", "skipped", "scales"):
+        assert_equal(resumed[key][half:], full[key][half:], key)
+    assert_equal(resumed["final"], full["final"], "final")
+    if policy == "amp_fp16":
+        assert full["skipped"][half - 1] > 0  # the resumed state held skips and a loss scale
+
+
+@pytest.mark.parametrize("flag", ["fp16", "bf16"])
+def test_trainer_precision_flags_are_refused(flag: str, tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError,
+        match=rf"^TrainingArguments\({flag}=True\) contradicts the "
+        r"mixprec policy 'bf16_master'.*leave fp16 and bf16 False$",
+    ):
+        make_trainer("bf16_master", str(tmp_path), **{flag: True})
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    resume(sys.argv[1], sys.argv[2] == "True", sys.argv[3])

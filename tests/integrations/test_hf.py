@@ -23,7 +23,12 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the HF integration needs transformers")
 
 import mixprec  # noqa: E402
-from mixprec.integrations.hf import PRECISION_STATE_NAME, PrecisionTrainer  # noqa: E402
+from mixprec.errors import PrecisionError  # noqa: E402
+from mixprec.integrations.hf import (  # noqa: E402
+    PRECISION_STATE_NAME,
+    PrecisionTrainerMixin,
+    check_trainer_hooks,
+)
 
 STEPS, BATCH, LENGTH = 40, 4, 32
 LR, WARMUP, WEIGHT_DECAY, MAX_NORM = 1e-3, 4, 0.1, 1.0
@@ -70,8 +75,9 @@ def nan_at(step: int | None, loss: torch.Tensor, at: int) -> torch.Tensor:
     return loss * float("nan") if at == step else loss
 
 
-class RecordingTrainer(PrecisionTrainer):
-    """Keeps every training loss as computed (and injects a NaN loss at `nan_step`)."""
+class LossRecordingTrainer(transformers.Trainer):
+    """A `Trainer` subclass with its own keyword and `compute_loss`, as TRL's are: keeps
+    every training loss as computed, and makes the loss NaN at step `nan_step`."""
 
     def __init__(self, *args: Any, nan_step: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -85,8 +91,18 @@ class RecordingTrainer(PrecisionTrainer):
         return loss
 
 
+class RecordingTrainer(PrecisionTrainerMixin, LossRecordingTrainer):
+    """The mixin on a trainer subclass (``PrecisionTrainer`` is the mixin on `Trainer`)."""
+
+
 def make_trainer(
-    policy: str, out: str, *, lora: bool = False, nan_step: int | None = None, **args: Any
+    policy: str,
+    out: str,
+    *,
+    lora: bool = False,
+    nan_step: int | None = None,
+    optimizers: Any = (None, None),
+    **args: Any,
 ) -> RecordingTrainer:
     settings: dict[str, Any] = {
         "output_dir": out,
@@ -112,6 +128,7 @@ def make_trainer(
         train_dataset=[{"input_ids": row, "labels": row} for row in DATA],
         precision=make_policy(policy),
         nan_step=nan_step,
+        optimizers=optimizers,
     )
 
 
@@ -223,6 +240,9 @@ def test_lora_matches_own_loop_bitwise(tmp_path: Path) -> None:
     assert len(adapters) == 8 and {p.dtype for p in adapters} == {torch.bfloat16}
 
 
+RESUMED = {"amp_fp16": False, "bf16_master-lora": True}  # case -> LoRA
+
+
 def resume(policy: str, lora: bool, out: str) -> None:
     """In a new process: resume from the checkpoint at step STEPS // 2 to the end; save
     the losses after it and the final state to `out`/resumed.pt."""
@@ -235,24 +255,40 @@ def resume(policy: str, lora: bool, out: str) -> None:
     torch.save(trainer_state(trainer), os.path.join(out, "resumed.pt"))
 
 
-@pytest.mark.parametrize(("policy", "lora"), [("amp_fp16", False), ("bf16_master", True)])
-def test_resume_in_a_new_process_is_bitwise(policy: str, lora: bool, tmp_path: Path) -> None:
-    out = str(tmp_path)
-    trainer = make_trainer(policy, out, lora=lora, save_strategy="steps", save_steps=STEPS // 2)
-    trainer.train()
-    assert os.path.isfile(os.path.join(out, f"checkpoint-{STEPS // 2}", PRECISION_STATE_NAME))
+@pytest.fixture(scope="module")
+def resumed_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Each case trained uninterrupted here (a checkpoint at STEPS // 2), then resumed
+    from that checkpoint in one new process: case -> (uninterrupted, resumed)."""
+    runs, argv = {}, []
+    for case, lora in RESUMED.items():
+        out = str(tmp_path_factory.mktemp(case))
+        policy = case.split("-")[0]
+        trainer = make_trainer(policy, out, lora=lora, save_strategy="steps", save_steps=STEPS // 2)
+        trainer.train()
+        runs[case] = (trainer, out)
+        argv += [policy, str(lora), out]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=SRC)
-    args = [sys.executable, __file__, policy, str(lora), out]
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, __file__, *argv], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    resumed = torch.load(os.path.join(out, "resumed.pt"), weights_only=False)
+    return {
+        case: (trainer, out, torch.load(os.path.join(out, "resumed.pt"), weights_only=False))
+        for case, (trainer, out) in runs.items()
+    }
+
+
+@pytest.mark.parametrize("case", list(RESUMED))
+def test_resume_in_a_new_process_is_bitwise(case: str, resumed_runs: dict[str, Any]) -> None:
+    trainer, out, resumed = resumed_runs[case]
+    assert os.path.isfile(os.path.join(out, f"checkpoint-{STEPS // 2}", PRECISION_STATE_NAME))
     full = trainer_state(trainer)
     half = STEPS // 2
     assert_equal(resumed["losses"], full["losses"][half:])
     for key in ("lrs", "skipped", "scales"):
         assert_equal(resumed[key][half:], full[key][half:], key)
     assert_equal(resumed["final"], full["final"], "final")
-    if policy == "amp_fp16":
+    if case == "amp_fp16":
         assert full["skipped"][half - 1] > 0  # the resumed state held skips and a loss scale
 
 
@@ -266,6 +302,39 @@ def test_trainer_precision_flags_are_refused(flag: str, tmp_path: Path) -> None:
         make_trainer("bf16_master", str(tmp_path), **{flag: True})
 
 
+def test_an_optimizer_built_before_a_lora_resume_is_refused(tmp_path: Path) -> None:
+    # HF's resume replaces the adapter parameters (PEFT load_adapter(is_trainable=True)):
+    # an optimizer passed in, built on the old ones, would train none of them.
+    out = str(tmp_path)
+    saving = make_trainer("bf16_master", out, lora=True, max_steps=1, save_strategy="steps")
+    saving.args.save_steps = 1
+    saving.train()
+    resumed = make_trainer("bf16_master", out, lora=True, max_steps=2)
+    trainable = [p for p in resumed.model.parameters() if p.requires_grad]
+    resumed.optimizer = resumed.precision.optimizer(trainable, lr=LR)  # as optimizers=(opt, None)
+    with pytest.raises(
+        PrecisionError, match=r"^8 trainable parameters \(first .*lora_A.*\) are not"
+    ):
+        resumed.train(resume_from_checkpoint=os.path.join(out, "checkpoint-1"))
+
+
+def test_other_optimizers_and_model_init_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^TrainingArguments\(optim='sgd'\) is not the mixprec"):
+        make_trainer("bf16_master", str(tmp_path), optim="sgd").train()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    with pytest.raises(ValueError, match=r"^PrecisionTrainer needs model=\.\.\.: model_init"):
+        RecordingTrainer(model_init=make_model, args=args, precision="bf16_master")
+
+
+def test_a_transformers_without_the_private_hooks_is_refused() -> None:
+    check_trainer_hooks(transformers.Trainer)
+    old = type("OldTrainer", (), {"_clip_grad_norm": lambda self, model: None})
+    with pytest.raises(ImportError, match=r"overrides Trainer\._get_grad_norm, which transformers"):
+        check_trainer_hooks(old)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    resume(sys.argv[1], sys.argv[2] == "True", sys.argv[3])
+    cases = sys.argv[1:]
+    for i in range(0, len(cases), 3):
+        resume(cases[i], cases[i + 1] == "True", cases[i + 2])

@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
+import transformers
 from accelerate.optimizer import AcceleratedOptimizer  # type: ignore[import-untyped]
 from torch import nn
 from transformers import Trainer, TrainingArguments
@@ -37,17 +38,43 @@ from mixprec.policy import Policy
 
 __all__ = [
     "PRECISION_STATE_NAME",
+    "PRIVATE_HOOKS",
     "PrecisionOptimizer",
     "PrecisionTrainer",
     "PrecisionTrainerMixin",
     "check_arguments",
+    "check_trainer_hooks",
 ]
 
 #: The file that holds `Precision.state_dict()` in each checkpoint folder.
 PRECISION_STATE_NAME = "precision.pt"
 
+#: The private `Trainer` methods this module overrides (a version without one would
+#: silently bypass it, so importing this module refuses it).
+PRIVATE_HOOKS = (
+    "_clip_grad_norm",
+    "_get_grad_norm",
+    "_save_scaler",
+    "_load_scaler",
+    "_load_from_checkpoint",
+)
+
 #: `TrainingArguments.optim` values whose optimizer is the policy's `mixprec.optim.AdamW`.
 _ADAMW = ("adamw_torch", "adamw_torch_fused")
+
+
+def check_trainer_hooks(trainer_cls: type) -> None:
+    """Raise `ImportError` if `trainer_cls` lacks a private method this module overrides."""
+    for name in PRIVATE_HOOKS:
+        if not callable(getattr(trainer_cls, name, None)):
+            raise ImportError(
+                f"mixprec.integrations.hf overrides Trainer.{name}, which transformers "
+                f"{transformers.__version__} does not have: install transformers>=5.24,<6 "
+                f"(the versions it is tested with)"
+            )
+
+
+check_trainer_hooks(Trainer)
 
 
 def check_arguments(args: TrainingArguments, precision: Precision) -> None:
@@ -103,7 +130,7 @@ class PrecisionOptimizer(AcceleratedOptimizer):  # type: ignore[misc]
         self.precision = precision
         self.report: StepReport | None = None
 
-    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> None:
         """`Precision.step` on the wrapped optimizer, once per gradient-accumulation cycle."""
         if self.gradient_state.sync_gradients:
             self.report = self.precision.step(self.optimizer, closure)
@@ -133,7 +160,16 @@ class PrecisionTrainerMixin(_TrainerBase):
         self.precision = precision if isinstance(precision, Precision) else Precision(precision)
         super().__init__(*args, **kwargs)
         check_arguments(self.args, self.precision)
+        if self.model is None or self.model_init is not None:
+            raise ValueError(
+                "PrecisionTrainer needs model=...: model_init is not supported (a model it "
+                "makes at train() would not be prepared); build the model first"
+            )
         self.model = self.model_wrapped = self.precision.prepare(self.model)
+
+    def _prepared_model(self) -> nn.Module:
+        assert self.model is not None  # refused in __init__
+        return self.model
 
     # -- forward and backward
 
@@ -142,7 +178,7 @@ class PrecisionTrainerMixin(_TrainerBase):
         # The trainer calls `self.accelerator.backward(loss)`; with mixed_precision "no"
         # that is `loss.backward()`. Route it (on this trainer's accelerator only)
         # through `Precision.backward`, which scales the loss when the policy does.
-        self.accelerator.backward = self._precision_backward  # type: ignore[method-assign]
+        self.accelerator.backward = self._precision_backward
 
     def _precision_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         self.precision.backward(loss, **kwargs)
@@ -155,11 +191,12 @@ class PrecisionTrainerMixin(_TrainerBase):
     # -- the optimizer, clipping and the step
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
-        opt_model = self.model if model is None else model
+        opt_model = self._prepared_model() if model is None else model
         if self.optimizer is None:
-            if self.args.optim not in _ADAMW:
+            optim = getattr(self.args.optim, "value", self.args.optim)  # an OptimizerNames
+            if optim not in _ADAMW:
                 raise ValueError(
-                    f"TrainingArguments(optim={str(self.args.optim)!r}) is not the mixprec "
+                    f"TrainingArguments(optim={optim!r}) is not the mixprec "
                     f"policy's optimizer: use optim='adamw_torch' (mixprec.optim.AdamW with the "
                     f"policy's master and moments), or pass optimizers=(your_optimizer, None)"
                 )
@@ -203,7 +240,7 @@ class PrecisionTrainerMixin(_TrainerBase):
     def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> Any:
         if grad_norm is None:  # max_grad_norm 0: measure the true norm, clip nothing
             grad_norm = self.precision.clip_grad_norm_(model.parameters(), math.inf)
-        return super()._get_grad_norm(model, grad_norm=grad_norm)
+        return super()._get_grad_norm(model, grad_norm=grad_norm)  # type: ignore[no-untyped-call]
 
     # -- logs
 
@@ -244,7 +281,7 @@ class PrecisionTrainerMixin(_TrainerBase):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         # PEFT's load_adapter(..., is_trainable=True) replaces the adapter parameters with
         # new fp32 ones: give them the policy's storage again (the optimizer is built after).
-        self.precision.prepare(self.model)
+        self.precision.prepare(self._prepared_model())
 
 
 class PrecisionTrainer(PrecisionTrainerMixin, Trainer):

@@ -333,6 +333,22 @@ def test_a_transformers_without_the_private_hooks_is_refused() -> None:
         check_trainer_hooks(old)
 
 
+def test_import_mixprec_does_not_import_transformers() -> None:
+    code = "import sys, mixprec, mixprec.integrations; print('transformers' in sys.modules)"
+    env = dict(os.environ, PYTHONPATH=SRC)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_the_example_trains_lora_adapters(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("peft", reason="the LoRA example needs peft")
+    monkeypatch.syspath_prepend(str(Path(SRC).parent / "examples"))
+    import hf_trainer
+
+    losses = hf_trainer.main("bf16_master", lora=True, steps=5)
+    assert len(losses) == 1 and math.isfinite(losses[0])
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     cases = sys.argv[1:]

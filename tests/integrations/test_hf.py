@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,14 @@ def make_trainer(
     )
 
 
-def own_loop(policy: str, *, lora: bool = False, nan_step: int | None = None) -> dict[str, Any]:
+def own_loop(
+    policy: str,
+    *,
+    lora: bool = False,
+    nan_step: int | None = None,
+    steps: int = STEPS,
+    max_norm: float = MAX_NORM,
+) -> dict[str, Any]:
     """The README loop on the same model, data, groups and schedule."""
     prec = mixprec.Precision(make_policy(policy))
     model = prec.prepare(make_model(lora))
@@ -143,15 +151,15 @@ def own_loop(policy: str, *, lora: bool = False, nan_step: int | None = None) ->
     ]
     opt = prec.optimizer([g for g in groups if g["params"]], lr=LR)
     sched = transformers.get_scheduler(
-        "linear", opt, num_warmup_steps=WARMUP, num_training_steps=STEPS
+        "linear", opt, num_warmup_steps=WARMUP, num_training_steps=steps
     )
-    losses, lrs, skipped, scales = [], [], [], []
-    for step in range(STEPS):
+    losses, lrs, norms, skipped, scales = [], [], [], [], []
+    for step in range(steps):
         x = DATA[step * BATCH : (step + 1) * BATCH]
         with prec.autocast():
             loss = nan_at(nan_step, model(input_ids=x, labels=x).loss, step)
         prec.backward(loss)
-        prec.clip_grad_norm_(model.parameters(), MAX_NORM)
+        norms.append(prec.clip_grad_norm_(model.parameters(), max_norm).item())
         lrs.append(sched.get_last_lr()[0])
         report = prec.step(opt)
         if report.applied:
@@ -163,6 +171,7 @@ def own_loop(policy: str, *, lora: bool = False, nan_step: int | None = None) ->
     return {
         "losses": losses,
         "lrs": lrs,
+        "grad_norms": norms,
         "skipped": skipped,
         "scales": scales,
         "final": final_state(model, opt, prec),
@@ -183,6 +192,7 @@ def trainer_state(trainer: RecordingTrainer) -> dict[str, Any]:
     return {
         "losses": trainer.losses,
         "lrs": [h["learning_rate"] for h in logs],
+        "grad_norms": [h["grad_norm"] for h in logs],
         "skipped": [h.get("skipped_steps") for h in logs],
         "scales": [h.get("loss_scale") for h in logs],
         "final": final_state(trainer.model, trainer.optimizer.optimizer, trainer.precision),
@@ -209,10 +219,29 @@ def assert_equal(a: Any, b: Any, where: str = "") -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Any, str]]:
+    """case ("amp_fp16", "bf16_master-lora", ...) -> its trainer after STEPS steps, with a
+    checkpoint at STEPS // 2, and its output folder; each case trains once per module."""
+    runs: dict[str, tuple[Any, str]] = {}
+
+    def run(case: str) -> tuple[Any, str]:
+        if case not in runs:
+            out = str(tmp_path_factory.mktemp(case))
+            policy, lora = case.split("-")[0], case.endswith("-lora")
+            trainer = make_trainer(
+                policy, out, lora=lora, save_strategy="steps", save_steps=STEPS // 2
+            )
+            trainer.train()
+            runs[case] = (trainer, out)
+        return runs[case]
+
+    return run
+
+
 @pytest.mark.parametrize("policy", ["bf16_master", "amp_fp16"])
-def test_trainer_matches_own_loop_bitwise(policy: str, tmp_path: Path) -> None:
-    trainer = make_trainer(policy, str(tmp_path))
-    trainer.train()
+def test_trainer_matches_own_loop_bitwise(policy: str, trained: Callable[..., Any]) -> None:
+    trainer, _ = trained(policy)
     got, want = trainer_state(trainer), own_loop(policy)
     assert_equal(got, want)
     assert trainer.precision.stats.steps == STEPS
@@ -231,16 +260,25 @@ def test_nan_step_is_skipped_logged_and_holds_the_scheduler(tmp_path: Path) -> N
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
 
 
-def test_lora_matches_own_loop_bitwise(tmp_path: Path) -> None:
-    trainer = make_trainer("bf16_master", str(tmp_path), lora=True)
+def test_logged_grad_norm_is_the_true_one_without_clipping(tmp_path: Path) -> None:
+    # max_grad_norm=0: the trainer only measures the norm, on unscaled gradients.
+    trainer = make_trainer("amp_fp16", str(tmp_path), max_steps=8, max_grad_norm=0.0)
     trainer.train()
+    want = own_loop("amp_fp16", steps=8, max_norm=math.inf)
+    assert_equal(trainer_state(trainer), want)
+    finite = [n for n in want["grad_norms"] if math.isfinite(n)]
+    assert finite and max(finite) < 100  # true norms, not times the loss scale (2**22)
+
+
+def test_lora_matches_own_loop_bitwise(trained: Callable[..., Any]) -> None:
+    trainer, _ = trained("bf16_master-lora")
     got, want = trainer_state(trainer), own_loop("bf16_master", lora=True)
     assert_equal(got, want)
     adapters = [p for n, p in trainer.model.named_parameters() if "lora_" in n]
     assert len(adapters) == 8 and {p.dtype for p in adapters} == {torch.bfloat16}
 
 
-RESUMED = {"amp_fp16": False, "bf16_master-lora": True}  # case -> LoRA
+RESUMED = ("amp_fp16", "bf16_master-lora")
 
 
 def resume(policy: str, lora: bool, out: str) -> None:
@@ -256,17 +294,13 @@ def resume(policy: str, lora: bool, out: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def resumed_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Each case trained uninterrupted here (a checkpoint at STEPS // 2), then resumed
-    from that checkpoint in one new process: case -> (uninterrupted, resumed)."""
+def resumed_runs(trained: Callable[..., Any]) -> dict[str, Any]:
+    """Each case trained uninterrupted (a checkpoint at STEPS // 2), then resumed from
+    that checkpoint in one new process: case -> (uninterrupted, its folder, resumed)."""
     runs, argv = {}, []
-    for case, lora in RESUMED.items():
-        out = str(tmp_path_factory.mktemp(case))
-        policy = case.split("-")[0]
-        trainer = make_trainer(policy, out, lora=lora, save_strategy="steps", save_steps=STEPS // 2)
-        trainer.train()
-        runs[case] = (trainer, out)
-        argv += [policy, str(lora), out]
+    for case in RESUMED:
+        runs[case] = _, out = trained(case)
+        argv += [case.split("-")[0], str(case.endswith("-lora")), out]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=SRC)
     proc = subprocess.run(
         [sys.executable, __file__, *argv], env=env, capture_output=True, text=True, timeout=300
@@ -285,7 +319,7 @@ def test_resume_in_a_new_process_is_bitwise(case: str, resumed_runs: dict[str, A
     full = trainer_state(trainer)
     half = STEPS // 2
     assert_equal(resumed["losses"], full["losses"][half:])
-    for key in ("lrs", "skipped", "scales"):
+    for key in ("lrs", "grad_norms", "skipped", "scales"):
         assert_equal(resumed[key][half:], full[key][half:], key)
     assert_equal(resumed["final"], full["final"], "final")
     if case == "amp_fp16":

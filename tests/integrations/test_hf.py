@@ -22,6 +22,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers", reason="the HF integration needs transformers")
+pytest.importorskip("accelerate", reason="the HF integration needs accelerate")
 
 import mixprec  # noqa: E402
 from mixprec.errors import PrecisionError  # noqa: E402

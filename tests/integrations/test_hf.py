@@ -353,6 +353,17 @@ def test_an_optimizer_built_before_a_lora_resume_is_refused(tmp_path: Path) -> N
         resumed.train(resume_from_checkpoint=os.path.join(out, "checkpoint-1"))
 
 
+def test_a_checkpoint_without_the_precision_state_is_refused(tmp_path: Path) -> None:
+    out = str(tmp_path)
+    saving = make_trainer("amp_fp16", out, max_steps=1, save_strategy="steps")
+    saving.args.save_steps = 1
+    saving.train()
+    os.remove(os.path.join(out, "checkpoint-1", PRECISION_STATE_NAME))  # as a plain Trainer's
+    resumed = make_trainer("amp_fp16", out, max_steps=2)
+    with pytest.raises(PrecisionError, match=r"^checkpoint .*checkpoint-1 has no precision\.pt"):
+        resumed.train(resume_from_checkpoint=os.path.join(out, "checkpoint-1"))
+
+
 def test_other_optimizers_and_model_init_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^TrainingArguments\(optim='sgd'\) is not the mixprec"):
         make_trainer("bf16_master", str(tmp_path), optim="sgd").train()

@@ -53,7 +53,12 @@ def main() -> None:
     loader = torch.utils.data.DataLoader(list(batches), batch_size=None)
     plugin = MixprecPrecision(prec)
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=64, plugins=[plugin], gradient_clip_val=1.0, logger=False
+        accelerator="cpu",
+        max_steps=64,
+        plugins=[plugin],
+        gradient_clip_val=1.0,
+        logger=False,
+        enable_checkpointing=False,  # this example saves nothing (see the docs for resuming)
     )
     trainer.fit(TinyLlama(prec), loader)
     print(prec.summary())

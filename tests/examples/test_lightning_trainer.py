@@ -15,9 +15,11 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "lightning_trainer.py"
 
 
 def test_the_lightning_example_trains_under_amp_fp16(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", [str(EXAMPLE), "amp_fp16"])
     runpy.run_path(str(EXAMPLE), run_name="__main__")
     out = capsys.readouterr().out
     assert "steps 64" in out and "loss scaling: dynamic" in out
+    assert not list(tmp_path.iterdir())  # it writes nothing where it runs

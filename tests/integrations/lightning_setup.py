@@ -23,7 +23,7 @@ LR = 3e-3
 
 
 def policy(name: str) -> mixprec.Policy:
-    base = mixprec.policy(name)
+    base = mixprec.preset(name)
     if base.loss_scaling is None:
         return base
     return base.replace(loss_scaling=LossScaling(init_scale=2.0**24, growth_interval=3))

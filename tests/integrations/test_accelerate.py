@@ -115,7 +115,7 @@ def test_skips_and_the_loss_scale_reach_the_accelerators_trackers() -> None:
     accelerator = accelerate.Accelerator(cpu=True, log_with=[recorder])
     accelerator.init_trackers("mixprec")
     scaling = mixprec.LossScaling(init_scale=2.0**10)
-    prec = mixprec.Precision(mixprec.policy("amp_fp16").replace(loss_scaling=scaling))
+    prec = mixprec.Precision(mixprec.preset("amp_fp16").replace(loss_scaling=scaling))
     model = prec.prepare(torch.nn.Linear(4, 1))
     opt = accelerator.prepare(prec.optimizer(model, lr=0.1))
     loop = AcceleratedPrecision(accelerator, prec)

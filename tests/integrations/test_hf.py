@@ -42,7 +42,7 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 def amp_fp16_skipping() -> mixprec.Policy:
     """amp_fp16 with a scale that overflows fp16 gradients and grows back every 4 steps."""
     scaling = mixprec.LossScaling(init_scale=2.0**22, growth_interval=4)
-    return mixprec.policy("amp_fp16").replace(loss_scaling=scaling)
+    return mixprec.preset("amp_fp16").replace(loss_scaling=scaling)
 
 
 POLICIES: dict[str, Any] = {"bf16_master": "bf16_master", "amp_fp16": amp_fp16_skipping}

@@ -354,12 +354,12 @@ def test_grad_accum_dtype_is_fp32_or_none_and_reads_from_configs() -> None:
 
 def test_differences_name_what_runs_differently_and_read_missing_fields_at_default() -> None:
     """One home for "was this saved under the same policy" (a state, a checkpoint, a run)."""
-    bf16 = policy("bf16_master")
+    bf16 = preset("bf16_master")
     saved = bf16.to_dict()
     assert bf16.differences({**saved, "name": "mine", "note": "renamed"}) == {}
     del saved["grad_accum_dtype"]  # written before the field existed: its default then
     assert bf16.differences(saved) == {}
-    amp = policy("amp_bf16").to_dict()
+    amp = preset("amp_bf16").to_dict()
     diff = bf16.differences(amp)
     assert diff["param_dtype"] == (amp["param_dtype"], saved["param_dtype"])
     assert "name" not in diff

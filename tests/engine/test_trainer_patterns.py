@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import mixprec
+from mixprec import PrecisionError
 
 from .helpers import loss_fn, make_data, make_model
 
@@ -25,6 +26,34 @@ def _backward(prec: mixprec.Precision, model: torch.nn.Module, *, overflow: bool
     prec.backward(loss)
     if hook is not None:
         hook.remove()
+
+
+def test_an_overflow_clamped_by_clip_grad_value_after_unscale_is_a_skipped_step() -> None:
+    """GradScaler saw the inf at ``unscale_`` and skips the update; the clamp made the
+    gradients finite, so the report must come from what the scaler found, not a re-check."""
+    prec = mixprec.Precision("amp_fp16")
+    model = prec.prepare(make_model())
+    opt = prec.optimizer(model)
+    _backward(prec, model, overflow=True)
+    prec.unscale_(opt)
+    torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    report = prec.step(opt)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not report.applied
+    assert prec.stats.skipped_steps == 1 and prec.stats.applied_steps == 0
+
+
+def test_a_first_step_without_prec_backward_raises_the_documented_error() -> None:
+    prec = mixprec.Precision("amp_fp16")
+    model = prec.prepare(make_model())
+    opt = prec.optimizer(model)
+    x, y = make_data(32)
+    with prec.autocast():
+        loss = loss_fn(model(x), y)
+    loss.backward()
+    with pytest.raises(PrecisionError, match=r"prec\.backward"):
+        prec.step(opt)
 
 
 class _Wrapper(torch.optim.Optimizer):

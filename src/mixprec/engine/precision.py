@@ -562,7 +562,7 @@ class Precision:
             # torch's "unscale_() has already been called ... since the last update()"), and
             # grad mode is restored (an interrupt in torch's no_grad() can leave it off).
             torch.set_grad_enabled(grad_mode)
-            if scales:
+            if scales and self._grads.unscaled_any:
                 scaler.update(new_scale=float(scaler.get_scale()))
             raise
         finally:

@@ -159,6 +159,19 @@ class ScaledGradients:
         self._scaled_versions: dict[int, tuple[int, int]] = {}
         self._changed_while_scaled = False
         self._warned_scaled_edit = False
+        self._found_inf: list[torch.Tensor] = []
+
+    @property
+    def unscaled_any(self) -> bool:
+        """True once a gradient was unscaled this step (GradScaler's iteration began)."""
+        return bool(self._unscaled)
+
+    def found_inf(self) -> list[torch.Tensor]:
+        """What `GradScaler.unscale_` found this step, per optimizer and device: a
+        non-zero entry means a gradient was inf/NaN when it was unscaled, even if it
+        was changed since (``clip_grad_value_`` clamps an inf to a finite value, and
+        GradScaler then skips that optimizer's update)."""
+        return self._found_inf
 
     @property
     def are_scaled(self) -> bool:
@@ -229,10 +242,13 @@ class ScaledGradients:
                         )
                 scaler.unscale_(opt)
                 self._unscaled.add(id(opt))
+                # torch's own record of the unscale (the tensors GradScaler.step reads)
+                self._found_inf.extend(scaler._found_inf_per_device(opt).values())
 
     def end_step(self) -> None:
         """Forget this step's state (the step applied or skipped, or raised)."""
         self._unscaled.clear()
+        self._found_inf = []
         self.backward_pending = False
         self.unscaled_seen = False
         self._scaled_versions = {}

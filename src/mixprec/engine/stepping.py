@@ -128,7 +128,10 @@ class _NonFiniteInClosureError(Exception):
 
 
 def check_grads(
-    params: Sequence[torch.Tensor], clip: ClipNote | None, device: torch.device
+    params: Sequence[torch.Tensor],
+    clip: ClipNote | None,
+    device: torch.device,
+    found_inf: Sequence[torch.Tensor] = (),
 ) -> tuple[float, int]:
     """The reported gradient norm and the count of non-finite gradient elements of
     `params` (the parameters with a gradient of every optimizer of the step), as every
@@ -136,7 +139,9 @@ def check_grads(
 
     The decision covers every one of those gradients: one fused norm over all of
     them, read with one host sync (together with a clip's pre-clip norm, which is
-    reported when that clip saw every gradient).
+    reported when that clip saw every gradient, and `found_inf`, what GradScaler's
+    unscale found: a gradient that was inf/NaN then and was clamped since counts as
+    one non-finite element, since GradScaler skips its update).
     """
     # Without a process group there is no other rank and no DTensor (FSDP2's gradients,
     # whose norms are made whole with `plain`, a collective).
@@ -157,16 +162,21 @@ def check_grads(
         if distributed:
             total = plain(total)
             pending = None if pending is None else plain(pending)
-        total = total.float()
+        read = [total.float()]
         if pending is not None:
-            now, norm = torch.stack([total, pending.float().to(total.device)]).tolist()
-        else:
-            now = norm = float(total)
+            read.append(pending.float().to(total.device))
+        for found in found_inf:
+            read.append(found.float().to(total.device))
+        values = torch.stack(read).tolist() if len(read) > 1 else [float(read[0])]
+        now = values[0]
+        norm = values[1] if pending is not None else now
         if not (math.isfinite(now) and math.isfinite(norm)):
             # The norm can overflow fp32 on finite gradients (an element of 2e19): decide
             # on the elements themselves, not on the norm.
             norm = norm if not math.isfinite(norm) else now
             nonfinite = count_nonfinite(grads)
+        if nonfinite == 0 and any(values[1 + (pending is not None) :]):
+            nonfinite = 1  # inf/NaN at the unscale, clamped since
     if distributed:
         return agree_across_ranks(norm, nonfinite, device)
     return norm, nonfinite
@@ -224,7 +234,8 @@ def step_plain(ctx: StepContext, optimizers: Sequence[torch.optim.Optimizer]) ->
         grads.unscale(scaler, optimizers)
     # One decision for every optimizer of the step, taken on every rank together, and
     # reported the same on every rank.
-    norm, nonfinite = check_grads(params, ctx.clip, ctx.device)
+    found = grads.found_inf() if ls is not None else ()
+    norm, nonfinite = check_grads(params, ctx.clip, ctx.device, found)
     for observer in ctx.observers:
         observer.before_step(ctx.owner, optimizers, ctx.step)
     if nonfinite > 0:

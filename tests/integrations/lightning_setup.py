@@ -124,3 +124,43 @@ def loader() -> torch.utils.data.DataLoader[torch.Tensor]:
 
 def bitwise(a: list[float], b: list[float]) -> bool:
     return all((x == y) or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
+
+
+def fabric_run(
+    name: str, *, save_at: int | None = None, path: str | None = None, resume: bool = False
+) -> tuple[list[float], torch.nn.Module, mixprec.Precision]:
+    """The run as a Fabric loop under the plugin; after `save_at` steps, ``fabric.save``
+    to `path` (model, optimizer, scheduler, the plugin's loss scale); `resume` loads
+    `path` first and runs the steps after `save_at`."""
+    from mixprec.integrations.lightning import MixprecFabricPrecision
+
+    prec = mixprec.Precision(policy(name))
+    plugin = MixprecFabricPrecision(prec)
+    fabric = pl.Fabric(accelerator="cpu", devices=1, plugins=[plugin])
+    net = fabric.setup_module(make_model())
+    net.get_input_embeddings().register_forward_hook(Poison())
+    opt = fabric.setup_optimizers(prec.optimizer(net, lr=LR))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt.optimizer, schedule)
+    state = {"model": net, "optimizer": opt, "scheduler": sched, "precision": plugin}
+    done = 0
+    if resume:
+        assert path is not None and save_at is not None
+        fabric.load(path, state)
+        done = save_at
+    losses = []
+    for step, x in enumerate(batches() * (STEPS // EPOCH)):
+        if step < done:
+            continue
+        loss = net(input_ids=x, labels=x).loss
+        fabric.backward(loss)
+        fabric.clip_gradients(net, opt, max_norm=1.0, error_if_nonfinite=False)
+        opt.step()
+        report = plugin.last_report
+        if report is not None and report.applied:
+            sched.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+        if not resume and save_at is not None and step + 1 == save_at:
+            assert path is not None
+            fabric.save(path, state)
+    return losses, net, prec

@@ -23,21 +23,30 @@ import torch
 pl = pytest.importorskip("lightning", reason="the lightning extra is not installed")
 
 from lightning_setup import (  # noqa: E402 - after the skip
-    LR,
     Module,
-    Poison,
-    batches,
     bitwise,
+    fabric_run,
     loader,
-    make_model,
     own_loop,
     policy,
-    schedule,
     trainer,
 )
 
 import mixprec  # noqa: E402
 from mixprec.integrations import lightning as integration  # noqa: E402
+
+
+def _run_in_new_process(script: str, *args: str) -> None:
+    tests = Path(__file__).parent
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tests), str(tests.parent), env.get("PYTHONPATH", "")])
+    subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        check=True,
+        env=env,
+        cwd=tests,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("name", ["bf16_master", "amp_fp16"])
@@ -62,28 +71,36 @@ def test_trainer_is_bitwise_the_own_loop(name: str, tmp_path: Path) -> None:
 
 
 def test_fabric_is_bitwise_the_own_loop() -> None:
-    name = "amp_fp16"
-    losses, _, model, _ = own_loop(name)
-    prec = mixprec.Precision(policy(name))
-    plugin = integration.MixprecFabricPrecision(prec)
-    fabric = pl.Fabric(accelerator="cpu", devices=1, plugins=[plugin])
-    net = fabric.setup_module(make_model())
-    net.get_input_embeddings().register_forward_hook(Poison())
-    opt = fabric.setup_optimizers(prec.optimizer(net, lr=LR))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt.optimizer, schedule)
-    mine = []
-    for x in batches() * 2:
-        loss = net(input_ids=x, labels=x).loss
-        fabric.backward(loss)
-        fabric.clip_gradients(net, opt, max_norm=1.0, error_if_nonfinite=False)
-        opt.step()
-        if plugin.last_report is not None and plugin.last_report.applied:
-            sched.step()
-        opt.zero_grad()
-        mine.append(float(loss.detach()))
+    losses, _, model, _ = own_loop("amp_fp16")
+    mine, net, _ = fabric_run("amp_fp16")
     assert bitwise(mine, losses)
     for a, b in zip(net.parameters(), model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+FABRIC_RESUME = """
+import json, sys
+import torch
+from lightning_setup import fabric_run
+losses, net, prec = fabric_run("amp_fp16", save_at=20, path=sys.argv[1], resume=True)
+json.dump({"losses": losses, "scale": prec.loss_scale}, open(sys.argv[2], "w"))
+torch.save(net.state_dict(), sys.argv[3])
+"""
+
+
+def test_a_fabric_save_resumes_bitwise_in_a_new_process(tmp_path: Path) -> None:
+    """``fabric.save`` after step 20 (model, optimizer, scheduler and the plugin's loss
+    scale), ``fabric.load`` in a new process: the rest of the run is the same."""
+    path = str(tmp_path / "state.ckpt")
+    losses, net, prec = fabric_run("amp_fp16", save_at=20, path=path)
+    out, weights = tmp_path / "resumed.json", tmp_path / "weights.pt"
+    _run_in_new_process(FABRIC_RESUME, path, str(out), str(weights))
+    resumed = json.loads(out.read_text())
+    assert bitwise(resumed["losses"], losses[20:])
+    assert resumed["scale"] == prec.loss_scale
+    saved = torch.load(weights, weights_only=True)
+    for key, value in net.state_dict().items():
+        assert torch.equal(saved[key], value), key
 
 
 def test_precision_flag_and_plugin_together_are_refused() -> None:
@@ -123,16 +140,7 @@ def test_a_lightning_checkpoint_resumes_bitwise_in_a_new_process(tmp_path: Path)
     [mid] = [p for p in (tmp_path / "ckpt").iterdir() if "step=20" in p.name]
     out = tmp_path / "resumed"
     out.mkdir()
-    tests = Path(__file__).parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])}
-    env["PYTHONPATH"] += os.pathsep + os.environ.get("PYTHONPATH", "")
-    subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(RESUME), str(mid), str(out)],
-        check=True,
-        env=env,
-        cwd=tests,
-        timeout=300,
-    )
+    _run_in_new_process(RESUME, str(mid), str(out))
     resumed = json.loads((out / "resumed.json").read_text())
     assert bitwise(resumed["losses"], module.losses[20:])
     assert resumed["lrs"] == module.lrs[20:]

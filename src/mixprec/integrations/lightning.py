@@ -195,8 +195,9 @@ class MixprecFabricPrecision(fabric_precision.Precision):
     ``prec.prepare`` is idempotent); ``fabric.backward(loss)`` is `Precision.backward`;
     ``fabric.clip_gradients(model, optimizer, max_norm=...)`` clips true gradients;
     ``optimizer.step()`` is `Precision.step` and `last_report` is its `StepReport`.
-    The loss scaler is in ``fabric.save``'s state when the state holds the plugin's
-    `state_dict` (``state = {"model": ..., "optimizer": ..., "precision": plugin}``).
+    The loss scaler is in ``fabric.save``'s state when the state holds the plugin
+    (``state = {"model": ..., "optimizer": ..., "precision": plugin}``); ``fabric.load``
+    gives it back.
     """
 
     precision = "32-true"

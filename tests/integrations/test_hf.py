@@ -194,8 +194,8 @@ def trainer_state(trainer: RecordingTrainer) -> dict[str, Any]:
         "losses": trainer.losses,
         "lrs": [h["learning_rate"] for h in logs],
         "grad_norms": [h["grad_norm"] for h in logs],
-        "skipped": [h.get("skipped_steps") for h in logs],
-        "scales": [h.get("loss_scale") for h in logs],
+        "skipped": [h.get("mixprec/skipped_steps") for h in logs],
+        "scales": [h.get("mixprec/loss_scale") for h in logs],
         "final": final_state(trainer.model, trainer.optimizer.optimizer, trainer.precision),
     }
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from mixprec.engine import Precision, StepReport
+from mixprec.integrations.metrics import step_metrics
 
 __all__ = ["AcceleratedPrecision"]
 
@@ -74,8 +75,8 @@ class AcceleratedPrecision:
     ) -> StepReport | None:
         """At an accumulation boundary: clip (true gradients, by `max_norm`), step,
         advance `scheduler` if the step was applied, zero the gradients, and log the
-        loss scale and skipped steps to the accelerator's trackers. Between boundaries
-        nothing happens and None is returned."""
+        `step_metrics` to the accelerator's trackers. Between boundaries
+        nothing happens and None is returned. With trackers, `step_metrics` is logged."""
         if not self.accelerator.sync_gradients:
             return None
         if max_norm is not None:
@@ -86,8 +87,5 @@ class AcceleratedPrecision:
             scheduler.step()
         optimizer.zero_grad()
         if self.accelerator.trackers:
-            logged = {"mixprec/skipped_steps": float(self.prec.stats.skipped_steps)}
-            if self.prec.loss_scale is not None:
-                logged["mixprec/loss_scale"] = self.prec.loss_scale
-            self.accelerator.log(logged, step=report.step)
+            self.accelerator.log(step_metrics(self.prec), step=report.step)
         return report

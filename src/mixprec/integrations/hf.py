@@ -34,6 +34,7 @@ from transformers import Trainer, TrainingArguments
 
 from mixprec.engine import Precision, StepReport
 from mixprec.errors import PrecisionError
+from mixprec.integrations.metrics import step_metrics
 from mixprec.policy import Policy
 
 __all__ = [
@@ -246,14 +247,7 @@ class PrecisionTrainerMixin(_TrainerBase):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs or "train_loss" in logs:
-            stats = self.precision.stats
-            logs = {
-                **logs,
-                "applied_steps": stats.applied_steps,
-                "skipped_steps": stats.skipped_steps,
-            }
-            if stats.loss_scale is not None:
-                logs["loss_scale"] = stats.loss_scale
+            logs = {**logs, **step_metrics(self.precision)}
         super().log(logs, start_time)
 
     # -- checkpoints

@@ -15,8 +15,8 @@ fp32 islands), ``forward_context`` is `Precision.autocast`, ``backward`` is
 closure and then `Precision.step`, which skips a non-finite update. A skipped
 step also holds the learning-rate schedulers back (they are wrapped in
 `HeldScheduler` when the plugin connects). `MixprecPrecision.last_report` is the
-last `StepReport`; the loss scale and the skipped-step count are logged through
-the module's loggers as ``mixprec/loss_scale`` and ``mixprec/skipped_steps``.
+last `StepReport`; `step_metrics` (steps applied and skipped, the loss scale, the
+doctor's findings) goes to the module's loggers after each step.
 The plugin's state (the loss scaler and the step telemetry) is saved in
 Lightning's checkpoints and restored on resume.
 
@@ -39,6 +39,7 @@ from torch import nn
 
 from mixprec.engine import Precision, StepReport
 from mixprec.errors import PrecisionError
+from mixprec.integrations.metrics import step_metrics
 
 __all__ = ["HeldScheduler", "MixprecFabricPrecision", "MixprecPrecision"]
 
@@ -154,11 +155,7 @@ class MixprecPrecision(TrainerPrecision):
         self._after_closure(model, optimizer)  # on_before_optimizer_step hooks, clipping
         self.last_report = self.prec.step(optimizer)
         if model.automatic_optimization and model._trainer is not None:
-            stats = self.prec.stats
-            logged = {"mixprec/skipped_steps": float(stats.skipped_steps)}
-            if self.prec.loss_scale is not None:
-                logged["mixprec/loss_scale"] = float(self.prec.loss_scale)
-            model.log_dict(logged, on_step=True, on_epoch=False, batch_size=1)
+            model.log_dict(step_metrics(self.prec), on_step=True, on_epoch=False, batch_size=1)
         return closure_result
 
     def clip_gradients(

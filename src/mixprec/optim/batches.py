@@ -146,6 +146,11 @@ class StepKernel:
         self._native_dtypes = frozenset(d for d in native.DTYPES if family.master.spec.accepts(d))
 
     @property
+    def native(self) -> native.NativeLibrary | None:
+        """The native library where it steps this family, else None."""
+        return self._native
+
+    @property
     def is_native(self) -> bool:
         """Whether steps run through the native CPU kernel (where it applies)."""
         return self._native is not None
@@ -167,7 +172,7 @@ class StepKernel:
         accepts, in one call; the others on the portable path (`run_portable`)."""
         rest: Sequence[int] = range(len(batch.params))
         if self._native is not None:
-            ok = self._native_indices(batch)
+            ok = self.native_indices(batch)
             if ok:
                 native_batch = batch if len(ok) == len(rest) else _select(batch, ok, self)
                 try:
@@ -197,32 +202,7 @@ class StepKernel:
         whole = len(rest) == len(batch.params)
         self.run_portable(batch if whole else _select(batch, rest, self), hyper)
 
-    def prepare_native(self, batch: StepBatch) -> native.PreparedStep | None:
-        """`batch`'s native call prepared to be run again (`native.PreparedStep`, its state
-        retained), or None when the native kernel would not take every parameter of it."""
-        if self._native is None or not batch.params:
-            return None
-        if len(self._native_indices(batch)) != len(batch.params):
-            return None
-        try:
-            return self._native.prepare(
-                master=self._master_name,
-                moments=self._moments_name,
-                maximize=self.family.maximize,
-                params=batch.params,
-                grads=batch.grads,
-                master_state=batch.master_state,
-                moment_state=batch.moment_state,
-                steps=batch.steps,
-                seeds=batch.seeds,
-                offsets=batch.offsets,
-                block_size=self._block_size,
-                retain=True,
-            )
-        except ValueError:  # what the full step would refuse: left to it
-            return None
-
-    def _native_indices(self, batch: StepBatch) -> Sequence[int]:
+    def native_indices(self, batch: StepBatch) -> Sequence[int]:
         """Which parameters of `batch` the native kernel takes (usually all: checked at
         once, with C-level loops, before the per-parameter rule)."""
         assert self._native is not None

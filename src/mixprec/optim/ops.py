@@ -60,11 +60,8 @@ def _adamw_step_impl(
     maximize: bool,
     block_size: int,
     kernel_mode: str,
-    marker: torch.Tensor | None = None,
 ) -> None:
     # (``kernel_mode``, not ``mode``: torch's mode redirection takes a ``mode`` argument.)
-    # `marker` (not in the schema: only `adamw_step_`'s direct call passes it) is bumped
-    # with the parameters, in one call (see `replay.version_marker`).
     if kernel_mode not in KERNEL_MODES:
         raise ValueError(f"kernel_mode {kernel_mode!r} is not one of {', '.join(KERNEL_MODES)}")
     if len(grads) != len(params):
@@ -83,7 +80,7 @@ def _adamw_step_impl(
     # The native kernel writes through pointers: tell autograd the parameters changed
     # (the portable path's in-place copies count themselves; one more bump is harmless).
     if kernel.is_native:
-        torch.autograd.graph.increment_version(params if marker is None else [*params, marker])
+        torch.autograd.graph.increment_version(params)
 
 
 def _adamw_step_fake(*args: object, **kwargs: object) -> None:
@@ -103,11 +100,8 @@ def adamw_step_(
     maximize: bool,
     block_size: int,
     mode: str,
-    marker: torch.Tensor | None = None,
 ) -> None:
-    """Run ``torch.ops.mixprec.adamw_step_`` on `batch` (see the module's docstring).
-    `marker`'s version is bumped with the parameters' where the step bumps them (a
-    native step run directly, not through the dispatcher)."""
+    """Run ``torch.ops.mixprec.adamw_step_`` on `batch` (see the module's docstring)."""
     args = (
         batch.params,
         batch.grads,
@@ -130,7 +124,7 @@ def adamw_step_(
     if observed():
         torch.ops.mixprec.adamw_step_(*args)
     else:
-        _adamw_step_impl(*args, marker=marker)
+        _adamw_step_impl(*args)
 
 
 def observed() -> bool:

@@ -20,7 +20,7 @@ Scope: CPU tensors, fp32 or bf16 params and grads (fp16 goes to Inductor),
 int8 blocks of at most `MAX_BLOCK` elements.
 
 Modules: `binding` (the loaded library, its table and checks: `NativeLibrary`,
-`PreparedStep`) and `build` (compiling and caching it: `library`).
+`NativeTable`) and `build` (compiling and caching it: `library`).
 """
 
 from mixprec.optim.native.binding import (
@@ -33,8 +33,8 @@ from mixprec.optim.native.binding import (
     TABLE_COLUMNS,
     BuildInfo,
     NativeLibrary,
+    NativeTable,
     NativeUnavailableError,
-    PreparedStep,
     kernel_enums,
     streams_params,
 )
@@ -51,8 +51,8 @@ __all__ = [
     "TABLE_COLUMNS",
     "BuildInfo",
     "NativeLibrary",
+    "NativeTable",
     "NativeUnavailableError",
-    "PreparedStep",
     "cache_dir",
     "enabled",
     "kernel_enums",

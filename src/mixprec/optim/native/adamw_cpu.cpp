@@ -433,7 +433,7 @@ inline uint32_t step_key(int64_t seed, double step) {
 extern "C" {
 
 // ABI version: bump with any change of the signature below.
-int mixprec_abi_version() { return 7; }
+int mixprec_abi_version() { return 8; }
 
 // The columns of the table (native/binding.py TABLE_COLUMNS), count entries each.
 enum Column {
@@ -492,10 +492,14 @@ inline bool sizes_fit(const int64_t* table, int64_t count, int64_t t, int master
 // with non-temporal stores, which skip the read for ownership of a plain store
 // and leave the lines out of the cache.
 //
+// A row whose gradient pointer is 0 (a parameter without a gradient this step) is
+// skipped: neither it nor its step counter is touched.
+//
 // Everything is checked before anything is written. Returns 0: done; 1: a
 // combination this source does not build; 2: a bad block size; 3: a state
 // tensor whose size does not fit its parameter; 4: a step counter that is not a
-// count (negative, fractional, NaN or infinite).
+// count (negative, fractional, NaN or infinite); 5: a hyperparameter out of range
+// (lr, weight_decay finite >= 0; betas in [0, 1); eps finite > 0).
 int mixprec_adamw_multi(int master, int moments, int maximize, int64_t count,
                         const int64_t* table, const double* hyper, int64_t block, int threads,
                         int stream) {
@@ -504,8 +508,18 @@ int mixprec_adamw_multi(int master, int moments, int maximize, int64_t count,
   auto ptr = [&](int c, int64_t t) { return reinterpret_cast<void*>(col(c, t)); };
   const bool int8 = moments == MO_INT8;
   if (int8 && (block < 1 || block > kMaxBlock)) return 2;
+  {
+    const double lr = hyper[0], b1 = hyper[1], b2 = hyper[2], eps = hyper[3], wd = hyper[4];
+    if (!(lr >= 0.0 && std::isfinite(lr) && b1 >= 0.0 && b1 < 1.0 && b2 >= 0.0 && b2 < 1.0 &&
+          eps > 0.0 && std::isfinite(eps) && wd >= 0.0 && std::isfinite(wd)))
+      return 5;
+  }
   RangeFn* fns = new RangeFn[count];
   for (int64_t t = 0; t < count; ++t) {
+    if (col(C_GRAD, t) == 0 && col(C_NUMEL, t) > 0) {  // no gradient this step: skipped
+      fns[t] = nullptr;
+      continue;
+    }
     fns[t] = lookup(master, static_cast<int>(col(C_PDT, t)), moments,
                     static_cast<int>(col(C_GDT, t)));
     const int rc = fns[t] == nullptr                            ? 1
@@ -525,6 +539,12 @@ int mixprec_adamw_multi(int master, int moments, int maximize, int64_t count,
   const int64_t per_item = int8 ? (kChunk / block > 0 ? kChunk / block : 1) : kChunk;
   first[0] = 0;
   for (int64_t t = 0; t < count; ++t) {
+    if (fns[t] == nullptr) {  // skipped row: no work items
+      args[t].n = 0;
+      args[t].block = 1;
+      first[t + 1] = first[t];
+      continue;
+    }
     double* const step_ptr = static_cast<double*>(ptr(C_STEP, t));
     const double step = *step_ptr + 1.0;
     *step_ptr = step;

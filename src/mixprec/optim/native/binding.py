@@ -1,6 +1,6 @@
 """The loaded native kernel: its ctypes binding, the table it reads and the checks
-before each call (`NativeLibrary`, `PreparedStep`). Building and caching the
-shared library is `mixprec.optim.native.build`."""
+made when a table is built (`NativeLibrary`, `NativeTable`). Building and caching
+the shared library is `mixprec.optim.native.build`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from mixprec.formats import master_spec, moment_spec
 #: Largest int8 block the kernel handles (its per-block buffers live on the stack).
 MAX_BLOCK = 4096
 #: Must equal ``mixprec_abi_version()`` in the source.
-ABI_VERSION = 7
+ABI_VERSION = 8
 #: A group whose step moves at least this many bytes (`streams_params`) writes the
 #: fp32 master's bf16 parameters with streaming stores: twice the 32 MiB L3 of the
 #: AMD EPYC measured in docs/benchmarks.md, so the parameters of a model whose step
@@ -143,7 +143,7 @@ class NativeLibrary:
         """
         if not params:
             return
-        prepared = self.prepare(
+        table = self.prepare(
             master=master,
             moments=moments,
             maximize=maximize,
@@ -156,7 +156,7 @@ class NativeLibrary:
             offsets=offsets,
             block_size=block_size,
         )
-        prepared.run(None, hyper)
+        table.run(hyper)
 
     def prepare(
         self,
@@ -173,11 +173,12 @@ class NativeLibrary:
         offsets: Sequence[int],
         block_size: int,
         retain: bool = False,
-    ) -> PreparedStep:
-        """`step_many`'s checks and table, without the call: a `PreparedStep` that runs
-        the step now (``run(None, hyper)``) or again later with new gradients
-        (``retain=True``: it then holds views of the state tensors, so their memory
-        outlives anything done to the tensors themselves).
+    ) -> NativeTable:
+        """`step_many`'s checks and table, without the call: a `NativeTable` that runs
+        the step now (``run(hyper)``) or at every step of a gathered batch whose
+        gradient pointers are patched in (``retain=True``: it then holds views of the
+        parameters and state tensors, so their memory outlives anything done to the
+        tensors themselves).
 
         Raises:
             ValueError: as `step_many` (nothing is written).
@@ -287,7 +288,7 @@ class NativeLibrary:
         # about 90 ns an entry: 2 us a parameter).
         table = array.array("q", itertools.chain.from_iterable(columns))
         stream = codes.streams and sum(columns[2]) * codes.moved_bytes >= STREAM_MIN_BYTES
-        return PreparedStep(
+        return NativeTable(
             self,
             master=master,
             moments=moments,
@@ -296,49 +297,21 @@ class NativeLibrary:
             table=table,
             block_size=block_size,
             stream=stream,
-            grad_dtypes=tuple(map(_DTYPE, grads)),
-            grad_numels=tuple(columns[-1]),
             retained=(
-                tuple(t.detach() for t in (*master_state, *moment_state, *steps, *seeds))
+                tuple(t.detach() for t in (*params, *master_state, *moment_state, *steps, *seeds))
                 if retain
                 else ()
             ),
         )
 
-    def _call(
-        self,
-        codes: _FamilyCodes,
-        maximize: bool,
-        count: int,
-        table_address: int,
-        hyper: ctypes.Array[ctypes.c_double],
-        block_size: int,
-        stream: bool,
-    ) -> int:
-        return int(
-            self._fn(
-                codes.master_code,
-                codes.moments_code,
-                int(maximize),
-                count,
-                table_address,
-                hyper,
-                block_size,
-                torch.get_num_threads(),
-                int(stream),
-            )
-        )
 
-
-class PreparedStep:
+class NativeTable:
     """A checked kernel table for fixed parameters and state (`NativeLibrary.prepare`).
 
-    `run` steps them with the gradients it was prepared with, or with new ones
-    whose pointers replace the table's gradient column. The table holds raw
-    pointers: prepared with ``retain=True`` it holds views of the state tensors (their
-    memory cannot be freed under it), and whoever runs it again must first check
-    that the parameters (pointer, dtype, size, contiguity) and the state tensors are
-    still those it was made from, and that the new gradients pass `gradient_pointers`.
+    `run` steps them. A gathered batch (`mixprec.optim.step_batch`) keeps one and,
+    each step, writes its gradients' pointers into `grads` (0: no gradient, the row
+    is skipped) and their dtype codes into `grad_dtypes`, then calls `fn` with
+    `args` (the hyperparameters and thread count in between: see `call`).
     """
 
     def __init__(
@@ -352,78 +325,63 @@ class PreparedStep:
         table: array.array[int],
         block_size: int,
         stream: bool,
-        grad_dtypes: tuple[torch.dtype, ...],
-        grad_numels: tuple[int, ...],
         retained: tuple[torch.Tensor, ...] = (),
     ) -> None:
-        self._library = library
         self._retained = retained
-        self._master, self._moments = master, moments
-        self._codes = _family(master, moments)
-        self._maximize = maximize
+        self.names = (master, moments, block_size)
+        codes = _family(master, moments)
         self.count = count
-        self._table = table
-        self._address = table.buffer_info()[0]
-        self._block_size = block_size
-        self._stream = stream
-        #: The dtypes and sizes of the gradients it was prepared with (`gradient_pointers`).
-        self.grad_dtypes = list(grad_dtypes)
-        self.grad_numels = list(grad_numels)
+        self.table = table
         start = TABLE_COLUMNS.index("grad") * count
-        self._grad_column = slice(start, start + count)
-        self._hyper: tuple[float, ...] = ()
-        self._hyper_array = (ctypes.c_double * 5)()
+        #: The table's gradient pointer column, and its gradient dtype column.
+        self.grads = slice(start, start + count)
+        start = TABLE_COLUMNS.index("grad_dtype") * count
+        self.grad_dtypes = slice(start, start + count)
+        #: The C function and its arguments before and after ``hyper``, ``threads``.
+        self.fn = library._fn
+        self.head = (codes.master_code, codes.moments_code, int(maximize), count)
+        self.address = table.buffer_info()[0]
+        self.block_size = block_size
+        self.stream = int(stream)
 
-    def gradient_pointers(self, grads: Sequence[torch.Tensor]) -> list[int] | None:
-        """The data pointers of `grads` if they can replace the prepared gradients (plain
-        contiguous CPU tensors of the same dtypes and sizes), else None."""
-        if (
-            list(map(_DTYPE, grads)) == self.grad_dtypes
-            and list(map(torch.Tensor.numel, grads)) == self.grad_numels
-            and PLAIN_TYPES.issuperset(map(type, grads))
-            and all(map(_IS_CPU, grads))
-            and all(map(torch.Tensor.is_contiguous, grads))
-        ):
-            return list(map(torch.Tensor.data_ptr, grads))
-        return None
-
-    def run(self, grad_pointers: Sequence[int] | None, hyper: Sequence[float]) -> None:
-        """One step: with the prepared gradients (`grad_pointers` None) or with those at
-        `grad_pointers` (from `gradient_pointers`). `hyper` is ``(lr, beta1, beta2, eps,
-        weight_decay)``.
+    def run(self, hyper: Sequence[float]) -> None:
+        """One step; `hyper` is ``(lr, beta1, beta2, eps, weight_decay)``.
 
         Raises:
             ValueError: the kernel refused the table (nothing was written).
         """
-        if grad_pointers is not None:
-            self._table[self._grad_column] = array.array("q", grad_pointers)
-        values = tuple(map(float, hyper))
-        if values != self._hyper:
-            self._hyper_array[:] = list(values)
-            self._hyper = values
-        rc = self._library._call(
-            self._codes,
-            self._maximize,
-            self.count,
-            self._address,
-            self._hyper_array,
-            self._block_size,
-            self._stream,
+        rc = self.fn(
+            *self.head,
+            self.address,
+            HYPER(*hyper),
+            self.block_size,
+            torch.get_num_threads(),
+            self.stream,
         )
         if rc != 0:
-            why = {
-                1: "a dtype combination it does not build",
-                2: "a bad block size",
-                3: "a gradient or state tensor whose size does not match its parameter "
-                "(was the parameter resized, e.g. by `p.data = ...`, after its state was made, "
-                "or a state tensor emptied in place, e.g. by `set_()`?)",
-                4: "a step counter that is not a whole number >= 0 (state['step'])",
-            }
-            raise ValueError(
-                f"native AdamW step refused master={self._master!r} moments={self._moments!r} "
-                f"block {self._block_size} (code {rc}): {why.get(rc, 'unknown')}"
-            )
+            raise self.refused(rc)
 
+    def refused(self, rc: int) -> ValueError:
+        """The error for the kernel's return code `rc` (nothing was written)."""
+        why = {
+            1: "a dtype combination it does not build",
+            2: "a bad block size",
+            3: "a gradient or state tensor whose size does not match its parameter "
+            "(was the parameter resized, e.g. by `p.data = ...`, after its state was made, "
+            "or a state tensor emptied in place, e.g. by `set_()`?)",
+            4: "a step counter that is not a whole number >= 0 (state['step'])",
+            5: "a hyperparameter out of range: need a finite lr >= 0, betas in [0, 1), a "
+            "finite eps > 0 and a finite weight_decay >= 0 (nothing was stepped)",
+        }
+        master, moments, block = self.names
+        return ValueError(
+            f"native AdamW step refused master={master!r} moments={moments!r} "
+            f"block {block} (code {rc}): {why.get(rc, 'unknown')}"
+        )
+
+
+#: The kernel's ``hyper`` argument type: ``(lr, beta1, beta2, eps, weight_decay)``.
+HYPER = ctypes.c_double * 5
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: Tensor types whose data the kernel may read through a pointer (not subclasses).

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any, cast
 
 import torch
 
-__all__ = ["check_hyper", "refuse_unsupported", "scalar"]
+from mixprec.formats import check_master, check_moments
+
+__all__ = ["check_group", "check_hyper", "check_options", "refuse_unsupported", "scalar"]
 
 
 def scalar(value: object) -> float:
@@ -101,3 +103,41 @@ def refuse_unsupported(where: str, options: dict[str, Any]) -> None:
     foreach = options.get("foreach")
     if foreach is not None and not isinstance(foreach, bool):
         raise TypeError(f"{where}foreach must be True, False or None, got {foreach!r}")
+
+
+def check_options(fused: object, block_size: int, min_int8_numel: int, seed: object) -> int:
+    """`AdamW`'s own options checked; returns the rounding seed (``None``: read from
+    torch's default generator without advancing it, so swapping torch.optim.AdamW for
+    mixprec's does not change the program's later random draws)."""
+    if fused is not None and not isinstance(fused, bool):
+        raise TypeError(f"fused must be True, False or None, got {fused!r}")
+    if block_size < 1 or min_int8_numel < 0:
+        raise ValueError(
+            f"invalid block_size {block_size!r} / min_int8_numel {min_int8_numel!r}: "
+            "need block_size >= 1 and min_int8_numel >= 0"
+        )
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral)):
+        raise TypeError(f"seed must be an int or None, got {seed!r}")
+    if seed is not None and not 0 <= int(seed) < 2**32:
+        raise ValueError(
+            f"seed must be in [0, 2**32) (the rounding noise is keyed by 32 bits), got {seed}"
+        )
+    if seed is None:
+        with torch.random.fork_rng(devices=[]):
+            return int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())
+    return int(seed)
+
+
+def check_group(group: dict[str, Any]) -> None:
+    """A param group's options, hyperparameters and formats, as it is added."""
+    refuse_unsupported("param group: ", group)
+    check_hyper(
+        group["lr"],
+        group["betas"],
+        group["eps"],
+        group["weight_decay"],
+        foreach=group.get("foreach"),
+        capturable=bool(group.get("capturable")),
+    )
+    check_master(group["master"], auto=True)  # the registry now: formats added later too
+    check_moments(group["moments"])

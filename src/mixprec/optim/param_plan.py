@@ -14,14 +14,28 @@ from typing import Any
 import torch
 
 from mixprec.dtypes import dtype_name
-from mixprec.formats import MasterFormat, MomentFormat, moment_format, resolve_master
+from mixprec.formats import (
+    MasterFormat,
+    MomentFormat,
+    master_spec,
+    moment_format,
+    resolve_master,
+)
 from mixprec.formats.moments import Int8Moments
 from mixprec.optim import sharding
 from mixprec.optim.kernels import KernelMode
 from mixprec.optim.layout import is_dense
 from mixprec.optim.rng import derive_seed
 
-__all__ = ["ParamPlan", "check_param", "fresh_state", "plan_param"]
+__all__ = [
+    "ParamPlan",
+    "check_masters_have_16bit_params",
+    "check_param",
+    "fresh_state",
+    "plan_param",
+    "refuse_params_in_two_groups",
+    "refuse_shared_memory",
+]
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,28 @@ def check_param(p: torch.Tensor) -> None:
             f"parameter of shape {tuple(p.shape)} with strides {local.stride()} has gaps or "
             "overlaps in memory; mixprec AdamW updates parameters as one run of memory "
             "(contiguous or channels-last): make it .contiguous() first"
+        )
+
+
+def check_masters_have_16bit_params(groups: Sequence[dict[str, Any]]) -> None:
+    """A master applies to the 16-bit parameters (fp32 ones are their own master); one
+    asked for where every parameter is fp32 means the model was not cast: say so."""
+    params = [p for g in groups for p in g["params"]]
+    if not params or any(p.dtype != torch.float32 for p in params):
+        return
+    for group in groups:
+        if group["master"] not in ("auto", "none"):
+            master_spec(group["master"]).check_param_dtype(torch.float32)
+
+
+def refuse_params_in_two_groups(groups: Sequence[dict[str, Any]]) -> None:
+    """`add_param_group` refuses a parameter already in a group; an edit of
+    `param_groups` can still put one in two (a list shared by two groups, say)."""
+    ids = [{id(p) for p in g["params"]} for g in groups]
+    if len(set().union(*ids)) != sum(map(len, ids)):
+        raise ValueError(
+            "a parameter is in two param groups (param_groups edited directly); an "
+            "optimizer steps each parameter in one group"
         )
 
 

@@ -1,62 +1,31 @@
-"""Masters of parameters that were written outside the optimizer.
+"""Masters against parameters: reset after an edit, read out, written in.
 
-Training code writes weights in place between steps: loading a checkpoint or
-other weights, re-initialising a layer, magnitude pruning (``w.mul_(mask)``),
-``p.zero_()``. A remainder or compensation is relative to the value the
-optimizer last wrote, and which elements an edit changed cannot be told from
-the new values alone (the old remainder joined with a new value is still a
-valid master within half an ulp of it). So:
-
-* `reset_master`: after an edit, the master becomes the parameter's value
-  exactly (remainder 0, compensation 0, fp32 copy = parameter). Elements the
-  edit left alone lose their sub-16-bit part once (at most half an ulp).
-* `resync_master`: when the edit is known to restore the values the state
-  belongs to (the model checkpoint of a resume, right after the optimizer's
-  state was loaded), the loaded master is kept wherever it still matches: an
-  element is *stale* when its decoded master lies more than half an ulp of the
-  parameter away, or decodes to a non-finite value while the parameter is
-  finite, and only stale elements are reset. A master never decodes to NaN.
+Training code writes weights in place between steps: loading other weights,
+re-initialising a layer, magnitude pruning (``w.mul_(mask)``), ``p.zero_()``.
+A remainder or compensation is relative to the value the optimizer last wrote,
+and which elements an edit changed cannot be told from the new values alone
+(the old remainder joined with a new value is still a valid master within half
+an ulp of it). So one rule: a parameter whose version counter moved since the
+optimizer last wrote it gets `reset_master`, its master becomes the parameter's
+value exactly (remainder 0, compensation 0, fp32 copy = parameter). Elements
+the edit left alone lose their sub-16-bit part once (at most half an ulp); a
+master never decodes to NaN. `decode_master` and `encode_master` read a
+master out as fp32 and write one in (`AdamW.master_weights` and its inverse).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 
-from mixprec.dtypes import ulp
 from mixprec.formats import MasterFormat
-from mixprec.optim.layout import flat_view
+from mixprec.optim import sharding
+from mixprec.optim.layout import flat_view, like_param
+from mixprec.optim.param_plan import ParamPlan
+from mixprec.optim.step_batch import follow_layout
 
-__all__ = ["reset_master", "resync_master"]
-
-
-@torch.no_grad()
-def resync_master(fmt: MasterFormat, param: torch.Tensor, state: list[torch.Tensor]) -> int:
-    """Re-sync `state` (the format's tensors, in `state_keys` order) with `param`.
-
-    Args:
-        fmt: the master format.
-        param: the stored parameter (local tensor, any shape).
-        state: the master's state tensors, shaped like `param` (changed in place).
-
-    Returns:
-        How many elements were stale.
-    """
-    if not fmt.spec.state_keys or fmt.spec.uses_noise:
-        return 0  # no master state (none, stochastic): the parameter is the master
-    flat = flat_view(param)
-    flat_state = [flat_view(s) for s in state]
-    decoded = fmt.decode(flat, flat_state)
-    value = flat.to(torch.float32)
-    distance = (decoded.to(torch.float64) - value.to(torch.float64)).abs()
-    stale = distance > 0.5 * ulp(flat, flat.dtype)  # NaN for a non-finite param: not stale
-    stale |= ~torch.isfinite(decoded) & torch.isfinite(value)
-    stale |= value == 0  # a pruned or zeroed element: its master is 0, not a stale denormal
-    count = int(stale.sum())
-    if count:
-        _, fresh = fmt.encode(flat.to(torch.float32), dtype=param.dtype, noise=None)
-        for dst, src in zip(flat_state, fresh, strict=True):
-            dst.copy_(torch.where(stale, src.to(dst.dtype), dst))
-    return count
+__all__ = ["check_weights", "decode_master", "encode_master", "reset_master"]
 
 
 @torch.no_grad()
@@ -70,3 +39,56 @@ def reset_master(fmt: MasterFormat, param: torch.Tensor, state: list[torch.Tenso
         # (a parameter re-pointed by `p.set_(t)` to another shape of the same size: its
         # state keeps its shape, and is stepped element by element as after `p.data = t`)
         dst.copy_(src if src.shape == dst.shape else src.reshape(dst.shape))
+
+
+@torch.no_grad()
+def decode_master(
+    p: torch.Tensor, plan: ParamPlan, state: dict[str, torch.Tensor] | None
+) -> torch.Tensor:
+    """`p`'s fp32 master value as a new tensor (`p` upcast where it has no state yet; a
+    DTensor parameter gets a DTensor sharded like it)."""
+    lp = sharding.local(p.detach())
+    if state and not sharding.is_dtensor(p):
+        follow_layout(lp, state, plan)
+    state = state or plan.master.init_state(lp)
+    flat_state = [flat_view(sharding.local(state[k])) for k in plan.master.spec.state_keys]
+    value = plan.master.decode(flat_view(lp), flat_state).to(torch.float32)
+    out = torch.empty_like(lp, dtype=torch.float32)
+    flat_view(out).copy_(value)
+    return sharding.shard_like(out, p, p.shape)
+
+
+@torch.no_grad()
+def encode_master(
+    p: torch.Tensor,
+    plan: ParamPlan,
+    weight: torch.Tensor,
+    state: dict[str, torch.Tensor] | None,
+    make_state: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+) -> None:
+    """Write fp32 `weight` into `p` (rounded as its master rounds; ``stochastic`` and
+    ``none``: to nearest) and the rest into its master (state made where needed)."""
+    lp = sharding.local(p.detach())
+    value = flat_view(like_param(sharding.local(weight).to(lp.device, torch.float32), lp))
+    if plan.uses_noise or not plan.master_keys:
+        flat_view(lp).copy_(value)  # round to nearest: no master to keep the rest
+        return
+    stored, kept = plan.master.encode(value, dtype=lp.dtype, noise=None)
+    flat_view(lp).copy_(stored)
+    if not state:
+        if not any(bool(t.any()) for t in kept):
+            return  # the value fits the parameter: no state needed yet (lazy)
+        state = make_state(p)
+    for key, src in zip(plan.master_keys, kept, strict=True):
+        flat_view(sharding.local(state[key])).copy_(src)
+
+
+def check_weights(params: Sequence[torch.Tensor], weights: Sequence[torch.Tensor]) -> None:
+    """One weight per parameter, shaped like it (`AdamW.load_master_weights`)."""
+    if len(weights) != len(params):
+        raise ValueError(f"got {len(weights)} weights for {len(params)} parameters")
+    for i, (p, w) in enumerate(zip(params, weights, strict=True)):
+        if tuple(w.shape) != tuple(p.shape):
+            raise ValueError(
+                f"weight {i} has shape {tuple(w.shape)}, its parameter {tuple(p.shape)}"
+            )

@@ -47,6 +47,7 @@ __all__ = [
     "follow_layout",
     "gather_group",
     "read_hyper",
+    "traced_step",
 ]
 
 _GRAD = operator.attrgetter("grad")
@@ -414,3 +415,27 @@ def _check_and_prepare(batch: StepBatch) -> None:
     )
     batch.grad_dtypes = list(map(_DTYPE, batch.tensors))
     batch.numels = list(map(_NUMEL, batch.tensors))
+
+
+def traced_step(
+    groups: list[dict[str, Any]],
+    plans: dict[torch.Tensor, ParamPlan],
+    state: dict[torch.Tensor, Any],
+    make_state: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+    block_size: int,
+) -> None:
+    """The step inside ``torch.compile``: every group gathered afresh (no pointers, no
+    tables) and stepped through the operator, which tracing records as one node."""
+    for index, group in enumerate(groups):
+        gs = gather_group(
+            group,
+            index,
+            plans=plans,
+            state=state,
+            make_state=make_state,
+            block_size=block_size,
+            versions={},
+        )
+        hyper = read_hyper(group)
+        for batch in gs.batches:
+            batch.run_checked([p.grad for p in batch.params], hyper)

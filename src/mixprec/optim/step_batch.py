@@ -125,9 +125,9 @@ class StepBatch:
         grads = list(map(_GRAD, params))
         table = self.table
         if table is not None and not observed:
-            try:
-                pointers = list(map(_PTR, grads))  # a missing gradient raises TypeError
-            except TypeError:
+            try:  # a missing gradient raises TypeError, a sparse one RuntimeError
+                pointers = list(map(_PTR, grads))
+            except (TypeError, RuntimeError):
                 pointers = []
             if not (
                 pointers

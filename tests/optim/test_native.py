@@ -195,7 +195,7 @@ def test_native_step_bumps_the_parameter_version() -> None:
 
 
 @needs_native
-def test_unsupported_params_take_the_fallback_kernel() -> None:
+def test_unsupported_params_take_the_fallback_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     lib = native.library()
     t16 = torch.zeros(8, dtype=torch.float16)
     b16 = torch.zeros(8, dtype=torch.bfloat16)
@@ -219,7 +219,8 @@ def test_unsupported_params_take_the_fallback_kernel() -> None:
     kernel._compiled = None  # fall back to eager instead of compiling in a unit test
     p, ref = [torch.ones(8, dtype=torch.float16, requires_grad=True) for _ in range(2)]
     opt, ref_opt = AdamW([p], master="fp32", fused=True), AdamW([ref], master="fp32", fused=False)
-    opt._kernels = {("fp32", "fp32", False, "native"): kernel}
+    # (kernels are process-wide, looked up by formats, maximize, block size and mode)
+    monkeypatch.setitem(batches._KERNELS, ("fp32", "fp32", False, 256, "native"), kernel)
     for q in (p, ref):
         q.grad = torch.full_like(q, 0.5)
     opt.step()

@@ -73,12 +73,15 @@ def test_itemsizes_equal_torch() -> None:
 
 
 def test_format_names_load_no_torch() -> None:
-    """The plain-data layers (format facts, the built-in format catalog) never import
-    torch: the doctor's static checks are built on them."""
+    """The plain-data layers (format facts, the format registry with every built-in
+    format's spec) never import torch: the doctor's static checks are built on them."""
     script = textwrap.dedent(
         """
         import sys
-        import mixprec.floats, mixprec.formats.catalog
+        import mixprec.floats
+        from mixprec.formats import registry
+        assert registry.master_spec("exact").bytes_per_element == 2
+        assert registry.moment_spec("int8").blockwise
         print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
         """
     )

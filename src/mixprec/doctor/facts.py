@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from mixprec.floats import canonical_name
-from mixprec.formats.catalog import BUILTIN_MASTERS, auto_master
+from mixprec.formats.registry import auto_master, master_specs
 
 if TYPE_CHECKING:  # the static path never loads torch, the device probe or the engine
     from mixprec.device import DeviceCaps
@@ -46,15 +46,15 @@ Dialect = Literal[
 ]
 
 #: Master representations that keep updates below the parameter's half-ulp (from the
-#: built-in format catalog: exact, 24-bit, compensated or stochastic ones).
+#: format registry: exact, 24-bit, compensated or stochastic ones).
 FULL_PRECISION_MASTERS: frozenset[str] = frozenset(
-    spec.name for spec in BUILTIN_MASTERS if spec.keeps_small_updates
+    spec.name for spec in master_specs() if spec.keeps_small_updates
 )
 
 
 def resolve_mixprec_master(requested: str, dtype: object) -> str:
     """The master `mixprec.optim.AdamW` uses for a `dtype` parameter (a `torch.dtype` or
-    a name) when a config asks for `requested` (``auto`` resolved by the catalog's rule)."""
+    a name) when a config asks for `requested` (``auto`` resolved by the registry's rule)."""
     return requested if requested != "auto" else auto_master(dtype)
 
 

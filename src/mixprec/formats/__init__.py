@@ -1,13 +1,13 @@
 """Storage formats of optimizer state: master weights and moments, and their registry.
 
-Each format is one module under `masters/` or `moments/` that implements a spec
-(state tensors with dtypes and bytes per element, exactness, the parameter
-dtypes it needs, its native kernel code); the built-in specs are plain data in
-`catalog`, readable without torch. The registry (`registry`) holds every
-format, built-in or registered, and every table elsewhere (policy checks,
-memory model, doctor, optimizer-state accounting, native kernel codes) is
-derived from it. The names below load on first use (PEP 562), so
-``import mixprec.formats.catalog`` costs no torch import.
+Each format is one module under `masters/` or `moments/` holding its spec
+(plain data: state tensors with dtypes and bytes per element, exactness, the
+parameter dtypes it needs, its native kernel code), its encode and decode, and
+its registration; it imports torch only inside its tensor code. The registry
+(`registry`) holds every format, built-in or registered, and every table
+elsewhere (policy checks, memory model, doctor, optimizer-state accounting,
+native kernel codes) is derived from it. The names below load on first use
+(PEP 562), and ``import mixprec.formats.registry`` costs no torch import.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ if TYPE_CHECKING:
     )
     from mixprec.formats.spec import MasterSpec, MomentSpec, StateTensor
 
-    #: The built-in master formats, in table order.
+    #: The registered master formats (the built-in ones first), in table order.
     MASTER_KINDS: tuple[str, ...]
-    #: The built-in moment formats, in table order.
+    #: The registered moment formats (the built-in ones first), in table order.
     MOMENT_KINDS: tuple[str, ...]
 
 _REGISTRY = "mixprec.formats.registry"
@@ -102,10 +102,9 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("MASTER_KINDS", "MOMENT_KINDS"):
-        from mixprec.formats.catalog import BUILTIN_MASTERS, BUILTIN_MOMENTS
+        from mixprec.formats.registry import master_names, moment_names
 
-        specs = BUILTIN_MASTERS if name == "MASTER_KINDS" else BUILTIN_MOMENTS
-        return tuple(spec.name for spec in specs)
+        return master_names() if name == "MASTER_KINDS" else moment_names()
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,9 +1,11 @@
 """The registry of storage formats: name -> spec and implementation, and the ``auto`` rule.
 
-Each format module registers itself when imported (`mixprec.formats` imports
-the built-in ones); everything that needs a fact about a format (the optimizer,
-the policy checks, the memory model, the doctor, the native kernel's codes)
-looks it up here.
+Each format module registers itself when imported (this module imports the
+built-in ones at its end); everything that needs a fact about a format (the
+optimizer, the policy checks, the memory model, the doctor, the native kernel's
+codes) looks it up here. Importing it loads no torch (the format modules import
+torch only inside their tensor code), so torch-free callers such as the
+doctor's static config checks read the same registry as the optimizer.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from mixprec.formats.catalog import auto_master
+from mixprec.floats import canonical_name
 from mixprec.formats.spec import MasterSpec, MomentSpec
 
 if TYPE_CHECKING:
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
     from mixprec.formats.moments.base import MomentFormat
 
 __all__ = [
+    "DEFAULT_MASTER",
+    "DEFAULT_MOMENTS",
     "TORCH_MOMENT_KEYS",
     "auto_master",
     "check_master",
@@ -37,6 +41,11 @@ __all__ = [
     "register_moments",
     "resolve_master",
 ]
+
+#: What `mixprec.optim.AdamW` keeps when not told: the ``auto`` master rule
+#: (`auto_master`), and fp32 moments (torch's AdamW state).
+DEFAULT_MASTER = "auto"
+DEFAULT_MOMENTS = "fp32"
 
 _MASTERS: dict[str, MasterFormat] = {}
 _MOMENTS: dict[str, tuple[MomentSpec, Callable[[int], MomentFormat]]] = {}
@@ -154,6 +163,20 @@ def moment_state_keys() -> frozenset[str]:
     """Every optimizer-state key a moment format stores, and `TORCH_MOMENT_KEYS`."""
     keys = {key for spec in moment_specs() for key in spec.state_keys}
     return frozenset(keys) | TORCH_MOMENT_KEYS
+
+
+def auto_master(dtype: object) -> str:
+    """The ``auto`` rule: ``exact`` for bf16, ``fp32`` for fp16, ``none`` otherwise
+    (`dtype` a `torch.dtype` or a name)."""
+    try:
+        name = canonical_name(dtype)
+    except (TypeError, ValueError):
+        return "none"
+    if name == "bf16":
+        return "exact"
+    if name == "fp16":
+        return "fp32"
+    return "none"
 
 
 def resolve_master(requested: str, dtype: object) -> MasterFormat:

@@ -7,7 +7,7 @@ native kernel read these specs instead of keeping tables of their own, so a
 fact such as "``remainder8`` costs one byte per element" lives in one place.
 
 Specs are plain data: dtypes are named (``"bf16"``, ``"int8"``), not `torch.dtype`
-values, so the built-in catalog (`mixprec.formats.catalog`) loads without torch.
+values, so each format module declares its spec at import without loading torch.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ RESERVED_STATE_KEYS = frozenset({"step", "rng_seed"})
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
-def _check_spec(name: object, state: object, code: object, enum: object) -> None:
+def _check_spec(name: object, state: object, code: object) -> None:
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name == "auto":
         raise ValueError(
             f"format name {name!r} must be a lowercase identifier (letters, digits, _) "
@@ -88,8 +88,6 @@ def _check_spec(name: object, state: object, code: object, enum: object) -> None
                 f"format {name!r}: state {t.name!r} dtype must name a storage dtype "
                 f"('fp32', 'bf16', 'int8', ...), got {t.dtype!r}"
             ) from None
-    if (code is None) != (enum is None):
-        raise ValueError(f"format {name!r}: give kernel_code and kernel_enum together, or neither")
     if code is not None and (isinstance(code, bool) or not isinstance(code, int) or code < 0):
         raise ValueError(f"format {name!r}: kernel_code must be an int >= 0, got {code!r}")
 
@@ -146,9 +144,9 @@ class MasterSpec:
             parameter still accumulate (exactly, to 24 bits, compensated or in
             expectation); False when they are rounded away.
         uses_noise: True when encoding needs random 16-bit integers.
-        kernel_enum: the value's name in the native kernel's ``enum Master``, or
-            None when the native kernel does not implement the format.
-        kernel_code: that enum value.
+        kernel_code: the format's case in the native kernel's ``enum Master``
+            (the build defines ``MIXPREC_MASTER_<NAME>`` to it), or None when the
+            native kernel does not implement the format.
     """
 
     name: str
@@ -158,11 +156,10 @@ class MasterSpec:
     exact: bool
     keeps_small_updates: bool
     uses_noise: bool = False
-    kernel_enum: str | None = None
     kernel_code: int | None = None
 
     def __post_init__(self) -> None:
-        _check_spec(self.name, self.state, self.kernel_code, self.kernel_enum)
+        _check_spec(self.name, self.state, self.kernel_code)
         _check_flags(
             self.name,
             exact=self.exact,
@@ -234,9 +231,9 @@ class MomentSpec:
         blockwise: True when the format quantizes blocks of elements, which the
             optimizer applies only to tensors whose size is a whole number of
             blocks (others keep fp32 moments).
-        kernel_enum: the value's name in the native kernel's ``enum Moments``,
-            or None when the native kernel does not implement the format.
-        kernel_code: that enum value.
+        kernel_code: the format's case in the native kernel's ``enum Moments``
+            (the build defines ``MIXPREC_MOMENTS_<NAME>`` to it), or None when the
+            native kernel does not implement the format.
     """
 
     name: str
@@ -244,11 +241,10 @@ class MomentSpec:
     state: tuple[StateTensor, ...]
     rounds_increments: bool
     blockwise: bool = False
-    kernel_enum: str | None = None
     kernel_code: int | None = None
 
     def __post_init__(self) -> None:
-        _check_spec(self.name, self.state, self.kernel_code, self.kernel_enum)
+        _check_spec(self.name, self.state, self.kernel_code)
         _check_flags(self.name, rounds_increments=self.rounds_increments, blockwise=self.blockwise)
         if len(self.state) < 2:
             raise ValueError(f"moment format {self.name!r} must store both moments")

@@ -21,7 +21,7 @@ from mixprec.formats import (
     MasterFormat,
     MomentFormat,
 )
-from mixprec.formats.catalog import DEFAULT_MASTER, DEFAULT_MOMENTS
+from mixprec.formats.registry import DEFAULT_MASTER, DEFAULT_MOMENTS
 from mixprec.optim import sharding
 from mixprec.optim.kernels import resolve_mode
 from mixprec.optim.options import check_group, check_hyper, check_options, refuse_unsupported

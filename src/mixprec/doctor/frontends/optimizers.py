@@ -16,7 +16,7 @@ from mixprec.doctor.frontends.document import ConfigDoc
 from mixprec.doctor.frontends.nemo_values import UnknownValueError, Unresolved
 from mixprec.doctor.frontends.values import config_int, config_str, describe
 from mixprec.floats import canonical_name, is_16bit_name
-from mixprec.formats.catalog import DEFAULT_MASTER, DEFAULT_MOMENTS
+from mixprec.formats.registry import DEFAULT_MASTER, DEFAULT_MOMENTS
 
 __all__ = [
     "FLASHOPTIM_TARGETS",

@@ -9,7 +9,7 @@ from typing import Any
 
 from mixprec.doctor.facts import GroupFacts
 from mixprec.floats import canonical_name
-from mixprec.formats.catalog import BUILTIN_MASTERS, BUILTIN_MOMENTS
+from mixprec.formats.registry import master_specs, moment_specs
 
 __all__ = [
     "MASTER_EXTRA_BYTES",
@@ -25,19 +25,19 @@ SHORT_RUN_STEPS = 1000
 
 
 #: Extra bytes per parameter each master representation costs (beyond the params):
-#: mixprec's built-in formats (the catalog), plus the 16-bit scaled master of Transformer
+#: mixprec's formats (the registry), plus the 16-bit scaled master of Transformer
 #: Engine that configs of other tools can name.
 MASTER_EXTRA_BYTES: dict[str, int] = {
-    **{spec.name: spec.bytes_per_element for spec in BUILTIN_MASTERS},
+    **{spec.name: spec.bytes_per_element for spec in master_specs()},
     "fp16": 2,
 }
 
 
 #: Moment formats whose elements are rounded to a narrow float every step, so small
-#: moving-average increments are lost: mixprec's built-in ones (the catalog), plus the ones
+#: moving-average increments are lost: mixprec's ones (the registry), plus the ones
 #: other tools' configs can name (fp16, fp8, int4 without block scales).
 ROUNDED_MOMENTS = frozenset(
-    {spec.name for spec in BUILTIN_MOMENTS if spec.rounds_increments} | {"fp16", "fp8", "int4"}
+    {spec.name for spec in moment_specs() if spec.rounds_increments} | {"fp16", "fp8", "int4"}
 )
 
 

@@ -1,7 +1,11 @@
 """Master-weight formats: how the full-precision value of a parameter is kept.
 
-One module per format; each declares its `MasterSpec` and registers itself
-when imported, so the import order below is the registry's (table) order.
+One module per format holds all of it: its `MasterSpec` (plain data), its
+encode and decode, and its registration (so the import order below is the
+registry's, and the tables', order). A format module imports torch inside the
+functions that use tensors, not at its top: importing it declares the spec
+without loading torch, so the registry is readable by torch-free callers (the
+doctor's static config checks, ``mixprec policies``).
 """
 
 # isort: skip_file

@@ -10,11 +10,12 @@ stores and needs is declared once in its `spec`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Protocol
-
-import torch
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from mixprec.formats.spec import MasterSpec
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MasterFormat"]
 

@@ -4,19 +4,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-
-from mixprec.formats import catalog
 from mixprec.formats.registry import register_master
-from mixprec.formats.spec import MasterSpec
+from mixprec.formats.spec import MasterSpec, StateTensor
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SPEC", "Fp32Master"]
 
 
 #: The registry entry of ``fp32``.
-SPEC = catalog.FP32_MASTER
+SPEC = MasterSpec(
+    name="fp32",
+    summary="a separate fp32 copy of the 16-bit parameter",
+    state=(StateTensor("master", "fp32"),),
+    param_dtypes=("bf16", "fp16"),
+    exact=True,
+    keeps_small_updates=True,
+    uses_noise=False,
+    kernel_code=1,
+)
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,8 @@ class Fp32Master:
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """The parameter upcast to fp32."""
+        import torch  # (see masters/__init__: specs load without torch)
+
         master = torch.empty_like(param, dtype=torch.float32)
         master.copy_(param.detach())
         return {"master": master}

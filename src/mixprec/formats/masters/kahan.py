@@ -11,19 +11,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-
-from mixprec.formats import catalog
 from mixprec.formats.registry import register_master
-from mixprec.formats.spec import MasterSpec
+from mixprec.formats.spec import MasterSpec, StateTensor
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SPEC", "KahanMaster"]
 
 
 #: The registry entry of ``kahan``.
-SPEC = catalog.KAHAN
+SPEC = MasterSpec(
+    name="kahan",
+    summary="16-bit parameter + 16-bit Kahan compensation",
+    # Stored in the parameter's own dtype (bf16 or fp16: two bytes either way).
+    state=(StateTensor("compensation", "bf16", follows_param=True),),
+    param_dtypes=("bf16", "fp16"),
+    exact=False,
+    keeps_small_updates=True,
+    uses_noise=False,
+    kernel_code=4,
+)
 
 
 @dataclass(frozen=True)
@@ -34,16 +44,22 @@ class KahanMaster:
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero compensation."""
+        import torch  # (see masters/__init__: specs load without torch)
+
         return {"compensation": torch.zeros_like(param)}
 
     def decode(self, param: torch.Tensor, state: Sequence[torch.Tensor]) -> torch.Tensor:
         """``param + compensation`` in fp32."""
+        import torch
+
         return param.to(torch.float32) + state[0].to(torch.float32)
 
     def encode(
         self, value: torch.Tensor, *, dtype: torch.dtype, noise: torch.Tensor | None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Nearest 16-bit value and the (16-bit) rounding error."""
+        import torch
+
         param = value.to(dtype)
         return param, ((value - param.to(torch.float32)).to(dtype),)
 

@@ -4,19 +4,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-
-from mixprec.formats import catalog
 from mixprec.formats.registry import register_master
 from mixprec.formats.spec import MasterSpec
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SPEC", "NoMaster"]
 
 
 #: The registry entry of ``none``.
-SPEC = catalog.NONE
+SPEC = MasterSpec(
+    name="none",
+    summary="the parameter is its own master: 16-bit updates are rounded to nearest",
+    state=(),
+    param_dtypes=None,
+    exact=False,
+    keeps_small_updates=False,
+    uses_noise=False,
+    kernel_code=0,
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,8 @@ class NoMaster:
 
     def decode(self, param: torch.Tensor, state: Sequence[torch.Tensor]) -> torch.Tensor:
         """The parameter upcast to fp32."""
+        import torch  # (see masters/__init__: specs load without torch)
+
         return param.to(torch.float32)
 
     def encode(

@@ -9,20 +9,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-
-from mixprec.formats import catalog
-from mixprec.formats.bits import merge_float, round_to_bits, split_float
 from mixprec.formats.registry import register_master
-from mixprec.formats.spec import MasterSpec
+from mixprec.formats.spec import MasterSpec, StateTensor
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MANTISSA_BITS_24", "SPEC", "Remainder8Master"]
 
 
 #: The registry entry of ``remainder8``.
-SPEC = catalog.REMAINDER8
+SPEC = MasterSpec(
+    name="remainder8",
+    summary="bf16 + int8 remainder: a 24-bit master",
+    state=(StateTensor("remainder", "int8"),),
+    param_dtypes=("bf16",),
+    exact=False,
+    keeps_small_updates=True,
+    uses_noise=False,
+    kernel_code=3,
+)
 
 #: Explicit mantissa bits of the 24-bit master (bf16's 7 plus 8).
 MANTISSA_BITS_24 = 15
@@ -36,16 +44,24 @@ class Remainder8Master:
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero remainder: the master starts equal to the bf16 parameter."""
+        import torch  # (see masters/__init__: specs load without torch)
+
         return {"remainder": torch.zeros_like(param, dtype=torch.int8)}
 
     def decode(self, param: torch.Tensor, state: Sequence[torch.Tensor]) -> torch.Tensor:
         """The 24-bit master as fp32 (low 8 bits zero)."""
+        from mixprec.formats.bits import merge_float
+
         return merge_float(param, state[0], low_bits=8)
 
     def encode(
         self, value: torch.Tensor, *, dtype: torch.dtype, noise: torch.Tensor | None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Round to 24 bits, then split into bf16 + int8."""
+        import torch
+
+        from mixprec.formats.bits import round_to_bits, split_float
+
         value24 = round_to_bits(value, mantissa_bits=MANTISSA_BITS_24)
         high, low = split_float(value24, dtype=dtype, low_bits=8)
         return high, (low.to(torch.int8),)

@@ -12,20 +12,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-
-from mixprec.formats import catalog
-from mixprec.formats.bits import canonical_bits
 from mixprec.formats.registry import register_master
 from mixprec.formats.spec import MasterSpec
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SPEC", "StochasticMaster", "stochastic_round"]
 
 
 #: The registry entry of ``stochastic``.
-SPEC = catalog.STOCHASTIC
+SPEC = MasterSpec(
+    name="stochastic",
+    summary="bf16 rounded stochastically: the master in expectation, no state",
+    state=(),
+    param_dtypes=("bf16",),
+    exact=False,
+    keeps_small_updates=True,
+    uses_noise=True,
+    kernel_code=5,
+)
 
 
 def stochastic_round(
@@ -48,6 +56,10 @@ def stochastic_round(
         above the largest bf16 rounds to it or to inf, inf standing for 2**128).
         Infinities stay; NaN becomes the canonical NaN.
     """
+    import torch  # (see masters/__init__: specs load without torch)
+
+    from mixprec.formats.bits import canonical_bits
+
     assert dtype == torch.bfloat16
     rounded = (canonical_bits(value) + noise.to(torch.int32)) & -65536
     return rounded.view(torch.float32).to(dtype)
@@ -65,6 +77,8 @@ class StochasticMaster:
 
     def decode(self, param: torch.Tensor, state: Sequence[torch.Tensor]) -> torch.Tensor:
         """The parameter upcast to fp32."""
+        import torch
+
         return param.to(torch.float32)
 
     def encode(

@@ -1,7 +1,9 @@
 """Moment storage formats for AdamW's first and second moments.
 
-One module per format family; each declares its `MomentSpec` and registers itself
-when imported, so the import order below is the registry's (table) order.
+One module per format family holds its `MomentSpec` (plain data), its encode
+and decode, and its registration (so the import order below is the registry's
+order); as with the masters, torch is imported inside the functions that use
+tensors, so the specs load without it.
 """
 
 # isort: skip_file

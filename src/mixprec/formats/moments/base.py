@@ -9,11 +9,12 @@ What the format stores is declared once in its `spec`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from mixprec.formats.spec import MomentSpec
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MomentFormat"]
 

@@ -4,20 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from mixprec.formats import catalog
 from mixprec.formats.registry import register_moments
-from mixprec.formats.spec import MomentSpec
+from mixprec.formats.spec import MomentSpec, StateTensor
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["BF16_SPEC", "FP32_SPEC", "DenseMoments"]
 
 #: The registry entry of ``fp32``.
-FP32_SPEC = catalog.FP32_MOMENTS
+FP32_SPEC = MomentSpec(
+    name="fp32",
+    summary="fp32 exp_avg and exp_avg_sq (torch's AdamW)",
+    state=(StateTensor("exp_avg", "fp32"), StateTensor("exp_avg_sq", "fp32")),
+    rounds_increments=False,
+    kernel_code=0,
+)
 
 #: The registry entry of ``bf16``.
-BF16_SPEC = catalog.BF16_MOMENTS
+BF16_SPEC = MomentSpec(
+    name="bf16",
+    summary="bf16 exp_avg and exp_avg_sq, rounded to nearest every step",
+    state=(StateTensor("exp_avg", "bf16"), StateTensor("exp_avg_sq", "bf16")),
+    rounds_increments=True,
+    kernel_code=1,
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +52,8 @@ class DenseMoments:
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero moments in `dtype`, shaped like `param`."""
+        import torch  # (see moments/__init__: specs load without torch)
+
         return {key: torch.zeros_like(param, dtype=self.dtype) for key in self.spec.state_keys}
 
     def kernel_shape(self, numel: int) -> tuple[int, ...]:
@@ -47,6 +62,8 @@ class DenseMoments:
 
     def decode(self, state: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The moments upcast to fp32."""
+        import torch
+
         return state[0].to(torch.float32), state[1].to(torch.float32)
 
     def encode(self, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor) -> tuple[torch.Tensor, ...]:

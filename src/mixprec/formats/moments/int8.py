@@ -22,14 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-
-from mixprec.formats import catalog
 from mixprec.formats.registry import register_moments
-from mixprec.formats.rounding import sqrt_rn
-from mixprec.formats.spec import MomentSpec
+from mixprec.formats.spec import MomentSpec, StateTensor
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "SPEC",
@@ -42,13 +41,27 @@ __all__ = [
 ]
 
 #: The registry entry of ``int8``.
-SPEC = catalog.INT8_MOMENTS
+SPEC = MomentSpec(
+    name="int8",
+    summary="blockwise 8-bit codes with one fp32 scale per block (square-root companded)",
+    state=(
+        StateTensor("exp_avg_i8", "int8"),
+        StateTensor("exp_avg_absmax", "fp32", per_block=True),
+        StateTensor("exp_avg_sq_u8", "uint8"),
+        StateTensor("exp_avg_sq_absmax", "fp32", per_block=True),
+    ),
+    rounds_increments=False,
+    blockwise=True,
+    kernel_code=2,
+)
 
 _INV_127_SQ = 1.0 / (127.0 * 127.0)
 _INV_255_SQ = 1.0 / (255.0 * 255.0)
 
 
 def _safe(absmax: torch.Tensor) -> torch.Tensor:
+    import torch  # (see moments/__init__: specs load without torch)
+
     return torch.where(absmax > 0, absmax, torch.ones_like(absmax))
 
 
@@ -63,6 +76,10 @@ def _safe(absmax: torch.Tensor) -> torch.Tensor:
 
 def quantize_signed(xb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 blocks ``(num_blocks, block_size)`` to (int8 codes, fp32 per-block absmax)."""
+    import torch
+
+    from mixprec.formats.rounding import sqrt_rn
+
     absmax = xb.abs().amax(dim=1)
     factor = torch.reciprocal(_safe(absmax)) * (127.0 * 127.0)
     q = torch.round(sqrt_rn(xb.abs() * factor[:, None]))
@@ -71,6 +88,8 @@ def quantize_signed(xb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_signed(codes: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
     """Inverse of `quantize_signed` (up to the quantization error)."""
+    import torch
+
     q = codes.to(torch.float32)
     return (q * q.abs()) * (absmax * _INV_127_SQ)[:, None]
 
@@ -84,6 +103,10 @@ U_MAX = 2.0**63
 
 def quantize_sqrt(vb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-negative fp32 blocks to (uint8 codes, fp32 per-block max of sqrt(v))."""
+    import torch
+
+    from mixprec.formats.rounding import sqrt_rn
+
     ub = sqrt_rn(vb)  # the same expression as the update's root: compiled, it is shared
     ub = torch.where(ub > U_MAX, U_MAX, ub)  # NaN stays NaN, as in the native kernel
     umax = ub.amax(dim=1)
@@ -95,6 +118,8 @@ def quantize_sqrt(vb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_sqrt(codes: torch.Tensor, umax: torch.Tensor) -> torch.Tensor:
     """Inverse of `quantize_sqrt` (up to the quantization error)."""
+    import torch
+
     q = codes.to(torch.float32)
     ub = (q * q) * (umax * _INV_255_SQ)[:, None]
     return ub * ub
@@ -128,6 +153,8 @@ class Int8Moments:
 
     def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zero codes shaped like `param` and zero scales, one per block (`scale_shape`)."""
+        import torch
+
         scales = self.scale_shape(param.shape)
         dev = param.device
         return {

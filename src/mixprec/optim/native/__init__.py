@@ -35,7 +35,6 @@ from mixprec.optim.native.binding import (
     NativeLibrary,
     NativeTable,
     NativeUnavailableError,
-    kernel_enums,
     streams_params,
 )
 from mixprec.optim.native.build import FLAG_SETS, cache_dir, enabled, library
@@ -55,7 +54,6 @@ __all__ = [
     "NativeUnavailableError",
     "cache_dir",
     "enabled",
-    "kernel_enums",
     "library",
     "streams_params",
 ]

@@ -30,8 +30,17 @@
 
 namespace {
 
-enum Master { M_NONE = 0, M_FP32 = 1, M_EXACT = 2, M_REM8 = 3, M_KAHAN = 4, M_STOCH = 5 };
-enum Moments { MO_FP32 = 0, MO_BF16 = 1, MO_INT8 = 2 };
+// The formats' codes are their specs' kernel_code (mixprec/formats/masters/*.py,
+// moments/*.py): the build (native/build.py format_defines) passes each as
+// -DMIXPREC_MASTER_<NAME>=<code> or -DMIXPREC_MOMENTS_<NAME>=<code>.
+enum Master {
+  M_NONE = MIXPREC_MASTER_NONE, M_FP32 = MIXPREC_MASTER_FP32, M_EXACT = MIXPREC_MASTER_EXACT,
+  M_REM8 = MIXPREC_MASTER_REMAINDER8, M_KAHAN = MIXPREC_MASTER_KAHAN,
+  M_STOCH = MIXPREC_MASTER_STOCHASTIC
+};
+enum Moments {
+  MO_FP32 = MIXPREC_MOMENTS_FP32, MO_BF16 = MIXPREC_MOMENTS_BF16, MO_INT8 = MIXPREC_MOMENTS_INT8
+};
 enum DType { DT_F32 = 0, DT_BF16 = 1 };
 
 constexpr int64_t kChunk = 4096;     // elements per parallel work item (dense moments)
@@ -397,18 +406,23 @@ constexpr RangeFn pick() {
   else return &dense_range<MASTER, PDT, MO, GDT>;
 }
 
+template <int MASTER, int PDT, int MO>
+RangeFn lookup_grad(int gdt) {
+  return gdt == DT_F32 ? pick<MASTER, PDT, MO, DT_F32>() : pick<MASTER, PDT, MO, DT_BF16>();
+}
+
 template <int MASTER, int PDT>
 RangeFn lookup_grad(int mo, int gdt) {
-  static const RangeFn table[3][2] = {
-      {pick<MASTER, PDT, MO_FP32, DT_F32>(), pick<MASTER, PDT, MO_FP32, DT_BF16>()},
-      {pick<MASTER, PDT, MO_BF16, DT_F32>(), pick<MASTER, PDT, MO_BF16, DT_BF16>()},
-      {pick<MASTER, PDT, MO_INT8, DT_F32>(), pick<MASTER, PDT, MO_INT8, DT_BF16>()},
-  };
-  return table[mo][gdt];
+  switch (mo) {  // the codes come from the build: a switch, not a table indexed by them
+    case MO_FP32: return lookup_grad<MASTER, PDT, MO_FP32>(gdt);
+    case MO_BF16: return lookup_grad<MASTER, PDT, MO_BF16>(gdt);
+    case MO_INT8: return lookup_grad<MASTER, PDT, MO_INT8>(gdt);
+    default: return nullptr;
+  }
 }
 
 RangeFn lookup(int master, int pdt, int mo, int gdt) {
-  if (mo < 0 || mo > 2 || gdt < 0 || gdt > 1) return nullptr;
+  if (gdt != DT_F32 && gdt != DT_BF16) return nullptr;
   if (pdt == DT_F32) return master == M_NONE ? lookup_grad<M_NONE, DT_F32>(mo, gdt) : nullptr;
   if (pdt != DT_BF16) return nullptr;
   switch (master) {
@@ -429,6 +443,12 @@ inline uint32_t step_key(int64_t seed, double step) {
 }
 
 }  // namespace
+
+// Whether this build has a case for the master and moment codes (the binding asks
+// before sending a format: one registered later with a code of its own has none).
+extern "C" int mixprec_covers(int master, int moments) {
+  return lookup(master, DT_BF16, moments, DT_BF16) != nullptr;
+}
 
 extern "C" {
 

@@ -9,7 +9,6 @@ import ctypes
 import functools
 import itertools
 import operator
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,16 +71,12 @@ class NativeLibrary:
         self._fn = fn
         self._lib = lib
 
-    @staticmethod
-    def covers(*, master: str, moments: str) -> bool:
-        """Whether the C++ source implements this pair of formats (their registered
-        ``kernel_code`` is a case of its enums; a format registered later is not)."""
-        master_fmt, moment_fmt = master_spec(master), moment_spec(moments)
-        kernel_masters, kernel_moments = kernel_enums()
-        return (master_fmt.kernel_enum, master_fmt.kernel_code) in kernel_masters.items() and (
-            moment_fmt.kernel_enum,
-            moment_fmt.kernel_code,
-        ) in kernel_moments.items()
+    def covers(self, *, master: str, moments: str) -> bool:
+        """Whether this library implements this pair of formats: both have a registered
+        ``kernel_code`` and the kernel has a case for each (it says so; a format
+        registered with a code of its own has none)."""
+        codes = master_spec(master).kernel_code, moment_spec(moments).kernel_code
+        return None not in codes and self._lib.mixprec_covers(*codes) == 1
 
     @staticmethod
     def accepts(param: torch.Tensor, grad: torch.Tensor, *, master: str) -> bool:
@@ -100,12 +95,11 @@ class NativeLibrary:
             and master_spec(master).accepts(param.dtype)
         )
 
-    @classmethod
     def supports(
-        cls, *, master: str, moments: str, param: torch.Tensor, grad: torch.Tensor, block_size: int
+        self, *, master: str, moments: str, param: torch.Tensor, grad: torch.Tensor, block_size: int
     ) -> bool:
         """Whether `step_many` handles this parameter (else the caller uses another kernel)."""
-        if not cls.covers(master=master, moments=moments) or not cls.accepts(
+        if not self.covers(master=master, moments=moments) or not self.accepts(
             param, grad, master=master
         ):
             return False
@@ -440,7 +434,7 @@ def _family(master: str, moments: str) -> _FamilyCodes:
         mspec.uses_noise,
         # The fp32 master writes the parameter without reading it (the others
         # decode it); the int8 moments' block loops do not stream.
-        mspec.kernel_enum == "M_FP32" and not mospec.blockwise,
+        mspec.name == "fp32" and not mospec.blockwise,
         2 + 2 + mspec.bytes_per_element + mospec.nbytes(1),
     )
 
@@ -462,20 +456,6 @@ def streams_params(*, master: str, moments: str, numel: int) -> bool:
     """
     codes = _family(master, moments)
     return codes.streams and numel * codes.moved_bytes >= STREAM_MIN_BYTES
-
-
-@functools.cache
-def kernel_enums() -> tuple[dict[str, int], dict[str, int]]:
-    """The ``enum Master`` and ``enum Moments`` of the C++ source: name -> value."""
-    text = SOURCE.read_text(encoding="utf-8")
-    out = []
-    for enum in ("Master", "Moments"):
-        body = re.search(rf"enum {enum} \{{([^}}]*)\}}", text)
-        pairs = (
-            item.split("=") for item in (body.group(1) if body else "").split(",") if item.strip()
-        )
-        out.append({key.strip(): int(value) for key, value in pairs})
-    return out[0], out[1]
 
 
 def _kernel_code(code: int | None, name: str) -> int:

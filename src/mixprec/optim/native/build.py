@@ -1,7 +1,8 @@
 """Building the native kernel (`adamw_cpu.cpp`) with the system C++ compiler and
-caching it per machine: flags, the cache key, the manifest that guards against
-loading a truncated library, the file lock that lets processes starting
-together build once. `library()` returns the loaded `NativeLibrary`."""
+caching it per machine: flags (with the formats' codes from the registry,
+`format_defines`), the cache key, the manifest that guards against loading a
+truncated library, the file lock that lets processes starting together build
+once. `library()` returns the loaded `NativeLibrary`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from mixprec.formats import master_specs, moment_specs
 from mixprec.optim.native.binding import SOURCE, BuildInfo, NativeLibrary, NativeUnavailableError
 from mixprec.userdirs import user_cache_dir
 
@@ -44,6 +46,34 @@ FLAG_SETS: tuple[tuple[str, ...], ...] = tuple(
     )
     if flags is not None
 )
+
+
+def format_defines() -> tuple[str, ...]:
+    """The kernel's format codes, from the registry (their one source): one
+    ``-DMIXPREC_MASTER_<NAME>=<code>`` or ``-DMIXPREC_MOMENTS_<NAME>=<code>`` per
+    registered format with a ``kernel_code``, which the C++ enums are defined by."""
+    kinds = (("MASTER", master_specs()), ("MOMENTS", moment_specs()))
+    return tuple(
+        f"-DMIXPREC_{kind}_{spec.name.upper()}={spec.kernel_code}"
+        for kind, specs in kinds
+        for spec in specs
+        if spec.kernel_code is not None
+    )
+
+
+def flag_sets() -> tuple[tuple[str, ...], ...]:
+    """`FLAG_SETS`, each with the `format_defines`."""
+    return tuple(flags + format_defines() for flags in FLAG_SETS)
+
+
+def cache_key(compiler: str, flag_sets: Sequence[tuple[str, ...]]) -> str:
+    """What a built library depends on: the source, the compiler's version, the CPU
+    and the flag sets tried (the format codes among them)."""
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), _version(compiler).encode(), _cpu_signature().encode()):
+        digest.update(part)
+    digest.update(repr(tuple(flag_sets)).encode())
+    return digest.hexdigest()[:20]
 
 
 def enabled() -> bool:
@@ -166,11 +196,8 @@ def library() -> NativeLibrary:
         raise NativeUnavailableError("turned off by MIXPREC_NATIVE=0")
     with _lock:
         compiler = _compiler()
-        digest = hashlib.sha256()
-        for part in (SOURCE.read_bytes(), _version(compiler).encode(), _cpu_signature().encode()):
-            digest.update(part)
-        digest.update(repr(FLAG_SETS).encode())
-        target = _writable_cache_dir() / f"adamw_cpu-{digest.hexdigest()[:20]}.so"
+        tried = flag_sets()
+        target = _writable_cache_dir() / f"adamw_cpu-{cache_key(compiler, tried)}.so"
         # Processes starting together (torchrun ranks) wait for one build.
         with _file_lock(target.with_suffix(".lock")):
             if target.exists():
@@ -181,7 +208,7 @@ def library() -> NativeLibrary:
                     except OSError:
                         pass
                 target.unlink(missing_ok=True)  # truncated, foreign or unverified: rebuild
-            return NativeLibrary(_build(target, compiler, FLAG_SETS))
+            return NativeLibrary(_build(target, compiler, tried))
 
 
 def _writable_cache_dir() -> Path:

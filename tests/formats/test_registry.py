@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,6 +67,26 @@ def test_the_cache_key_changes_with_the_format_codes() -> None:
     finally:
         del _MASTERS["bogus_test"]
     assert native.build.cache_key("c++", native.build.flag_sets()) == key
+
+
+def test_the_cache_key_covers_every_format_header_the_kernel_includes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The masters' codecs (formats/masters/<name>.h) are compiled into the kernel: each
+    one it includes is hashed into the cache key, and a changed one changes the key."""
+    source = native.SOURCE.read_text(encoding="utf-8")
+    included = {
+        (native.SOURCE.parent / line.split('"')[1]).resolve()
+        for line in source.splitlines()
+        if line.startswith('#include "')
+    }
+    assert included == {p.resolve() for p in native.build.FORMAT_HEADERS}
+    header = tmp_path / "exact.h"
+    header.write_text("// one\n")
+    monkeypatch.setattr(native.build, "FORMAT_HEADERS", (header,))
+    key = native.build.cache_key("c++", native.build.FLAG_SETS)
+    header.write_text("// two\n")
+    assert native.build.cache_key("c++", native.build.FLAG_SETS) != key
 
 
 @needs_native

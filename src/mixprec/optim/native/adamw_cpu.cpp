@@ -79,57 +79,25 @@ template <int PDT> inline void store_p(void* p, int64_t i, float v) {
   else static_cast<uint16_t*>(p)[i] = f2bf(v);
 }
 
+// Each master format's per-element codec lives beside its Python module, in
+// formats/masters/<name>.h: a MasterCodec<code> with decode and encode, the C++
+// of the module's decode and encode.
+template <int MASTER> struct MasterCodec;
+#include "../../formats/masters/none.h"
+#include "../../formats/masters/fp32.h"
+#include "../../formats/masters/exact.h"
+#include "../../formats/masters/remainder8.h"
+#include "../../formats/masters/kahan.h"
+#include "../../formats/masters/stochastic.h"
+
 template <int MASTER, int PDT>
 inline float decode_master(const Args& a, int64_t i) {
-  if constexpr (MASTER == M_NONE || MASTER == M_STOCH) {
-    return load_p<PDT>(a.param, i);
-  } else if constexpr (MASTER == M_FP32) {
-    return static_cast<const float*>(a.s0)[i];
-  } else if constexpr (MASTER == M_EXACT) {
-    uint32_t hi = static_cast<uint32_t>(static_cast<const uint16_t*>(a.param)[i]) << 16;
-    int32_t rem = static_cast<int32_t>(static_cast<const int8_t*>(a.s0)[i]) * 256 +
-                  (static_cast<int32_t>(static_cast<const int8_t*>(a.s1)[i]) & 0xFF);
-    return bitsf(hi + static_cast<uint32_t>(rem));
-  } else if constexpr (MASTER == M_REM8) {
-    uint32_t hi = static_cast<uint32_t>(static_cast<const uint16_t*>(a.param)[i]) << 16;
-    int32_t rem = static_cast<int32_t>(static_cast<const int8_t*>(a.s0)[i]) * 256;
-    return bitsf(hi + static_cast<uint32_t>(rem));
-  } else {  // M_KAHAN
-    return bf2f(static_cast<const uint16_t*>(a.param)[i]) +
-           bf2f(static_cast<const uint16_t*>(a.s0)[i]);
-  }
+  return MasterCodec<MASTER>::template decode<PDT>(a, i);
 }
 
 template <int MASTER, int PDT>
 inline void encode_master(const Args& a, int64_t i, float value) {
-  if constexpr (MASTER == M_NONE) {
-    store_p<PDT>(a.param, i, value);
-  } else if constexpr (MASTER == M_FP32) {
-    static_cast<uint16_t*>(a.param)[i] = f2bf(value);
-    static_cast<float*>(a.s0)[i] = value;
-  } else if constexpr (MASTER == M_EXACT) {
-    uint32_t b = canon(fbits(value));
-    int32_t low = static_cast<int32_t>((b & 0xFFFFu) ^ 0x8000u) - 0x8000;
-    uint32_t high = b - static_cast<uint32_t>(low);
-    static_cast<uint16_t*>(a.param)[i] = static_cast<uint16_t>(high >> 16);
-    static_cast<int8_t*>(a.s0)[i] = static_cast<int8_t>(low >> 8);
-    static_cast<int8_t*>(a.s1)[i] = static_cast<int8_t>(low & 0xFF);
-  } else if constexpr (MASTER == M_REM8) {
-    uint32_t b = canon(fbits(value));
-    uint32_t r = (b + 127u + ((b >> 8) & 1u)) & ~0xFFu;  // nearest even at 15 mantissa bits
-    int32_t low = static_cast<int32_t>(((r >> 8) & 0xFFu) ^ 0x80u) - 0x80;
-    uint32_t high = r - static_cast<uint32_t>(low * 256);
-    static_cast<uint16_t*>(a.param)[i] = static_cast<uint16_t>(high >> 16);
-    static_cast<int8_t*>(a.s0)[i] = static_cast<int8_t>(low);
-  } else if constexpr (MASTER == M_KAHAN) {
-    uint16_t p = f2bf(value);
-    static_cast<uint16_t*>(a.param)[i] = p;
-    static_cast<uint16_t*>(a.s0)[i] = f2bf(value - bf2f(p));
-  } else {  // M_STOCH
-    uint32_t noise = mix32(static_cast<uint32_t>(i) + a.key) >> 16;
-    uint32_t r = (canon(fbits(value)) + noise) & 0xFFFF0000u;
-    static_cast<uint16_t*>(a.param)[i] = static_cast<uint16_t>(r >> 16);
-  }
+  MasterCodec<MASTER>::template encode<PDT>(a, i, value);
 }
 
 inline float sqrt_of(float x) { return std::sqrt(x); }

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import mixprec.formats
 from mixprec.formats import master_specs, moment_specs
 from mixprec.optim.native.binding import SOURCE, BuildInfo, NativeLibrary, NativeUnavailableError
 from mixprec.userdirs import user_cache_dir
@@ -34,6 +35,8 @@ _COMMON_FLAGS = (
     "-fPIC",
     "-shared",
 )
+#: The formats' codecs the kernel includes (``formats/masters/<name>.h``).
+FORMAT_HEADERS: tuple[Path, ...] = tuple(sorted(Path(mixprec.formats.__file__).parent.rglob("*.h")))
 _X86 = platform.machine().lower() in ("x86_64", "amd64")
 #: Flag sets tried in order until one compiles.
 FLAG_SETS: tuple[tuple[str, ...], ...] = tuple(
@@ -67,10 +70,14 @@ def flag_sets() -> tuple[tuple[str, ...], ...]:
 
 
 def cache_key(compiler: str, flag_sets: Sequence[tuple[str, ...]]) -> str:
-    """What a built library depends on: the source, the compiler's version, the CPU
-    and the flag sets tried (the format codes among them)."""
+    """What a built library depends on: the source and the format headers it includes,
+    the compiler's version, the CPU and the flag sets tried (the format codes among
+    them)."""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), _version(compiler).encode(), _cpu_signature().encode()):
+    for path in (SOURCE, *FORMAT_HEADERS):
+        digest.update(f"{path.name}\n".encode())
+        digest.update(path.read_bytes())
+    for part in (_version(compiler).encode(), _cpu_signature().encode()):
         digest.update(part)
     digest.update(repr(tuple(flag_sets)).encode())
     return digest.hexdigest()[:20]

@@ -11,8 +11,11 @@ its results are bitwise those of ``fused=False``; the tests check every family.
 Build: ``$CXX`` (else ``g++``, ``c++`` or ``clang++``) with ``-O3
 -march=native -fopenmp`` and IEEE-preserving flags (no fast-math, no FMA
 contraction), falling back to fewer flags where the compiler refuses some.
-The shared library is cached under `cache_dir` keyed by the source, the
-compiler, the flags and the CPU, so a machine builds it once (about 5 s).
+The format codes come from the registry as ``-D`` defines (`build.format_defines`),
+and each master's per-element codec from ``formats/masters/<name>.h``. The shared
+library is cached under `cache_dir` keyed by the source and those headers, the
+compiler, the flags (codes included) and the CPU, so a machine builds it once
+(about 5 s).
 Setting ``MIXPREC_NATIVE=0`` turns the kernel off (steps then use
 `torch.compile`, as on other devices).
 

@@ -80,9 +80,10 @@ def own_loop(name: str) -> tuple[list[float], list[float], torch.nn.Module]:
 
 def accelerate_run(
     name: str, *, save_at: int | None = None, resume: str | None = None, out: str | None = None
-) -> tuple[list[float], list[float], torch.nn.Module, mixprec.Precision]:
+) -> tuple[list[float], list[float], torch.nn.Module, mixprec.Precision, dict[str, Any]]:
     """The same run as an Accelerate loop; `save_at` micro-batches in, ``save_state(out)``;
-    `resume` loads a saved state and skips the micro-batches it covered."""
+    `resume` loads a saved state and skips the micro-batches it covered. Returns the
+    losses, learning rates, model, `Precision` and the optimizer's state (masters, moments)."""
     accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATE)
     prec = mixprec.Precision(policy(name))
     model = prec.prepare(make_model())
@@ -109,4 +110,4 @@ def accelerate_run(
         losses.append(float(loss.detach()))
         if resume is None and save_at is not None and i + 1 == save_at and out is not None:
             accelerator.save_state(out)
-    return losses, lrs, model, prec
+    return losses, lrs, model, prec, opt.state_dict()["state"]

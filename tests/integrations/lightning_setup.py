@@ -128,10 +128,11 @@ def bitwise(a: list[float], b: list[float]) -> bool:
 
 def fabric_run(
     name: str, *, save_at: int | None = None, path: str | None = None, resume: bool = False
-) -> tuple[list[float], torch.nn.Module, mixprec.Precision]:
+) -> tuple[list[float], torch.nn.Module, mixprec.Precision, dict[str, Any]]:
     """The run as a Fabric loop under the plugin; after `save_at` steps, ``fabric.save``
     to `path` (model, optimizer, scheduler, the plugin's loss scale); `resume` loads
-    `path` first and runs the steps after `save_at`."""
+    `path` first and runs the steps after `save_at`. Returns the losses, the model, the
+    `Precision` and the optimizer's state (masters, moments)."""
     from mixprec.integrations.lightning import MixprecFabricPrecision
 
     prec = mixprec.Precision(policy(name))
@@ -163,4 +164,4 @@ def fabric_run(
         if not resume and save_at is not None and step + 1 == save_at:
             assert path is not None
             fabric.save(path, state)
-    return losses, net, prec
+    return losses, net, prec, opt.state_dict()["state"]

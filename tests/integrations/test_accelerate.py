@@ -29,6 +29,7 @@ from accelerate_setup import (  # noqa: E402 - after the skip
     own_loop,
     schedule,
 )
+from same_state import same_state  # noqa: E402
 
 import mixprec  # noqa: E402
 from mixprec.integrations.accelerate import AcceleratedPrecision  # noqa: E402
@@ -41,7 +42,7 @@ def bitwise(a: list[float], b: list[float]) -> bool:
 @pytest.mark.parametrize("name", ["bf16_master", "amp_fp16"])
 def test_the_accelerate_loop_is_bitwise_the_own_loop(name: str) -> None:
     losses, lrs, model = own_loop(name)
-    mine, my_lrs, net, prec = accelerate_run(name)
+    mine, my_lrs, net, prec, _ = accelerate_run(name)
     assert bitwise(mine, losses) and my_lrs == lrs and len(lrs) == MICRO // ACCUMULATE
     for a, b in zip(net.parameters(), model.parameters(), strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
@@ -60,15 +61,15 @@ RESUME = """
 import json, sys
 import torch
 from accelerate_setup import accelerate_run
-losses, lrs, model, prec = accelerate_run("amp_fp16", save_at=40, resume=sys.argv[1])
+losses, lrs, model, prec, opt = accelerate_run("amp_fp16", save_at=40, resume=sys.argv[1])
 json.dump({"losses": losses, "lrs": lrs, "scale": prec.loss_scale}, open(sys.argv[2], "w"))
-torch.save(model.state_dict(), sys.argv[3])
+torch.save({"model": model.state_dict(), "optimizer": opt}, sys.argv[3])
 """
 
 
 def test_save_state_resumes_bitwise_in_a_new_process(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    losses, lrs, model, prec = accelerate_run("amp_fp16", save_at=40, out=str(state))
+    losses, lrs, model, prec, opt = accelerate_run("amp_fp16", save_at=40, out=str(state))
     tests = Path(__file__).parent
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tests), str(tests.parent), env.get("PYTHONPATH", "")])
@@ -85,8 +86,8 @@ def test_save_state_resumes_bitwise_in_a_new_process(tmp_path: Path) -> None:
     assert resumed["lrs"] == lrs[20:]
     assert resumed["scale"] == prec.loss_scale
     saved = torch.load(weights, weights_only=True)
-    for key, value in model.state_dict().items():
-        assert torch.equal(saved[key], value), key
+    assert same_state(saved["model"], model.state_dict())
+    assert same_state(saved["optimizer"], opt)  # masters and moments
 
 
 class Recorder(accelerate.tracking.GeneralTracker):  # type: ignore[misc]

@@ -271,12 +271,17 @@ def test_logged_grad_norm_is_the_true_one_without_clipping(tmp_path: Path) -> No
     assert finite and max(finite) < 100  # true norms, not times the loss scale (2**22)
 
 
-def test_lora_matches_own_loop_bitwise(trained: Callable[..., Any]) -> None:
-    trainer, _ = trained("bf16_master-lora")
-    got, want = trainer_state(trainer), own_loop("bf16_master", lora=True)
+@pytest.mark.parametrize(
+    ("policy", "dtype"), [("bf16_master", torch.bfloat16), ("amp_fp16", torch.float32)]
+)
+def test_lora_matches_own_loop_bitwise(
+    policy: str, dtype: torch.dtype, trained: Callable[..., Any]
+) -> None:
+    trainer, _ = trained(f"{policy}-lora")
+    got, want = trainer_state(trainer), own_loop(policy, lora=True)
     assert_equal(got, want)
     adapters = [p for n, p in trainer.model.named_parameters() if "lora_" in n]
-    assert len(adapters) == 8 and {p.dtype for p in adapters} == {torch.bfloat16}
+    assert len(adapters) == 8 and {p.dtype for p in adapters} == {dtype}
 
 
 RESUMED = ("amp_fp16", "bf16_master-lora")

@@ -31,6 +31,7 @@ from lightning_setup import (  # noqa: E402 - after the skip
     policy,
     trainer,
 )
+from same_state import same_state  # noqa: E402
 
 import mixprec  # noqa: E402
 from mixprec.integrations import lightning as integration  # noqa: E402
@@ -70,9 +71,10 @@ def test_trainer_is_bitwise_the_own_loop(name: str, tmp_path: Path) -> None:
     assert "mixprec/skipped_steps" in logged
 
 
-def test_fabric_is_bitwise_the_own_loop() -> None:
-    losses, _, model, _ = own_loop("amp_fp16")
-    mine, net, _ = fabric_run("amp_fp16")
+@pytest.mark.parametrize("name", ["bf16_master", "amp_fp16"])
+def test_fabric_is_bitwise_the_own_loop(name: str) -> None:
+    losses, _, model, _ = own_loop(name)
+    mine, net, _, _ = fabric_run(name)
     assert bitwise(mine, losses)
     for a, b in zip(net.parameters(), model.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -82,9 +84,9 @@ FABRIC_RESUME = """
 import json, sys
 import torch
 from lightning_setup import fabric_run
-losses, net, prec = fabric_run("amp_fp16", save_at=20, path=sys.argv[1], resume=True)
+losses, net, prec, opt = fabric_run("amp_fp16", save_at=20, path=sys.argv[1], resume=True)
 json.dump({"losses": losses, "scale": prec.loss_scale}, open(sys.argv[2], "w"))
-torch.save(net.state_dict(), sys.argv[3])
+torch.save({"model": net.state_dict(), "optimizer": opt}, sys.argv[3])
 """
 
 
@@ -92,15 +94,58 @@ def test_a_fabric_save_resumes_bitwise_in_a_new_process(tmp_path: Path) -> None:
     """``fabric.save`` after step 20 (model, optimizer, scheduler and the plugin's loss
     scale), ``fabric.load`` in a new process: the rest of the run is the same."""
     path = str(tmp_path / "state.ckpt")
-    losses, net, prec = fabric_run("amp_fp16", save_at=20, path=path)
+    losses, net, prec, opt = fabric_run("amp_fp16", save_at=20, path=path)
     out, weights = tmp_path / "resumed.json", tmp_path / "weights.pt"
     _run_in_new_process(FABRIC_RESUME, path, str(out), str(weights))
     resumed = json.loads(out.read_text())
     assert bitwise(resumed["losses"], losses[20:])
     assert resumed["scale"] == prec.loss_scale
     saved = torch.load(weights, weights_only=True)
-    for key, value in net.state_dict().items():
-        assert torch.equal(saved[key], value), key
+    assert same_state(saved["model"], net.state_dict())
+    assert same_state(saved["optimizer"], opt)  # masters and moments
+
+
+RESUME = """
+import json, sys
+import torch
+from lightning_setup import Module, loader, trainer
+import mixprec
+from mixprec.integrations.lightning import MixprecPrecision
+from lightning_setup import policy
+ckpt, out = sys.argv[1], sys.argv[2]
+prec = mixprec.Precision(policy("amp_fp16"))
+module = Module(prec)
+run = trainer(MixprecPrecision(prec), __import__("pathlib").Path(out))
+run.fit(module, loader(), ckpt_path=ckpt)
+json.dump({"losses": module.losses, "lrs": module.lrs, "scale": prec.loss_scale,
+           "skipped": prec.stats.skipped_steps}, open(out + "/resumed.json", "w"))
+optimizer = run.optimizers[0].state_dict()["state"]
+torch.save({"model": module.state_dict(), "optimizer": optimizer}, out + "/weights.pt")
+"""
+
+
+def test_a_lightning_checkpoint_resumes_bitwise_in_a_new_process(tmp_path: Path) -> None:
+    """Lightning's own checkpoint, mid-run (after step 20 of 40), resumed in a new process
+    continues as the uninterrupted run: losses, schedule, loss scale, weights and the
+    optimizer's state (masters, moments)."""
+    checkpoint = pl.pytorch.callbacks.ModelCheckpoint(
+        dirpath=str(tmp_path / "ckpt"), every_n_train_steps=20, save_top_k=-1
+    )
+    prec = mixprec.Precision(policy("amp_fp16"))
+    module = Module(prec)
+    whole = trainer(integration.MixprecPrecision(prec), tmp_path, callbacks=[checkpoint])
+    whole.fit(module, loader())
+    [mid] = [p for p in (tmp_path / "ckpt").iterdir() if "step=20" in p.name]
+    out = tmp_path / "resumed"
+    out.mkdir()
+    _run_in_new_process(RESUME, str(mid), str(out))
+    resumed = json.loads((out / "resumed.json").read_text())
+    assert bitwise(resumed["losses"], module.losses[20:])
+    assert resumed["lrs"] == module.lrs[20:]
+    assert resumed["scale"] == prec.loss_scale
+    saved = torch.load(out / "weights.pt", weights_only=True)
+    assert same_state(saved["model"], module.state_dict())
+    assert same_state(saved["optimizer"], whole.optimizers[0].state_dict()["state"])
 
 
 @pytest.mark.parametrize("flag", ["bf16-true", "16-mixed"])

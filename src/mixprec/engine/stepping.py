@@ -165,8 +165,8 @@ def check_grads(
         read = [total.float()]
         if pending is not None:
             read.append(pending.float().to(total.device))
-        for found in found_inf:
-            read.append(found.float().to(total.device))
+        for found in found_inf:  # shape () or (1,) (ShardedGradScaler's)
+            read.append(found.float().sum().to(total.device))
         values = torch.stack(read).tolist() if len(read) > 1 else [float(read[0])]
         now = values[0]
         norm = values[1] if pending is not None else now

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from mixprec.optim import AdamW, batches, kernels
+from mixprec.optim import AdamW, kernels, step_batch
 from mixprec.optim.inductor import vector_bitcasts, vector_bitcasts_supported
 from mixprec.optim.kernels import AUTO_COMPILE_MIN_NUMEL, resolve_mode
 
@@ -123,10 +123,10 @@ def broken_compiler(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(torch, "compile", broken)
     kernels.compiled_family_function.cache_clear()
-    batches.clear_kernels()  # kernels are process-wide: none made with a compiler
+    step_batch.clear_kernels()  # kernels are process-wide: none made with a compiler
     yield
     kernels.compiled_family_function.cache_clear()
-    batches.clear_kernels()
+    step_batch.clear_kernels()
 
 
 @pytest.mark.usefixtures("broken_compiler")

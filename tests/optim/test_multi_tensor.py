@@ -17,10 +17,11 @@ import pytest
 import torch
 
 from mixprec.formats import moment_format, resolve_master
-from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, batches, native, ops
+from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, native, ops, step_batch
 from mixprec.optim.functional import adamw_scalars
 from mixprec.optim.kernels import StepFamily, adamw_step_
 from mixprec.optim.rng import step_key
+from mixprec.optim.step_batch import StepBatch
 
 try:
     native.library()
@@ -29,7 +30,7 @@ except native.NativeUnavailableError:  # pragma: no cover - machines without a c
     HAVE_NATIVE = False
 
 # Tiny, block-sized, tails, and one above the portable path's concatenation limit.
-SHAPES = [(3,), (7, 11), (256,), (2, 512), (4096 + 13,), (batches.CONCAT_MAX_NUMEL + 256,)]
+SHAPES = [(3,), (7, 11), (256,), (2, 512), (4096 + 13,), (step_batch.CONCAT_MAX_NUMEL + 256,)]
 HYPER: dict[str, Any] = {"lr": 3e-3, "betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": 0.1}
 
 
@@ -261,23 +262,28 @@ def test_the_operator_refuses_what_it_cannot_read() -> None:
     g = torch.zeros(16)[::2]  # not contiguous
     m, v = torch.zeros(8), torch.zeros(8)
     step = torch.zeros((), dtype=torch.float64)
+    kernel = step_batch.kernel_for("none", "fp32", maximize=False, block_size=1, mode="native")
     with pytest.raises(ValueError, match="contiguous CPU"):
         lib.step_many(
-            master="none", moments="fp32", maximize=False, params=[p], grads=[g],
-            master_state=[], moment_state=[m, v], steps=[step], seeds=[], offsets=[0],
-            hyper=(1e-3, 0.9, 0.999, 1e-8, 0.0), block_size=1,
+            StepBatch(
+                kernel, 1, params=[p], grads=[g], master_state=[], moment_state=[m, v],
+                steps=[step], seeds=[], offsets=[0],
+            ),
+            (1e-3, 0.9, 0.999, 1e-8, 0.0),
         )  # fmt: skip
     with pytest.raises(ValueError, match="float64"):
         lib.step_many(
-            master="none", moments="fp32", maximize=False, params=[p], grads=[p.clone()],
-            master_state=[], moment_state=[m, v], steps=[step.float()], seeds=[], offsets=[0],
-            hyper=(1e-3, 0.9, 0.999, 1e-8, 0.0), block_size=1,
+            StepBatch(
+                kernel, 1, params=[p], grads=[p.clone()], master_state=[], moment_state=[m, v],
+                steps=[step.float()], seeds=[], offsets=[0],
+            ),
+            (1e-3, 0.9, 0.999, 1e-8, 0.0),
         )  # fmt: skip
     assert step.item() == 0 and torch.equal(p, torch.zeros(8))  # nothing written
 
 
 def test_family_of_names_round_trips() -> None:
-    family = batches.family_of("exact", "int8", maximize=True, block_size=64)
+    family = step_batch.family_of("exact", "int8", maximize=True, block_size=64)
     assert family == StepFamily(
         resolve_master("exact", torch.bfloat16), moment_format("int8", block_size=64), True
     )

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from mixprec.formats import moment_format, resolve_master
-from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, batches, kernels, native
-from mixprec.optim.batches import StepKernel
+from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, kernels, native, step_batch
 from mixprec.optim.kernels import StepFamily, resolve_mode
+from mixprec.optim.step_batch import StepKernel
 
 from .checkpoint import reload
 
@@ -220,7 +220,7 @@ def test_unsupported_params_take_the_fallback_kernel(monkeypatch: pytest.MonkeyP
     p, ref = [torch.ones(8, dtype=torch.float16, requires_grad=True) for _ in range(2)]
     opt, ref_opt = AdamW([p], master="fp32", fused=True), AdamW([ref], master="fp32", fused=False)
     # (kernels are process-wide, looked up by formats, maximize, block size and mode)
-    monkeypatch.setitem(batches._KERNELS, ("fp32", "fp32", False, 256, "native"), kernel)
+    monkeypatch.setitem(step_batch._KERNELS, ("fp32", "fp32", False, 256, "native"), kernel)
     for q in (p, ref):
         q.grad = torch.full_like(q, 0.5)
     opt.step()
@@ -244,11 +244,11 @@ def fresh_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[P
     monkeypatch.setenv("MIXPREC_CACHE_DIR", str(tmp_path))
     native.library.cache_clear()
     kernels.warn_native_unavailable.cache_clear()
-    batches.clear_kernels()  # kernels are process-wide and hold the library
+    step_batch.clear_kernels()  # kernels are process-wide and hold the library
     yield tmp_path / "native"
     native.library.cache_clear()
     kernels.warn_native_unavailable.cache_clear()
-    batches.clear_kernels()
+    step_batch.clear_kernels()
 
 
 @needs_native
@@ -286,7 +286,7 @@ def test_no_compiler_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch) 
     p = torch.ones(64, dtype=torch.bfloat16, requires_grad=True)
     opt = AdamW([p], master="exact", fused=True)
     with pytest.warns(RuntimeWarning, match="native CPU kernel is unavailable"):
-        kernel = batches.kernel_for(
+        kernel = step_batch.kernel_for(
             "exact", "fp32", maximize=False, block_size=256, mode=opt._plans[p].mode
         )
     assert not kernel.is_native

@@ -12,6 +12,7 @@ import torch
 
 import mixprec.optim
 from mixprec.optim import AdamW, native
+from mixprec.optim.step_batch import StepBatch, kernel_for
 
 try:
     native.library()
@@ -83,6 +84,7 @@ def test_the_kernel_refuses_hyperparameters_out_of_range() -> None:
     moments = [torch.zeros(64), torch.zeros(64)]
     step = torch.zeros((), dtype=torch.float64)
     before = p.clone()
+    kernel = kernel_for("exact", "fp32", maximize=False, block_size=256, mode="native")
     for hyper in [
         (float("nan"), 0.9, 0.999, 1e-8, 0.0),
         (1e-3, 1.0, 0.999, 1e-8, 0.0),
@@ -91,18 +93,18 @@ def test_the_kernel_refuses_hyperparameters_out_of_range() -> None:
     ]:
         with pytest.raises(ValueError, match="code 5"):
             native.library().step_many(
-                master="exact",
-                moments="fp32",
-                maximize=False,
-                params=[p],
-                grads=[grad],
-                master_state=remainder,
-                moment_state=moments,
-                steps=[step],
-                seeds=[],
-                offsets=[0],
-                hyper=hyper,
-                block_size=256,
+                StepBatch(
+                    kernel,
+                    256,
+                    params=[p],
+                    grads=[grad],
+                    master_state=remainder,
+                    moment_state=moments,
+                    steps=[step],
+                    seeds=[],
+                    offsets=[0],
+                ),
+                hyper,
             )
     assert torch.equal(p, before) and float(step) == 0.0
 
@@ -116,18 +118,19 @@ def test_a_row_without_a_gradient_is_skipped_by_the_kernel() -> None:
     state = [torch.zeros(64, dtype=torch.int8) for _ in range(4)]
     moments = [torch.zeros(64) for _ in range(4)]
     steps = [torch.zeros((), dtype=torch.float64) for _ in range(2)]
+    kernel = kernel_for("exact", "fp32", maximize=False, block_size=256, mode="native")
     table = library.prepare(
-        master="exact",
-        moments="fp32",
-        maximize=False,
-        params=params,
-        grads=grads,
-        master_state=state,
-        moment_state=moments,
-        steps=steps,
-        seeds=[],
-        offsets=[0, 0],
-        block_size=256,
+        StepBatch(
+            kernel,
+            256,
+            params=params,
+            grads=grads,
+            master_state=state,
+            moment_state=moments,
+            steps=steps,
+            seeds=[],
+            offsets=[0, 0],
+        )
     )
     table.table[table.grads.start] = 0  # the first parameter has no gradient this step
     before = [p.clone() for p in params]

@@ -2,7 +2,7 @@
 
 The class owns state and calls the pure pieces: formats are resolved per parameter
 when its group is added, state is made at a parameter's first step (as in torch),
-and groups are gathered by format family at the boundaries (`step_batch`), so a
+and groups are gathered by format family at the boundaries (`group_step`), so a
 step makes one kernel call per family. One rule follows weights written in place
 between steps: a parameter whose version counter moved since the optimizer last
 wrote it has its master reset from it (`resync`); `load_state_dict` records the
@@ -23,6 +23,7 @@ from mixprec.formats import (
 )
 from mixprec.formats.registry import DEFAULT_MASTER, DEFAULT_MOMENTS
 from mixprec.optim import sharding
+from mixprec.optim.group_step import GroupStep, gather_group, read_hyper, traced_step
 from mixprec.optim.kernels import resolve_mode
 from mixprec.optim.options import check_group, check_hyper, check_options, refuse_unsupported
 from mixprec.optim.param_plan import (
@@ -36,13 +37,7 @@ from mixprec.optim.param_plan import (
 )
 from mixprec.optim.resync import check_weights, decode_master, encode_master, reset_master
 from mixprec.optim.state_dicts import StateConversion, read_state_dict, to_torch
-from mixprec.optim.step_batch import (
-    GroupStep,
-    StepBatch,
-    gather_group,
-    read_hyper,
-    traced_step,
-)
+from mixprec.optim.step_batch import StepBatch
 
 __all__ = ["AdamW"]
 
@@ -122,7 +117,7 @@ class AdamW(torch.optim.Optimizer):
         self._min_int8_numel = min_int8_numel
         self._seed = int(seed)
         self._plans: dict[torch.Tensor, ParamPlan] = {}
-        # Each group's gathered step (`mixprec.optim.step_batch`), in group order.
+        # Each group's gathered step (`mixprec.optim.group_step`), in group order.
         self._steps: list[GroupStep | None] = []
         # Marked by steps traced by torch.compile (see `_adopt_traced_writes`).
         self._traced_writes: set[bool] = set()
@@ -187,7 +182,7 @@ class AdamW(torch.optim.Optimizer):
         return state
 
     def _gather(self, index: int, *, at_step: bool, fresh: bool = False) -> GroupStep:
-        """Gather group `index` again (`step_batch.gather_group`). `at_step`: make the
+        """Gather group `index` again (`group_step.gather_group`). `at_step`: make the
         state of parameters with a first gradient; `fresh`: take every version counter
         as it is now (the state was just loaded), else keep those the last step left."""
         group = self.param_groups[index]
@@ -251,9 +246,7 @@ class AdamW(torch.optim.Optimizer):
         )
         for index, group in enumerate(self.param_groups):
             gs = self._ready(index, group, at_step=True)
-            hyper = read_hyper(group)
-            for batch in gs.batches:
-                batch.run(hyper, observed)
+            gs.run(read_hyper(group), observed)
             gs.versions = list(map(gs.version_of, group["params"]))
         return loss
 

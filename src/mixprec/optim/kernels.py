@@ -1,7 +1,7 @@
 """The fused AdamW step: decode master and moments, update in fp32, encode, write in place.
 
 `adamw_step_` composes the pure pieces for one flattened parameter; a batch of
-parameters (`mixprec.optim.batches.StepKernel`) runs one of three ways, all
+parameters (`mixprec.optim.step_batch.StepKernel`) runs one of three ways, all
 bitwise identical:
 
 * native (CPU): the C++ kernel of `mixprec.optim.native`, one pass over memory;

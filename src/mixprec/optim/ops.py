@@ -6,7 +6,7 @@ operator, so the profiler shows one ``mixprec::adamw_step_`` per call and
 (no graph break; the implementation runs when the graph runs). It takes the
 parameters, their state and their float64 step counters as lists, and the
 group's hyperparameters as floats; its implementation is `StepKernel.run`
-of `mixprec.optim.batches` (the native CPU kernel in one call, else the
+of `mixprec.optim.step_batch` (the native CPU kernel in one call, else the
 portable path).
 
 The schema declares what it writes: parameters, master and moment state and
@@ -25,14 +25,18 @@ from __future__ import annotations
 
 import torch
 
-from mixprec.optim.batches import GroupHyper, StepBatch, kernel_for
 from mixprec.optim.kernels import KERNEL_MODES
+from mixprec.optim.step_batch import Hyper, StepBatch, kernel_for
 
 __all__ = ["OP_NAME", "adamw_step_", "observed"]
 
 #: The operator's qualified name.
 OP_NAME = "mixprec::adamw_step_"
 
+# The schema lists the step's arguments one by one (a `StepBatch` and its hyper-
+# parameters): torch.compile traces an operator through its schema, which knows
+# tensor lists and scalars, not Python objects. `_from_schema` and `_schema_args`
+# convert between the two; everywhere else a step call is one `StepBatch`.
 torch.library.define(
     OP_NAME,
     "(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_state, "
@@ -42,7 +46,7 @@ torch.library.define(
 )
 
 
-def _adamw_step_impl(
+def _from_schema(
     params: list[torch.Tensor],
     grads: list[torch.Tensor],
     master_state: list[torch.Tensor],
@@ -61,6 +65,7 @@ def _adamw_step_impl(
     block_size: int,
     kernel_mode: str,
 ) -> None:
+    """The operator's implementation: its arguments as a batch, stepped."""
     # (``kernel_mode``, not ``mode``: torch's mode redirection takes a ``mode`` argument.)
     if kernel_mode not in KERNEL_MODES:
         raise ValueError(f"kernel_mode {kernel_mode!r} is not one of {', '.join(KERNEL_MODES)}")
@@ -68,6 +73,8 @@ def _adamw_step_impl(
         raise ValueError(f"{len(params)} params need as many grads, got {len(grads)}")
     kernel = kernel_for(master, moments, maximize=maximize, block_size=block_size, mode=kernel_mode)
     batch = StepBatch(
+        kernel,
+        block_size,
         params=params,
         grads=grads,
         master_state=master_state,
@@ -76,33 +83,13 @@ def _adamw_step_impl(
         seeds=seeds,
         offsets=list(offsets),
     )
-    kernel.run(batch, GroupHyper(lr, beta1, beta2, eps, weight_decay))
-    # The native kernel writes through pointers: tell autograd the parameters changed
-    # (the portable path's in-place copies count themselves; one more bump is harmless).
-    if kernel.is_native:
-        torch.autograd.graph.increment_version(params)
+    _adamw_step_impl(batch, (lr, beta1, beta2, eps, weight_decay))
 
 
-def _adamw_step_fake(*args: object, **kwargs: object) -> None:
-    return None
-
-
-torch.library.impl(OP_NAME, "default", _adamw_step_impl)
-torch.library.register_fake(OP_NAME, _adamw_step_fake)
-
-
-def adamw_step_(
-    batch: StepBatch,
-    hyper: GroupHyper,
-    *,
-    master: str,
-    moments: str,
-    maximize: bool,
-    block_size: int,
-    mode: str,
-) -> None:
-    """Run ``torch.ops.mixprec.adamw_step_`` on `batch` (see the module's docstring)."""
-    args = (
+def _schema_args(batch: StepBatch, hyper: Hyper) -> tuple[object, ...]:
+    """`batch` and `hyper` as the operator's arguments."""
+    family = batch.family
+    return (
         batch.params,
         batch.grads,
         batch.master_state,
@@ -110,21 +97,37 @@ def adamw_step_(
         batch.steps,
         batch.seeds,
         batch.offsets,
-        hyper.lr,
-        hyper.beta1,
-        hyper.beta2,
-        hyper.eps,
-        hyper.weight_decay,
-        master,
-        moments,
-        maximize,
-        block_size,
-        mode,
+        *hyper,
+        family.master.spec.name,
+        family.moments.spec.name,
+        family.maximize,
+        batch.block_size,
+        batch.kernel.requested,
     )
+
+
+def _adamw_step_impl(batch: StepBatch, hyper: Hyper) -> None:
+    batch.kernel.run(batch, hyper)
+    # The native kernel writes through pointers: tell autograd the parameters changed
+    # (the portable path's in-place copies count themselves; one more bump is harmless).
+    if batch.kernel.is_native:
+        torch.autograd.graph.increment_version(batch.params)
+
+
+def _adamw_step_fake(*args: object, **kwargs: object) -> None:
+    return None
+
+
+torch.library.impl(OP_NAME, "default", _from_schema)
+torch.library.register_fake(OP_NAME, _adamw_step_fake)
+
+
+def adamw_step_(batch: StepBatch, hyper: Hyper) -> None:
+    """Step `batch` through ``torch.ops.mixprec.adamw_step_`` (see the module's docstring)."""
     if observed():
-        torch.ops.mixprec.adamw_step_(*args)
+        torch.ops.mixprec.adamw_step_(*_schema_args(batch, hyper))
     else:
-        _adamw_step_impl(*args)
+        _adamw_step_impl(batch, hyper)
 
 
 def observed() -> bool:

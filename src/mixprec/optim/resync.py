@@ -21,9 +21,9 @@ import torch
 
 from mixprec.formats import MasterFormat
 from mixprec.optim import sharding
+from mixprec.optim.group_step import follow_layout
 from mixprec.optim.layout import flat_view, like_param
 from mixprec.optim.param_plan import ParamPlan
-from mixprec.optim.step_batch import follow_layout
 
 __all__ = ["check_weights", "decode_master", "encode_master", "reset_master"]
 

@@ -1,441 +1,549 @@
-"""A param group's step, gathered once: its parameters and state, by format family.
+"""One call of the step: the batch it steps (`StepBatch`) and the checked call (`StepKernel`).
 
-`gather_group` runs at the boundaries: a group added, state loaded or copied, a
-parameter's first gradient (its state is made then), a parameter re-pointed
-(``p.data = ...``) or put into the group by hand. It checks every state tensor
-against its parameter and, where the native kernel takes a whole family, builds
-that family's kernel table once (`native.NativeTable`).
-
-Each step then reads only what documented use changes between steps: which
-parameters have a gradient and each gradient's dtype, size, layout and device
-(`StepBatch.run`), and the parameters' version counters and data pointers
-(`GroupStep.current`). One call per family: the native kernel through its
-table with the new gradient pointers, else ``torch.ops.mixprec.adamw_step_``
-(`mixprec.optim.ops`: compiled, eager, or the native kernel with every check).
-
-State tensors are the optimizer's: they change through `AdamW.load_state_dict`
-(a boundary); one replaced or resized by hand between steps is not looked at
-again until the next boundary, and such a step is undefined (the table keeps
-the memory it points to alive, so it never reads freed memory).
+`StepBatch` is the one description of a step call: a param group's family as
+gathered at the boundaries (`mixprec.optim.group_step`), what
+``torch.ops.mixprec.adamw_step_`` steps (`mixprec.optim.ops`) and what the native
+kernel's table is built from (`NativeLibrary.prepare`). `StepKernel.run` is the
+operator's implementation: the native CPU kernel steps every parameter it accepts
+in one call (`mixprec.optim.native`), the others take the portable path, which
+concatenates small parameters and steps them with one `adamw_step_` call
+(compiled or eager, `mixprec.optim.kernels`). Kernels are process-wide, one per
+family and mode (`step_kernel`), so compiled graphs and the native library are
+shared by every optimizer.
 """
 
 from __future__ import annotations
 
-import array
 import functools
+import itertools
 import operator
-from collections.abc import Callable
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from mixprec.dtypes import dtype_name
-from mixprec.errors import PrecisionError
-from mixprec.optim import native, ops, sharding
-from mixprec.optim.batches import GroupHyper, StepKernel, kernel_for
-from mixprec.optim.batches import StepBatch as KernelBatch
-from mixprec.optim.kernels import StepFamily
-from mixprec.optim.layout import flat_view, like_param
-from mixprec.optim.native.binding import HYPER
-from mixprec.optim.param_plan import ParamPlan
+from mixprec.formats import master_format, moment_format
+from mixprec.optim import native
+from mixprec.optim.functional import adamw_scalars
+from mixprec.optim.kernels import (
+    KernelMode,
+    StepFamily,
+    StepFn,
+    compiled_family_function,
+    family_function,
+    warn_native_unavailable,
+)
+from mixprec.optim.rng import step_key
 
 __all__ = [
-    "GroupStep",
+    "CONCAT_MAX_NUMEL",
+    "Hyper",
     "StepBatch",
-    "check_hyper_bounds",
-    "follow_layout",
-    "gather_group",
-    "read_hyper",
-    "traced_step",
+    "StepKernel",
+    "clear_kernels",
+    "family_of",
+    "kernel_for",
+    "step_kernel",
 ]
 
-_GRAD = operator.attrgetter("grad")
-_VERSION = operator.attrgetter("_version")
-_DTYPE = operator.attrgetter("dtype")
-_IS_CPU = operator.attrgetter("is_cpu")
-_NUMEL = torch.Tensor.numel
-_PTR = torch.Tensor.data_ptr
-_CONTIGUOUS = torch.Tensor.is_contiguous
-_HAS_GRAD = functools.partial(operator.is_not, None)
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
-_CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
+#: A param group's ``(lr, beta1, beta2, eps, weight_decay)`` as floats.
+Hyper = tuple[float, float, float, float, float]
 
 
-def read_hyper(group: dict[str, Any]) -> tuple[float, float, float, float, float]:
-    """``(lr, beta1, beta2, eps, weight_decay)`` of `group` as floats (what a step reads;
-    `AdamW.step` inlines it)."""
-    betas = group["betas"]
-    return (
-        float(group["lr"]),
-        float(betas[0]),
-        float(betas[1]),
-        float(group["eps"]),
-        float(group["weight_decay"]),
-    )
-
-
-def check_hyper_bounds(hyper: tuple[float, ...], index: int) -> None:
-    """The native kernel's bounds (its return code 5), for the other paths."""
-    lr, beta1, beta2, eps, wd = hyper
-    inf = float("inf")
-    if not (
-        0.0 <= lr < inf and 0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0 and 0.0 < eps < inf
-    ) or not (0.0 <= wd < inf):
-        raise ValueError(
-            f"param group {index}: lr={lr!r}, betas=({beta1!r}, {beta2!r}), eps={eps!r}, "
-            f"weight_decay={wd!r}: need a finite lr >= 0, betas in [0, 1), a finite eps > 0 "
-            "and a finite weight_decay >= 0 (nothing was stepped)"
-        )
-
-
-@dataclass
+@dataclass(eq=False)
 class StepBatch:
-    """The parameters of one family, kernel mode, device and round of one group.
+    """The parameters of one family, group and device that one call steps.
 
-    ``params`` are the group's parameters; ``tensors`` their local data as the kernel
-    takes it (flat views in memory order for channels-last), with ``master_state``,
-    ``moment_state`` (each parameter's state tensors in its formats' key order),
-    ``steps``, ``seeds`` (stochastic master only) and ``offsets`` (global flat
-    offsets of shards). ``table`` is the native kernel's table when the kernel
-    takes every row (plain contiguous CPU tensors), else None.
+    ``kernel`` is the family and how it runs (its mode); ``block_size`` the
+    optimizer's int8 block size. Every tensor is local and as the kernel takes it
+    (contiguous: flat views of channels-last parameters). ``master_state`` and
+    ``moment_state`` hold each parameter's state tensors in its formats' key order,
+    parameter after parameter; ``steps`` the float64 step counters; ``seeds`` is
+    empty unless the master draws noise; ``offsets`` are the global flat offsets
+    of shards.
+
+    A batch gathered for a param group (`mixprec.optim.group_step`) also keeps
+    the group's ``index`` (for messages), the parameters themselves (``owners``:
+    each step reads their ``.grad``; ``grads`` then holds stand-ins of their size,
+    ``params`` again) and, where the native kernel takes every row, its ``table``
+    with the gradient dtypes and sizes it was last given.
     """
 
-    family: StepFamily
     kernel: StepKernel
-    plan: ParamPlan
     block_size: int
-    index: int  # the group's
     params: list[torch.Tensor] = field(default_factory=list)
-    tensors: list[torch.Tensor] = field(default_factory=list)
+    grads: list[torch.Tensor] = field(default_factory=list)
     master_state: list[torch.Tensor] = field(default_factory=list)
     moment_state: list[torch.Tensor] = field(default_factory=list)
     steps: list[torch.Tensor] = field(default_factory=list)
     seeds: list[torch.Tensor] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    index: int = 0
+    owners: list[torch.Tensor] = field(default_factory=list)
     table: native.NativeTable | None = None
     grad_dtypes: list[torch.dtype] = field(default_factory=list)
     numels: list[int] = field(default_factory=list)
 
-    def run(self, hyper: tuple[float, float, float, float, float], observed: bool) -> None:
-        """One step of every parameter that has a gradient. `observed`: tracing, the
-        profiler or a dispatch mode is on (the step goes through the operator)."""
-        params = self.params
-        grads = list(map(_GRAD, params))
-        table = self.table
-        if table is not None and not observed:
-            try:  # a missing gradient raises TypeError, a sparse one RuntimeError
-                pointers = list(map(_PTR, grads))
-            except (TypeError, RuntimeError):
-                pointers = []
-            if not (
-                pointers
-                and list(map(_DTYPE, grads)) == self.grad_dtypes
-                and list(map(_NUMEL, grads)) == self.numels
-                and all(map(_CONTIGUOUS, grads))
-                and all(map(_IS_CPU, grads))
-                and native.PLAIN_TYPES.issuperset(map(type, grads))
-            ):
-                pointers = self._grad_pointers(grads, table)
-            if pointers:
-                table.table[table.grads] = array.array("q", pointers)
-                rc = table.fn(
-                    *table.head,
-                    table.address,
-                    HYPER(*hyper),
-                    table.block_size,
-                    torch.get_num_threads(),
-                    table.stream,
-                )
-                if rc != 0:
-                    raise table.refused(rc)
-                # The kernel wrote through pointers: tell autograd (as `ops` does).
-                torch.autograd.graph.increment_version(params)
-                return
-        self.run_checked(grads, hyper)
+    @property
+    def family(self) -> StepFamily:
+        """The formats and flags (the kernel's)."""
+        return self.kernel.family
 
-    def _grad_pointers(
-        self, grads: list[torch.Tensor | None], table: native.NativeTable
-    ) -> list[int]:
-        """The gradient column for `grads` when the table can take them (rows without a
-        gradient get 0, and new gradient dtypes are written into the table), else []."""
-        pointers: list[int] = []
-        codes: list[int] = []
-        for grad, numel, code in zip(
-            grads, self.numels, table.table[table.grad_dtypes], strict=True
-        ):
-            if grad is None:
-                pointers.append(0)
-                codes.append(code)
-                continue
-            if (
-                type(grad) not in _PLAIN
-                or grad.dtype not in _DTYPE_CODES
-                or grad.numel() != numel
-                or not grad.is_cpu
-                or not grad.is_contiguous()
-                or grad.is_sparse
-            ):
-                return []
-            pointers.append(grad.data_ptr())
-            codes.append(_DTYPE_CODES[grad.dtype])
-        if not any(pointers):
-            return []
-        table.table[table.grad_dtypes] = array.array("q", codes)
-        self.grad_dtypes = [_CODE_DTYPES[c] for c in codes]  # (what the fast check compares)
-        return pointers
-
-    def run_checked(
-        self, grads: list[torch.Tensor | None], hyper: tuple[float, float, float, float, float]
-    ) -> None:
-        """The step through the operator, every tensor checked (`StepKernel.run`)."""
-        rows = [i for i, g in enumerate(grads) if g is not None]
-        if not rows:
-            return
-        check_hyper_bounds(hyper, self.index)
-        nm, nmo = len(self.plan.master_keys), len(self.plan.moment_keys)
-        batch = KernelBatch(
-            params=[self.tensors[i] for i in rows],
-            grads=[self._local_grad(i, grads[i]) for i in rows],
+    def select(self, rows: Sequence[int], grads: list[torch.Tensor] | None = None) -> StepBatch:
+        """The parameters `rows` with their state, as a batch of their own (`grads`:
+        their gradients, else the batch's)."""
+        nm, nmo = self.kernel.n_master, self.kernel.n_moments
+        return StepBatch(
+            self.kernel,
+            self.block_size,
+            params=[self.params[i] for i in rows],
+            grads=[self.grads[i] for i in rows] if grads is None else grads,
             master_state=[t for i in rows for t in self.master_state[i * nm : (i + 1) * nm]],
             moment_state=[t for i in rows for t in self.moment_state[i * nmo : (i + 1) * nmo]],
             steps=[self.steps[i] for i in rows],
             seeds=[self.seeds[i] for i in rows] if self.seeds else [],
             offsets=[self.offsets[i] for i in rows],
-        )
-        misfit = None if torch.compiler.is_compiling() else self.kernel.misfit(batch)
-        if misfit is not None:
-            raise ValueError(f"param group {self.index} was not stepped: {misfit}")
-        ops.adamw_step_(
-            batch,
-            GroupHyper(*hyper),
-            master=self.family.master.spec.name,
-            moments=self.family.moments.spec.name,
-            maximize=self.family.maximize,
-            block_size=self.block_size,
-            mode=self.plan.mode,
-        )
-
-    def _local_grad(self, i: int, grad: Any) -> torch.Tensor:
-        """Parameter `i`'s gradient laid out as the kernel takes it (like `tensors[i]`)."""
-        p = self.params[i]
-        if not isinstance(grad, torch.Tensor):
-            raise TypeError(f"gradient of parameter {tuple(p.shape)} is not a tensor: {grad!r}")
-        if grad.is_sparse:
-            raise ValueError("mixprec AdamW does not support sparse gradients")
-        if sharding.is_dtensor(p) != sharding.is_dtensor(grad) or (
-            sharding.is_dtensor(p) and grad.placements != p.placements  # type: ignore[attr-defined]
-        ):
-            got = getattr(grad, "placements", "a plain tensor")
-            want = getattr(p, "placements", "a plain tensor")
-            raise ValueError(
-                f"gradient of parameter {tuple(p.shape)} is {got} but the parameter is "
-                f"{want}; mixprec AdamW steps each shard locally and needs them sharded alike"
-            )
-        lp = sharding.local(p.detach())
-        local = like_param(sharding.local(grad), lp)
-        return local if lp.is_contiguous() else flat_view(local)
-
-
-@dataclass
-class GroupStep:
-    """One param group's batches and what `current` compares each step."""
-
-    group: dict[str, Any]
-    params: list[torch.Tensor]  # group["params"] when gathered
-    pointers: list[int] | None  # their data pointers; None: gather again every step
-    versions: list[int]  # their version counters when the optimizer last wrote them
-    pending: list[torch.Tensor]  # parameters without state yet
-    batches: list[StepBatch]
-    version_of: Callable[[torch.Tensor], int] = _VERSION
-
-    def current(self, group: dict[str, Any]) -> bool:
-        """Whether the batches still describe `group`: the same parameters at the same
-        addresses, and none without state that has a gradient now."""
-        params = group["params"]
-        return (
-            group is self.group
-            and self.pointers is not None
-            and len(params) == len(self.params)
-            and all(map(operator.is_, params, self.params))
-            and list(map(_PTR, params)) == self.pointers
-            and not (self.pending and any(map(_HAS_GRAD, map(_GRAD, self.pending))))
+            index=self.index,
         )
 
 
-def _repeat_rounds(params: list[torch.Tensor]) -> list[int] | None:
-    """For a group that lists a parameter more than once: each entry's round (0 for its
-    first listing, 1 for its second...); None when each is listed once. A later round
-    runs after the earlier one (one call must not update the same memory twice)."""
-    if len(set(map(id, params))) == len(params):
-        return None
-    seen: dict[int, int] = {}
-    rounds = []
-    for p in params:
-        rounds.append(seen.get(id(p), 0))
-        seen[id(p)] = rounds[-1] + 1
-    return rounds
+#: Parameters of at most this many elements are concatenated and stepped by one
+#: call on the portable (compiled or eager) path; larger ones are stepped one by
+#: one (each is large enough to keep a kernel busy).
+CONCAT_MAX_NUMEL = 1 << 16
 
 
-def follow_layout(lp: torch.Tensor, state: dict[str, torch.Tensor], plan: ParamPlan) -> None:
-    """Lay `state`'s per-element tensors out like `lp` again if the parameter's layout
-    changed since they were made (``module.to(memory_format=...)`` assigns ``p.data``):
-    the step pairs state with parameter in memory order, so their strides must agree."""
-    for key in plan.element_keys:
-        t = state[key]
-        if t.stride() != lp.stride() and t.shape == lp.shape:
-            relaid = torch.empty_like(lp, dtype=t.dtype)
-            relaid.copy_(t)
-            state[key] = relaid
+class StepKernel:
+    """The step for one family: native, compiled or eager, over a batch of parameters.
 
+    One per family and mode for the whole process (`step_kernel`), shared by every
+    optimizer, so compiled graphs and the native library are reused.
 
-def gather_group(
-    group: dict[str, Any],
-    index: int,
-    *,
-    plans: dict[torch.Tensor, ParamPlan],
-    state: dict[torch.Tensor, Any],
-    make_state: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None,
-    block_size: int,
-    versions: dict[int, int],
-) -> GroupStep:
-    """`group`'s batches (see the module). `make_state`: makes the state of a parameter
-    with a gradient and none yet (at a step; None elsewhere: such parameters wait).
-    `versions`: by ``id(p)``, the version counters the optimizer last left (the
-    others are taken as they are now: their state matches them).
-
-    Raises:
-        ValueError: a state tensor does not fit its parameter, or two share memory.
-        PrecisionError: a parameter's dtype changed since its formats were planned.
+    Args:
+        family: the formats.
+        mode: from `resolve_mode`: ``"native"`` / ``"native-auto"`` /
+            ``"native-eager"`` (the native kernel; parameters it does not cover,
+            or every parameter if it cannot be built, go to ``"compiled"`` /
+            ``"auto"`` / ``"eager"``), ``"compiled"``
+            (raise if compilation fails), ``"auto"`` (compile; on failure warn
+            once and run eagerly) or ``"eager"``.
     """
-    params = list(group["params"])
-    tracing = torch.compiler.is_compiling()
-    rounds = _repeat_rounds(params)
-    keyed: dict[tuple[object, ...], StepBatch] = {}
-    pending: list[torch.Tensor] = []
-    reusable = True
-    for i, p in enumerate(params):
-        plan = plans[p]
-        st = state.get(p)
-        if not st:
-            if make_state is None or p.grad is None:
-                pending.append(p)
-                continue
-            st = make_state(p)
-        if p.dtype != plan.dtype:
-            raise PrecisionError(
-                f"parameter {tuple(p.shape)} was {dtype_name(plan.dtype)} when this AdamW was "
-                f"built (master {plan.master.spec.name!r}) and is {dtype_name(p.dtype)} now; "
-                "its master and moments no longer fit: cast the model (or prec.prepare it) "
-                "before building the optimizer"
-            )
-        lp = sharding.local(p.detach())
-        dtensor = sharding.is_dtensor(p)
-        if not dtensor:
-            follow_layout(lp, st, plan)
-        masters = [sharding.local(st[k]) for k in plan.master_keys]
-        moments = [sharding.local(st[k]) for k in plan.moment_keys]
-        if not lp.is_contiguous():  # dense in another order (channels-last): flat views
-            lp = flat_view(lp)
-            masters = [flat_view(t) for t in masters]
-            moments = [flat_view(t) for t in moments]
-        reusable = reusable and type(p) in _PLAIN
-        key = (plan.batch_key, lp.device, rounds[i] if rounds else 0)
-        batch = keyed.get(key)
-        if batch is None:
-            kernel = kernel_for(
-                plan.master.spec.name,
-                plan.moments.spec.name,
-                maximize=bool(group["maximize"]),
-                block_size=block_size,
-                mode=plan.mode,
-            )
-            batch = keyed[key] = StepBatch(kernel.family, kernel, plan, block_size, index)
-        batch.params.append(p)
-        batch.tensors.append(lp)
-        batch.master_state.extend(masters)
-        batch.moment_state.extend(moments)
-        batch.steps.append(st["step"])
-        batch.offsets.append((sharding.global_flat_offset(p) or 0) if dtensor else 0)
-        if plan.uses_noise:
-            batch.seeds.append(st["rng_seed"])
-    version_of = _VERSION if reusable else sharding.write_version
-    out = GroupStep(
-        group,
-        params,
-        list(map(_PTR, params)) if reusable and not tracing else None,
-        [] if tracing else [versions.get(id(p), version_of(p)) for p in params],
-        pending,
-        list(keyed.values()),
-        version_of,
-    )
-    if not tracing:
-        for batch in out.batches:
-            _check_and_prepare(batch)
-    return out
 
-
-def _check_and_prepare(batch: StepBatch) -> None:
-    """Check `batch`'s state against its parameters, and build its native table where
-    the kernel takes every row."""
-    whole = KernelBatch(
-        params=batch.tensors,
-        grads=batch.tensors,  # (stand-ins of the gradients' size: checked each step)
-        master_state=batch.master_state,
-        moment_state=batch.moment_state,
-        steps=batch.steps,
-        seeds=batch.seeds,
-        offsets=batch.offsets,
-    )
-    misfit = batch.kernel.misfit(whole)
-    if misfit is not None:
-        raise ValueError(f"param group {batch.index} was not stepped: {misfit}")
-    library = batch.kernel.native
-    if (
-        library is None
-        or type(batch.params[0]) not in _PLAIN
-        or not all(map(_NUMEL, batch.tensors))  # (an empty tensor's pointer is 0)
-        or len(batch.kernel.native_indices(whole)) != len(batch.tensors)
-    ):
-        return
-    batch.table = library.prepare(
-        master=batch.family.master.spec.name,
-        moments=batch.family.moments.spec.name,
-        maximize=batch.family.maximize,
-        params=batch.tensors,
-        grads=batch.tensors,
-        master_state=batch.master_state,
-        moment_state=batch.moment_state,
-        steps=batch.steps,
-        seeds=batch.seeds,
-        offsets=batch.offsets,
-        block_size=batch.block_size,
-        retain=True,
-    )
-    batch.grad_dtypes = list(map(_DTYPE, batch.tensors))
-    batch.numels = list(map(_NUMEL, batch.tensors))
-
-
-def traced_step(
-    groups: list[dict[str, Any]],
-    plans: dict[torch.Tensor, ParamPlan],
-    state: dict[torch.Tensor, Any],
-    make_state: Callable[[torch.Tensor], dict[str, torch.Tensor]],
-    block_size: int,
-) -> None:
-    """The step inside ``torch.compile``: every group gathered afresh (no pointers, no
-    tables) and stepped through the operator, which tracing records as one node."""
-    for index, group in enumerate(groups):
-        gs = gather_group(
-            group,
-            index,
-            plans=plans,
-            state=state,
-            make_state=make_state,
-            block_size=block_size,
-            versions={},
+    def __init__(self, family: StepFamily, *, mode: KernelMode) -> None:
+        self.family = family
+        self.requested: KernelMode = mode
+        self._native: native.NativeLibrary | None = None
+        if mode in ("native", "native-auto", "native-eager"):
+            try:
+                library = native.library()
+                if library.covers(master=family.master.spec.name, moments=family.moments.spec.name):
+                    self._native = library
+            except native.NativeUnavailableError as exc:
+                warn_native_unavailable(str(exc))
+            fallback: dict[str, KernelMode] = {
+                "native": "compiled",
+                "native-auto": "auto",
+                "native-eager": "eager",
+            }
+            mode = fallback[mode]
+        self.mode: KernelMode = mode
+        self._eager = family_function(family)
+        self._compiled: StepFn | None = (
+            None if mode == "eager" else compiled_family_function(family)
         )
-        hyper = read_hyper(group)
-        for batch in gs.batches:
-            batch.run_checked([p.grad for p in batch.params], hyper)
+        self._block_size = int(getattr(family.moments, "block_size", 1))
+        spec = family.master.spec
+        self._master_name, self._moments_name = spec.name, family.moments.spec.name
+        #: State tensors per parameter (`StepBatch` lists them parameter after parameter).
+        self.n_master = len(spec.state)
+        self.n_moments = len(family.moments.spec.state)
+        self._per_block = tuple(t.per_block for t in family.moments.spec.state)
+        # (key, dtype, follows the parameter's dtype) and (key, dtype, per block) per slot
+        self._master = tuple((t.name, t.torch_dtype, t.follows_param) for t in spec.state)
+        self._moments = tuple(
+            (t.name, t.torch_dtype, t.per_block) for t in family.moments.spec.state
+        )
+        self._master_follows_param = any(t.follows_param for t in spec.state)
+        # Parameter dtypes the native kernel steps for this master.
+        self._native_dtypes = frozenset(d for d in native.DTYPES if family.master.spec.accepts(d))
+
+    @property
+    def native(self) -> native.NativeLibrary | None:
+        """The native library where it steps this family, else None."""
+        return self._native
+
+    @property
+    def is_native(self) -> bool:
+        """Whether steps run through the native CPU kernel (where it applies)."""
+        return self._native is not None
+
+    @property
+    def is_compiled(self) -> bool:
+        """Whether steps run fused: the native kernel or the compiled function."""
+        return self._native is not None or self._compiled is not None
+
+    def backend(self, dtype: torch.dtype) -> str:
+        """What steps a parameter of `dtype` here: ``native`` where the kernel covers the
+        dtype, else the portable path's ``compiled`` or ``eager``."""
+        if self._native is not None and dtype in self._native_dtypes:
+            return "native"
+        return "compiled" if self._compiled is not None else "eager"
+
+    def run(self, batch: StepBatch, hyper: Hyper) -> None:
+        """One step of every parameter of `batch`: the native kernel for those it
+        accepts, in one call; the others on the portable path (`run_portable`)."""
+        rest: Sequence[int] = range(len(batch.params))
+        if self._native is not None:
+            ok = self.native_indices(batch)
+            if ok:
+                native_batch = batch if len(ok) == len(rest) else batch.select(ok)
+                try:
+                    self._native.step_many(native_batch, hyper)
+                except ValueError as exc:  # (nothing was written) name the tensor that misfits
+                    misfit = self.misfit(native_batch)
+                    if misfit is None:
+                        raise
+                    raise ValueError(f"nothing was stepped: {misfit}") from exc
+                if len(ok) == len(rest):
+                    return
+                taken = set(ok)
+                rest = [i for i in rest if i not in taken]
+        whole = len(rest) == len(batch.params)
+        self.run_portable(batch if whole else batch.select(rest), hyper)
+
+    def native_indices(self, batch: StepBatch) -> Sequence[int]:
+        """Which parameters of `batch` the native kernel takes (usually all: checked at
+        once, with C-level loops, before the per-parameter rule)."""
+        assert self._native is not None
+        # The batch is the normal case; `step_many` checks every tensor it is handed
+        # (device, contiguity, dtypes) and raises rather than read a bad pointer.
+        if (
+            batch.params[0].is_cpu
+            and self._native_dtypes.issuperset(map(_DTYPE, batch.params))
+            and native.DTYPES.issuperset(map(_DTYPE, batch.grads))
+            and native.PLAIN_TYPES.issuperset(map(type, batch.params))
+            and native.PLAIN_TYPES.issuperset(map(type, batch.grads))
+            and (not self.family.moments.spec.blockwise or self._whole_blocks(batch.params))
+        ):
+            return range(len(batch.params))
+        supports = functools.partial(
+            self._native.supports,
+            master=self._master_name,
+            moments=self._moments_name,
+            block_size=self._block_size,
+        )
+        return [
+            i
+            for i, (p, g) in enumerate(zip(batch.params, batch.grads, strict=True))
+            if supports(param=p, grad=g)
+        ]
+
+    def _whole_blocks(self, params: Sequence[torch.Tensor]) -> bool:
+        size = self._block_size
+        return size <= native.MAX_BLOCK and all(p.numel() % size == 0 for p in params)
+
+    def run_portable(self, batch: StepBatch, hyper: Hyper) -> None:
+        """The step with PyTorch operations (compiled or eager): step counters are
+        incremented together and read with one host transfer; parameters of at most
+        `CONCAT_MAX_NUMEL` elements sharing a step count and dtypes are concatenated
+        and stepped by one call, larger ones one by one."""
+        n = len(batch.params)
+        if n == 0:
+            return
+        misfit = self.misfit(batch)  # before the counters move: a refusal changes nothing
+        if misfit is not None:
+            raise ValueError(f"nothing was stepped: {misfit}")
+        # Everything that can fail is done before the counters move (a non-contiguous
+        # state tensor, a step counter of another shape, a seed of another type): a
+        # refusal leaves the batch as it was.
+        views = [self._views(batch, i) for i in range(n)]
+        if n > 1:
+            steps_after = torch.stack(batch.steps) + 1.0
+            host_steps = [int(s) for s in steps_after.tolist()]
+        else:
+            steps_after = None
+            host_steps = [int(batch.steps[0].item()) + 1]
+        keys: list[torch.Tensor | None] = [None] * n
+        if self.family.master.spec.uses_noise:
+            seeds = torch.stack(batch.seeds)
+            steps = steps_after if steps_after is not None else torch.stack(batch.steps) + 1.0
+            offsets = torch.tensor(batch.offsets, dtype=torch.int64, device=seeds.device)
+            all_keys = (step_key(seeds, steps) + offsets) & 0xFFFFFFFF
+            keys = list(all_keys.unbind(0))
+        torch._foreach_add_(batch.steps, 1.0)
+        scalars: dict[int, torch.Tensor] = {}
+        small: dict[tuple[int, torch.dtype, torch.dtype], list[int]] = {}
+        for i, p in enumerate(batch.params):
+            step = host_steps[i]
+            if step not in scalars:
+                lr, beta1, beta2, eps, wd = hyper
+                scalars[step] = adamw_scalars(
+                    lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, step=step
+                ).as_tensor(p.device)
+            if p.numel() <= CONCAT_MAX_NUMEL:
+                small.setdefault((step, p.dtype, batch.grads[i].dtype), []).append(i)
+            else:
+                self._call(*views[i], scalars[step], keys[i])
+        for (step, _, _), members in small.items():
+            if len(members) == 1:
+                i = members[0]
+                self._call(*views[i], scalars[step], keys[i])
+            else:
+                self._concatenated([views[i] for i in members], members, scalars[step], keys)
+
+    def misfit(self, batch: StepBatch) -> str | None:
+        """A line naming the first gradient, state tensor or step counter of `batch` that
+        does not fit its parameter (its size, dtype or layout; every path refuses it
+        before anything moves), else None."""
+        numels = list(map(_NUMEL, batch.params))
+        state = (*batch.master_state, *batch.moment_state)
+        count = len(numels)
+        if (
+            all(map(isinstance, (*batch.grads, *state, *batch.steps, *batch.seeds), _TENSOR))
+            and list(map(_NUMEL, batch.grads)) == numels
+            and list(map(_NUMEL, batch.master_state)) == [n for n in numels for _ in self._master]
+            and list(map(_NUMEL, batch.moment_state))
+            == [
+                self.family.moments.kernel_shape(n)[0] if per_block else n
+                for n in numels
+                for _, _, per_block in self._moments
+            ]
+            and list(map(_DTYPE, batch.master_state)) == self._master_dtypes(batch.params)
+            and list(map(_DTYPE, batch.moment_state)) == [d for _, d, _ in self._moments] * count
+            and all(map(torch.Tensor.is_contiguous, state))
+            and list(map(_DTYPE, batch.steps)) == [torch.float64] * count
+            and list(map(_NUMEL, batch.steps)) == [1] * count
+            and list(map(_DTYPE, batch.seeds)) == [torch.int64] * len(batch.seeds)
+            and list(map(_NUMEL, batch.seeds)) == [1] * len(batch.seeds)
+        ):
+            return None  # the usual case, checked in mostly C-level loops
+        nm, nmo = len(self._master), len(self._moments)
+        for i, p in enumerate(batch.params):
+            n = p.numel()
+            blocks = self.family.moments.kernel_shape(n)[0]
+            slots: list[tuple[str, object, int, torch.dtype | None]] = [
+                ("gradient", batch.grads[i], n, None)
+            ]
+            slots += [
+                (f"state[{key!r}]", batch.master_state[i * nm + k], n, p.dtype if follows else d)
+                for k, (key, d, follows) in enumerate(self._master)
+            ]
+            slots += [
+                (f"state[{key!r}]", batch.moment_state[i * nmo + k], blocks if per_block else n, d)
+                for k, (key, d, per_block) in enumerate(self._moments)
+            ]
+            slots.append(("state['step']", batch.steps[i], 1, torch.float64))
+            if batch.seeds:
+                slots.append(("state['rng_seed']", batch.seeds[i], 1, torch.int64))
+            for what, tensor, expected, dtype in slots:
+                found = state_misfit(what, tensor, expected, dtype)
+                if found is not None:
+                    return f"parameter {tuple(p.shape)}: its {found}"
+        return None
+
+    def _master_dtypes(self, params: Sequence[torch.Tensor]) -> list[torch.dtype]:
+        """The master state's dtypes for `params`, in batch order."""
+        if not self._master_follows_param:
+            return [d for _, d, _ in self._master] * len(params)
+        return [p.dtype if follows else d for p in params for _, d, follows in self._master]
+
+    def _views(
+        self, batch: StepBatch, i: int
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Parameter `i`'s tensors viewed as the kernel takes them."""
+        # Detached: tracing a Parameter view would also trace its .grad (whose dtype
+        # may differ from the parameter's, e.g. fp16 gradients on fp32 parameters).
+        p = batch.params[i].detach()
+        shape = self.family.moments.kernel_shape(p.numel())
+        masters = batch.master_state[i * self.n_master : (i + 1) * self.n_master]
+        moments = batch.moment_state[i * self.n_moments : (i + 1) * self.n_moments]
+        return (
+            p.view(shape),
+            batch.grads[i].view(shape),
+            [t.view(shape) for t in masters],
+            [
+                t.view(-1) if per_block else t.view(shape)
+                for t, per_block in zip(moments, self._per_block, strict=True)
+            ],
+        )
+
+    def _concatenated(
+        self,
+        views: list[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]],
+        members: list[int],
+        scalars: torch.Tensor,
+        keys: list[torch.Tensor | None],
+    ) -> None:
+        # Elementwise (and block-local) arithmetic gives the same bits on a
+        # concatenation as on each part: step the parts as one tensor, copy back.
+        # (`views`: each member's `_views`)
+        params = [v[0] for v in views]
+        state = [[v[2][k] for v in views] for k in range(self.n_master)] + [
+            [v[3][k] for v in views] for k in range(self.n_moments)
+        ]
+        p_cat = torch.cat(params)
+        cat_state = [torch.cat(parts) for parts in state]
+        key: torch.Tensor | None = None
+        if self.family.master.spec.uses_noise:
+            # Element j of member m draws at j + key_m: in the concatenation that is
+            # (start_m + j) + (key_m - start_m).
+            numels = [p.numel() for p in params]
+            starts = torch.tensor(
+                [sum(numels[:k]) for k in range(len(numels))], device=p_cat.device
+            )
+            shift = torch.stack([keys[i] for i in members]) - starts  # type: ignore[misc]
+            key = torch.repeat_interleave(
+                shift,
+                torch.tensor(numels, device=p_cat.device),
+                output_size=p_cat.numel(),
+            ).view(p_cat.shape)
+        self._call(
+            p_cat,
+            torch.cat([v[1] for v in views]),
+            cat_state[: self.n_master],
+            cat_state[self.n_master :],
+            scalars,
+            key,
+        )
+        rows = [p.shape[0] for p in params]
+        dsts = list(params)
+        srcs = list(torch.split(p_cat, rows))
+        for parts, whole in zip(state, cat_state, strict=True):
+            dsts.extend(parts)
+            srcs.extend(torch.split(whole, [t.shape[0] for t in parts]))
+        torch._foreach_copy_(dsts, srcs)
+
+    def _call(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        master_state: Sequence[torch.Tensor],
+        moment_state: Sequence[torch.Tensor],
+        scalars: torch.Tensor,
+        noise_key: torch.Tensor | None,
+    ) -> None:
+        """One `adamw_step_` call, compiled or eager."""
+        if noise_key is None:
+            noise_key = _unused_key(param.device)
+        args = (param, grad, tuple(master_state), tuple(moment_state), scalars, noise_key)
+        if self._compiled is not None:
+            # Dim 0 (elements or blocks) is symbolic from the first compile, so one
+            # graph serves every tensor size; the block dim stays static.
+            for t in (param, grad, *master_state, *moment_state):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+            if noise_key.dim():
+                torch._dynamo.maybe_mark_dynamic(noise_key, 0)
+            try:
+                self._compiled(*args)
+                return
+            except Exception as exc:
+                if self.mode == "compiled":
+                    raise
+                warnings.warn(
+                    f"mixprec AdamW: torch.compile failed for {self.family.name} "
+                    f"({type(exc).__name__}: {exc}); running the eager step instead "
+                    "(same results, slower). Pass fused=False to silence this.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                self._compiled = None
+        self._eager(*args)
+
+
+_DTYPE = operator.attrgetter("dtype")
+_NUMEL = torch.Tensor.numel
+_TENSOR = itertools.repeat(torch.Tensor)
+
+
+def state_misfit(what: str, tensor: object, numel: int, dtype: torch.dtype | None) -> str | None:
+    """How `tensor` (`what`: "gradient", "state['exp_avg']", ...) fails to fit, or None."""
+    if not isinstance(tensor, torch.Tensor) and what == "state['step']":
+        return (
+            f"{what} is a {type(tensor).__name__}, not a tensor: a step counter is a float64 "
+            f"tensor of one value, e.g. torch.tensor({tensor!r}, dtype=torch.float64)"
+        )
+    if not isinstance(tensor, torch.Tensor):
+        return (
+            f"{what} is a {type(tensor).__name__}, not a tensor: rebuild the optimizer, or "
+            "load a state dict saved for these parameters"
+        )
+    if tensor.numel() != numel and what in ("state['step']", "state['rng_seed']"):
+        return (
+            f"{what} holds {tensor.numel()} elements where it must hold one value, e.g. "
+            "torch.tensor(0.0, dtype=torch.float64) for a step counter"
+        )
+    if tensor.numel() != numel:
+        fix = (
+            "was it replaced through `p.grad.data = ...`? Give each parameter a gradient of "
+            "its own size"
+            if what == "gradient"
+            else "was the parameter resized (`p.data = ...`) after its state was made, or a "
+            "state tensor replaced or emptied (`set_()`)? Rebuild the optimizer, or load a "
+            "state dict saved for these parameters"
+        )
+        return (
+            f"{what} holds {tensor.numel()} elements, its size does not match its "
+            f"parameter's ({numel}): {fix}"
+        )
+    if dtype is not None and tensor.dtype != dtype:
+        return (
+            f"{what} is {tensor.dtype} where its format stores {dtype}: a state tensor "
+            "replaced or cast by hand; load a state dict (load_state_dict converts what it "
+            "can) instead of assigning state"
+        )
+    if dtype is not None and not tensor.is_contiguous():
+        return (
+            f"{what} is not laid out like its parameter (strides {tensor.stride()}): "
+            "assign state tensors made like the parameter (torch.empty_like), or load a "
+            "state dict"
+        )
+    return None
+
+
+@functools.cache
+def _unused_key(device: torch.device) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.int64, device=device)
+
+
+def step_kernel(family: StepFamily, mode: KernelMode) -> StepKernel:
+    """The process-wide kernel of `family` in `mode` (see `StepKernel`)."""
+    block_size = int(getattr(family.moments, "block_size", 1))
+    key = (family.master.spec.name, family.moments.spec.name, family.maximize, block_size, mode)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        kernel = _KERNELS[key] = StepKernel(family, mode=mode)
+    return kernel
+
+
+@functools.cache
+def family_of(master: str, moments: str, *, maximize: bool, block_size: int) -> StepFamily:
+    """The family named by formats and flags (the custom op's arguments)."""
+    return StepFamily(
+        master=master_format(master),
+        moments=moment_format(moments, block_size=block_size),
+        maximize=maximize,
+    )
+
+
+#: Process-wide kernels by (master, moments, maximize, block size, mode).
+_KERNELS: dict[tuple[str, str, bool, int, str], StepKernel] = {}
+
+
+def kernel_for(
+    master: str, moments: str, *, maximize: bool, block_size: int, mode: str
+) -> StepKernel:
+    """`step_kernel` looked up by names (what the custom op receives): this runs on
+    every call, so it is one dictionary lookup."""
+    key = (master, moments, maximize, block_size, mode)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        family = family_of(master, moments, maximize=maximize, block_size=block_size)
+        # Also under the caller's key: a dense family is stored under block size 1.
+        kernel = _KERNELS[key] = step_kernel(family, mode)  # type: ignore[arg-type]
+    return kernel
+
+
+def clear_kernels() -> None:
+    """Forget the process-wide kernels (tests that change the environment they see)."""
+    _KERNELS.clear()

@@ -12,10 +12,14 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from mixprec.formats import master_spec, moment_spec
+
+if TYPE_CHECKING:
+    from mixprec.optim.step_batch import StepBatch
 
 #: Largest int8 block the kernel handles (its per-block buffers live on the stack).
 MAX_BLOCK = 4096
@@ -107,67 +111,20 @@ class NativeLibrary:
             1 <= block_size <= MAX_BLOCK and param.numel() % block_size == 0
         )
 
-    def step_many(
-        self,
-        *,
-        master: str,
-        moments: str,
-        maximize: bool,
-        params: Sequence[torch.Tensor],
-        grads: Sequence[torch.Tensor],
-        master_state: Sequence[torch.Tensor],
-        moment_state: Sequence[torch.Tensor],
-        steps: Sequence[torch.Tensor],
-        seeds: Sequence[torch.Tensor],
-        offsets: Sequence[int],
-        hyper: Sequence[float],
-        block_size: int,
-    ) -> None:
-        """One AdamW step over `params` (see `mixprec.optim.kernels.adamw_step_`), in one call.
+    def step_many(self, batch: StepBatch, hyper: Sequence[float]) -> None:
+        """One AdamW step over `batch` (see `mixprec.optim.kernels.adamw_step_`), in one call.
 
         Each parameter's step counter (a float64 0-d tensor) is incremented and its
         per-step scalars computed in the kernel, as `mixprec.optim.functional.adamw_scalars`
-        computes them. `master_state` and `moment_state` hold each parameter's state
-        tensors in its formats' key order, parameter after parameter; `seeds` (one
-        int64 0-d tensor per parameter, stochastic master only, else empty) and
-        `offsets` (each parameter's global flat offset) make the rounding key.
-        `hyper` is ``(lr, beta1, beta2, eps, weight_decay)``. Every tensor must be
-        contiguous on the CPU (`accepts` says which qualify); nothing is written
-        unless every parameter is accepted.
+        computes them; the rounding key is made from the seeds and offsets. `hyper` is
+        ``(lr, beta1, beta2, eps, weight_decay)``. Every tensor must be contiguous on
+        the CPU (`accepts` says which qualify); nothing is written unless every
+        parameter is accepted.
         """
-        if not params:
-            return
-        table = self.prepare(
-            master=master,
-            moments=moments,
-            maximize=maximize,
-            params=params,
-            grads=grads,
-            master_state=master_state,
-            moment_state=moment_state,
-            steps=steps,
-            seeds=seeds,
-            offsets=offsets,
-            block_size=block_size,
-        )
-        table.run(hyper)
+        if batch.params:
+            self.prepare(batch).run(hyper)
 
-    def prepare(
-        self,
-        *,
-        master: str,
-        moments: str,
-        maximize: bool,
-        params: Sequence[torch.Tensor],
-        grads: Sequence[torch.Tensor],
-        master_state: Sequence[torch.Tensor],
-        moment_state: Sequence[torch.Tensor],
-        steps: Sequence[torch.Tensor],
-        seeds: Sequence[torch.Tensor],
-        offsets: Sequence[int],
-        block_size: int,
-        retain: bool = False,
-    ) -> NativeTable:
+    def prepare(self, batch: StepBatch, *, retain: bool = False) -> NativeTable:
         """`step_many`'s checks and table, without the call: a `NativeTable` that runs
         the step now (``run(hyper)``) or at every step of a gathered batch whose
         gradient pointers are patched in (``retain=True``: it then holds views of the
@@ -177,6 +134,10 @@ class NativeLibrary:
         Raises:
             ValueError: as `step_many` (nothing is written).
         """
+        params, grads, steps, seeds = batch.params, batch.grads, batch.steps, batch.seeds
+        master_state, moment_state, offsets = batch.master_state, batch.moment_state, batch.offsets
+        family, block_size = batch.family, batch.block_size
+        master, moments = family.master.spec.name, family.moments.spec.name
         count = len(params)
         if count == 0:
             raise ValueError("native AdamW step: no parameters to prepare")
@@ -286,7 +247,7 @@ class NativeLibrary:
             self,
             master=master,
             moments=moments,
-            maximize=maximize,
+            maximize=family.maximize,
             count=count,
             table=table,
             block_size=block_size,
@@ -302,7 +263,7 @@ class NativeLibrary:
 class NativeTable:
     """A checked kernel table for fixed parameters and state (`NativeLibrary.prepare`).
 
-    `run` steps them. A gathered batch (`mixprec.optim.step_batch`) keeps one and,
+    `run` steps them. A gathered batch (`mixprec.optim.group_step`) keeps one and,
     each step, writes its gradients' pointers into `grads` (0: no gradient, the row
     is skipped) and their dtype codes into `grad_dtypes`, then calls `fn` with
     `args` (the hyperparameters and thread count in between: see `call`).

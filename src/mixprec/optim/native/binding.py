@@ -52,7 +52,7 @@ class BuildInfo:
 
 
 class NativeLibrary:
-    """The loaded kernel; `step_many` runs one AdamW step over a list of tensors."""
+    """The loaded kernel; `step_many` runs one AdamW step over a `StepBatch`."""
 
     def __init__(self, info: BuildInfo) -> None:
         self.info = info

@@ -131,3 +131,13 @@ def test_the_runtime_share_of_a_steady_step_stays_within_its_budget(
     )
     files = {name.split(":", 1)[0] for name in runtime}
     assert len(runtime) <= 13 and len(files) <= 4, runtime
+
+
+@pytest.mark.parametrize("edit", ["scale", "prune"])
+def test_a_step_stays_within_issue_32s_budget(step_trace: ModuleType, edit: str) -> None:
+    """The README loop under ``bf16_master``: at most 30 mixprec functions in 8 files
+    for a steady step (52 in 13 before the rework), 40 in 10 for the step after an
+    in-place weight edit (95 in 17)."""
+    steady, after, _ = step_trace.quickstart("bf16_master", 2, edit)
+    assert steady.functions <= 30 and steady.files <= 8, sorted(steady.calls_by_function)
+    assert after.functions <= 40 and after.files <= 10, sorted(after.calls_by_function)

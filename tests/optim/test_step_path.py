@@ -171,3 +171,22 @@ def test_weights_written_after_the_optimizer_state_was_loaded_reset_the_masters(
             p.copy_(w)  # a write after the load: an edit, followed
     for a, w in zip(optimizer_first.master_weights(), weights, strict=True):
         assert torch.equal(a, w.float())
+
+
+@pytest.mark.parametrize("master", ["exact", "remainder8"])
+def test_storage_replaced_between_steps_resets_the_master(master: str) -> None:
+    """``torch.nn.utils.vector_to_parameters`` (``p.data = ...``) gives a parameter new
+    storage without moving its version counter; its master follows the new values (a
+    remainder kept from the old value decoded NaN over zeros, found by review)."""
+    params = _model_params()[:4]
+    opt = AdamW(params, master=master)
+    for seed in range(3):
+        _fill(params, seed)
+        opt.step()
+    vector = torch.nn.utils.parameters_to_vector(params)
+    torch.nn.utils.vector_to_parameters(torch.zeros_like(vector), params)
+    for m in opt.master_weights():
+        assert torch.equal(m, torch.zeros_like(m))
+    _fill(params, 3)
+    opt.step()
+    assert all(bool(torch.isfinite(p).all()) for p in params)

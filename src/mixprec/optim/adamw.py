@@ -192,7 +192,7 @@ class AdamW(torch.optim.Optimizer):
             self._plan_params(group, new)
         steps = self._steps
         old = steps[index] if index < len(steps) else None
-        known = () if fresh or old is None else zip(map(id, old.params), old.versions, strict=False)
+        known = () if fresh or old is None else old.known_versions()
         out = gather_group(
             group,
             index,

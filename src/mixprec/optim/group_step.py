@@ -101,6 +101,17 @@ class GroupStep:
     batches: list[StepBatch]
     version_of: Callable[[torch.Tensor], int] = _VERSION
 
+    def known_versions(self) -> list[tuple[int, int]]:
+        """(id, version counter when the optimizer last wrote it) of each parameter, for
+        the next gather to keep; -1 for one whose storage was replaced since (``p.data =
+        ...``, ``set_``, ``torch.nn.utils.vector_to_parameters``): new values the master
+        must follow, as after an in-place edit."""
+        pointers = self.pointers or [None] * len(self.params)
+        return [
+            (id(p), version if ptr is None or _PTR(p) == ptr else -1)
+            for p, version, ptr in zip(self.params, self.versions, pointers, strict=True)
+        ]
+
     def current(self, group: dict[str, Any]) -> bool:
         """Whether the batches still describe `group`: the same parameters at the same
         addresses, and none without state that has a gradient now."""

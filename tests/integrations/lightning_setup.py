@@ -165,3 +165,22 @@ def fabric_run(
             assert path is not None
             fabric.save(path, state)
     return losses, net, prec, opt.state_dict()["state"]
+
+
+class ManualModule(Module):
+    """`Module` under manual optimization: backward, clip and step written out."""
+
+    def __init__(self, prec: mixprec.Precision) -> None:
+        super().__init__(prec)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: torch.Tensor, _index: int) -> torch.Tensor:
+        opt = self.optimizers()
+        loss: torch.Tensor = self.model(input_ids=batch, labels=batch).loss
+        self.losses.append(float(loss.detach()))
+        self.manual_backward(loss)
+        self.clip_gradients(opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        opt.step()
+        self.lr_schedulers().step()  # a HeldScheduler: held on a skipped step
+        opt.zero_grad()
+        return loss

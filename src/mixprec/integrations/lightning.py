@@ -168,6 +168,9 @@ class MixprecPrecision(TrainerPrecision):
         by value after `Precision.unscale_`."""
         if clip_val <= 0:
             return
+        # manual optimization hands over the LightningOptimizer wrapper; its step reaches
+        # Precision.step with the optimizer it wraps, which must be the one unscaled here
+        optimizer = getattr(optimizer, "_optimizer", optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
             self.prec.unscale_(optimizer)

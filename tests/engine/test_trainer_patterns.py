@@ -56,6 +56,22 @@ def test_a_first_step_without_prec_backward_raises_the_documented_error() -> Non
         prec.step(opt)
 
 
+def test_a_clip_on_a_first_step_without_prec_backward_raises_the_documented_error() -> None:
+    """A trainer that clips first: the unscale refuses, not GradScaler's assertion
+    ("Attempted unscale_ but _scale is None"; found by a docs-only review)."""
+    prec = mixprec.Precision("amp_fp16")
+    model = prec.prepare(make_model())
+    opt = prec.optimizer(model)
+    x, y = make_data(32)
+    with prec.autocast():
+        loss = loss_fn(model(x), y)
+    loss.backward()
+    with pytest.raises(PrecisionError, match=r"prec\.backward"):
+        prec.clip_grad_norm_(model.parameters(), 1.0)
+    with pytest.raises(PrecisionError, match=r"prec\.backward"):
+        prec.unscale_(opt)
+
+
 class _Wrapper(torch.optim.Optimizer):
     """Shaped like accelerate's ``AcceleratedOptimizer``: an Optimizer subclass that holds
     the real optimizer as ``.optimizer`` and shares its param groups and state."""

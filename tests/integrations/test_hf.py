@@ -342,6 +342,18 @@ def test_trainer_precision_flags_are_refused(flag: str, tmp_path: Path) -> None:
         make_trainer("bf16_master", str(tmp_path), **{flag: True})
 
 
+def test_accelerates_mixed_precision_from_the_environment_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``accelerate launch --mixed_precision bf16`` sets it in the environment: the
+    refusal names the variable, not a TrainingArguments field (found by review)."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    with pytest.raises(
+        ValueError, match=r"^the environment sets ACCELERATE_MIXED_PRECISION=bf16.*unset it"
+    ):
+        make_trainer("bf16_master", str(tmp_path))
+
+
 def test_an_optimizer_built_before_a_lora_resume_is_refused(tmp_path: Path) -> None:
     # HF's resume replaces the adapter parameters (PEFT load_adapter(is_trainable=True)):
     # an optimizer passed in, built on the old ones, would train none of them.

@@ -199,7 +199,7 @@ class Precision:
             weakref.WeakKeyDictionary()
         )
         self._compute_checked: torch.device | None = None  # where check_device passed
-        self._grads = ScaledGradients(scales_loss=self.plan.scales_loss)
+        self._grads = ScaledGradients(self.plan)
         self._accumulation = Fp32Accumulation()
         self._clip: ClipNote | None = None
         # Whether every loss given to `backward` this step was finite: a device tensor,

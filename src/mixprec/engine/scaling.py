@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 from mixprec.engine.gradients import optimizer_params
-from mixprec.errors import PrecisionWarning, user_stacklevel
+from mixprec.engine.plan import PrecisionPlan
+from mixprec.errors import PrecisionError, PrecisionWarning, user_stacklevel
 from mixprec.policy import LossScaling
 
 __all__ = [
@@ -142,12 +143,14 @@ class ScaledGradients:
     """Where the gradients of the current step stand (see the module docs).
 
     Args:
-        scales_loss: whether the run scales the loss; without it nothing is watched
-            or unscaled (`Precision` then backpropagates the loss itself).
+        plan: the run's plan: whether it scales the loss (without it nothing is
+            watched or unscaled: `Precision` then backpropagates the loss itself), and
+            its policy's name for the refusals.
     """
 
-    def __init__(self, *, scales_loss: bool) -> None:
-        self.scales_loss = scales_loss
+    def __init__(self, plan: PrecisionPlan) -> None:
+        self.policy_name = plan.policy_name
+        self.scales_loss = plan.scales_loss
         self.backward_pending = False
         #: Whether a watched gradient accumulated outside a scaled backward this step.
         self.unscaled_seen = False
@@ -219,6 +222,25 @@ class ScaledGradients:
         if self.scales_loss:
             self._scaled_versions = _grad_versions(list(optimizers))
 
+    def refuse_unscaled(self) -> None:
+        """Raise `PrecisionError` when (part of) the gradients did not come through a
+        scaled backward this step: unscaling would divide those parts by the loss scale
+        (and on a first step GradScaler has no scale yet)."""
+        if self.unscaled_seen:
+            raise PrecisionError(
+                f"policy {self.policy_name!r} scales the loss, but part of these gradients "
+                "came from a backward that did not go through prec.backward(loss) (a "
+                "loss.backward() among prec.backward calls?): those parts are unscaled and "
+                "would be divided by the loss scale; call prec.backward(loss) for every loss"
+            )
+        if not self.backward_pending:
+            raise PrecisionError(
+                f"policy {self.policy_name!r} scales the loss, but these gradients did not "
+                "come through prec.backward(loss) (was it loss.backward()?): they are "
+                "unscaled, and unscaling them again would shrink them by the loss scale; "
+                "call prec.backward(loss) instead"
+            )
+
     def unscale(
         self, scaler: torch.amp.GradScaler, optimizers: Iterable[torch.optim.Optimizer]
     ) -> None:
@@ -226,6 +248,9 @@ class ScaledGradients:
         a gradient is found edited in place since backward, warn (`SCALED_EDIT_WARNING`)."""
         if not self.scales_loss:
             return
+        optimizers = list(optimizers)
+        if optimizers and (self.unscaled_seen or not self.backward_pending):
+            self.refuse_unscaled()
         for opt in optimizers:
             if id(opt) not in self._unscaled:
                 seen, changed = self._scaled_versions, False

@@ -229,8 +229,7 @@ def step_plain(ctx: StepContext, optimizers: Sequence[torch.optim.Optimizer]) ->
         return StepOutcome(True, with_grads, 0.0, 0)
     ls = plan.loss_scaling
     if ls is not None:
-        if grads.unscaled_seen or not grads.backward_pending:
-            _refuse_unscaled(plan, grads)
+        grads.refuse_unscaled()
         grads.unscale(scaler, optimizers)
     # One decision for every optimizer of the step, taken on every rank together, and
     # reported the same on every rank.
@@ -255,26 +254,6 @@ def step_plain(ctx: StepContext, optimizers: Sequence[torch.optim.Optimizer]) ->
             scaler.update(new_scale=float(ls.init_scale))
     fp16 = plan.storage_dtype == torch.float16  # the one storage format an update overflows
     return StepOutcome(True, with_grads, norm, 0, count_nonfinite_weights(params) if fp16 else 0)
-
-
-def _refuse_unscaled(plan: PrecisionPlan, grads: ScaledGradients) -> None:
-    """Raise `PrecisionError` when (part of) the gradients did not come through a
-    scaled backward: unscaling would divide those parts by the loss scale."""
-    name = plan.policy_name
-    if grads.unscaled_seen:
-        raise PrecisionError(
-            f"policy {name!r} scales the loss, but part of these gradients came "
-            "from a backward that did not go through prec.backward(loss) (a "
-            "loss.backward() among prec.backward calls?): those parts are unscaled and "
-            "would be divided by the loss scale; call prec.backward(loss) for every loss"
-        )
-    if not grads.backward_pending:
-        raise PrecisionError(
-            f"policy {name!r} scales the loss, but these gradients did not come "
-            "through prec.backward(loss) (was it loss.backward()?): they are unscaled, and "
-            "unscaling them again would shrink them by the loss scale; call "
-            "prec.backward(loss) instead"
-        )
 
 
 def step_with_closure(

@@ -90,12 +90,16 @@ def check_arguments(args: TrainingArguments, precision: Precision) -> None:
         for field in ("fp16", "bf16", "fp16_full_eval", "bf16_full_eval")
         if getattr(args, field, False)
     ]
-    if not half and args.mixed_precision != "no":
-        half = [f"ACCELERATE_MIXED_PRECISION={args.mixed_precision}"]
     if half:
         raise ValueError(
             f"TrainingArguments({', '.join(half)}) contradicts the mixprec policy {name!r}, "
             "which sets the precision itself: leave fp16 and bf16 False"
+        )
+    if args.mixed_precision != "no":
+        raise ValueError(
+            f"the environment sets ACCELERATE_MIXED_PRECISION={args.mixed_precision}, which "
+            f"contradicts the mixprec policy {name!r} (it sets the precision itself): unset "
+            "it, or launch without --mixed_precision"
         )
     if args.deepspeed or args.fsdp:
         kind = "deepspeed" if args.deepspeed else "fsdp"

@@ -8,23 +8,20 @@ from typing import Any
 
 import accelerate
 import torch
+from runs import LR, Poison, make_model, policy, schedule
 
 import mixprec
-from hf_models import tiny_llama
 from mixprec.integrations.accelerate import AcceleratedPrecision
-from mixprec.policy import LossScaling
 
 MICRO = 80  # micro-batches: 40 steps of ACCUMULATE
 ACCUMULATE = 2
 POISONED = (15, 16, 55)  # micro-batches whose forward is poisoned: steps 7, 8 and 27
-LR = 3e-3
 
 
-def policy(name: str) -> mixprec.Policy:
-    base = mixprec.preset(name)
-    if base.loss_scaling is None:
-        return base
-    return base.replace(loss_scaling=LossScaling(init_scale=2.0**24, growth_interval=3))
+def poisoned() -> list[torch.Tensor]:
+    """The batches whose forward is poisoned (`POISONED`)."""
+    every = tokens().split(4)
+    return [every[i] for i in POISONED]
 
 
 def tokens() -> torch.Tensor:
@@ -32,35 +29,11 @@ def tokens() -> torch.Tensor:
     return torch.randint(0, 256, (MICRO * 4, 16), generator=g)
 
 
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    # narrower than tiny_llama's default, so that 40 steps take about a second
-    return tiny_llama(
-        hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1
-    )
-
-
-def schedule(step: int) -> float:
-    return min(1.0, (step + 1) / 5) * 0.5 ** (step / 20)
-
-
-class Poison:
-    """A forward hook that turns the embedding output NaN for the `POISONED` micro-batches."""
-
-    def __init__(self) -> None:
-        every = tokens().split(4)
-        self.poisoned = [every[i] for i in POISONED]
-
-    def __call__(self, _module: Any, inputs: Any, out: torch.Tensor) -> torch.Tensor:
-        hit = any(torch.equal(inputs[0], b) for b in self.poisoned)
-        return out * float("nan") if hit else out
-
-
 def own_loop(name: str) -> tuple[list[float], list[float], torch.nn.Module]:
     """The README loop with accumulation: the loss divided by the steps it spans."""
     prec = mixprec.Precision(policy(name))
     model = prec.prepare(make_model())
-    model.get_input_embeddings().register_forward_hook(Poison())
+    model.get_input_embeddings().register_forward_hook(Poison(poisoned()))
     opt = prec.optimizer(model, lr=LR)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     losses, lrs = [], []
@@ -87,7 +60,7 @@ def accelerate_run(
     accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATE)
     prec = mixprec.Precision(policy(name))
     model = prec.prepare(make_model())
-    model.get_input_embeddings().register_forward_hook(Poison())
+    model.get_input_embeddings().register_forward_hook(Poison(poisoned()))
     opt = prec.optimizer(model, lr=LR)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     data = torch.utils.data.TensorDataset(tokens())

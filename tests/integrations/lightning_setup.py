@@ -4,29 +4,25 @@ by the resumed process they start)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import lightning as pl
 import torch
 from lightning.pytorch import loggers
+from runs import LR, Poison, make_model, policy, schedule
 
 import mixprec
-from hf_models import tiny_llama
-from mixprec.policy import LossScaling
 
 STEPS = 40  # two epochs of EPOCH batches: a checkpoint after the first resumes exactly
 EPOCH = 20
 POISONED = (7, 17)  # batches whose forward is poisoned: steps 7, 17, 27 and 37
-LR = 3e-3
 
 
-def policy(name: str) -> mixprec.Policy:
-    base = mixprec.preset(name)
-    if base.loss_scaling is None:
-        return base
-    return base.replace(loss_scaling=LossScaling(init_scale=2.0**24, growth_interval=3))
+def poisoned() -> list[torch.Tensor]:
+    """The batches whose forward is poisoned (`POISONED`)."""
+    every = batches()
+    return [every[i] for i in POISONED]
 
 
 def batches() -> list[torch.Tensor]:
@@ -34,34 +30,10 @@ def batches() -> list[torch.Tensor]:
     return [torch.randint(0, 256, (4, 16), generator=g) for _ in range(EPOCH)]
 
 
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    # narrower than tiny_llama's default, so that 40 steps take about a second
-    return tiny_llama(
-        hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1
-    )
-
-
-def schedule(step: int) -> float:
-    return min(1.0, (step + 1) / 5) * 0.5 ** (step / 20)
-
-
-class Poison:
-    """A forward hook that turns the embedding output NaN for the `POISONED` batches."""
-
-    def __init__(self) -> None:
-        every = batches()
-        self.poisoned = [every[i] for i in POISONED]
-
-    def __call__(self, _module: Any, inputs: Any, out: torch.Tensor) -> torch.Tensor:
-        hit = any(torch.equal(inputs[0], b) for b in self.poisoned)
-        return out * float("nan") if hit else out
-
-
 def own_loop(name: str) -> tuple[list[float], list[float], torch.nn.Module, Any]:
     prec = mixprec.Precision(policy(name))
     model = prec.prepare(make_model())
-    model.get_input_embeddings().register_forward_hook(Poison())
+    model.get_input_embeddings().register_forward_hook(Poison(poisoned()))
     opt = prec.optimizer(model, lr=LR)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     losses, lrs = [], []
@@ -84,7 +56,7 @@ class Module(pl.LightningModule):
         super().__init__()
         self.prec = prec
         self.model = make_model()
-        self.model.get_input_embeddings().register_forward_hook(Poison())
+        self.model.get_input_embeddings().register_forward_hook(Poison(poisoned()))
         self.losses: list[float] = []
         self.lrs: list[float] = []
 
@@ -122,10 +94,6 @@ def loader() -> torch.utils.data.DataLoader[torch.Tensor]:
     return torch.utils.data.DataLoader(batches(), batch_size=None, shuffle=False)
 
 
-def bitwise(a: list[float], b: list[float]) -> bool:
-    return all((x == y) or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
-
-
 def fabric_run(
     name: str, *, save_at: int | None = None, path: str | None = None, resume: bool = False
 ) -> tuple[list[float], torch.nn.Module, mixprec.Precision, dict[str, Any]]:
@@ -139,7 +107,7 @@ def fabric_run(
     plugin = MixprecFabricPrecision(prec)
     fabric = pl.Fabric(accelerator="cpu", devices=1, plugins=[plugin])
     net = fabric.setup_module(make_model())
-    net.get_input_embeddings().register_forward_hook(Poison())
+    net.get_input_embeddings().register_forward_hook(Poison(poisoned()))
     opt = fabric.setup_optimizers(prec.optimizer(net, lr=LR))
     sched = torch.optim.lr_scheduler.LambdaLR(opt.optimizer, schedule)
     state = {"model": net, "optimizer": opt, "scheduler": sched, "precision": plugin}

@@ -10,7 +10,6 @@ overflowing steps are skipped), with NaNs injected into three micro-batches.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -23,20 +22,14 @@ accelerate = pytest.importorskip("accelerate", reason="the accelerate extra is n
 
 from accelerate_setup import (  # noqa: E402 - after the skip
     ACCUMULATE,
-    LR,
     MICRO,
     accelerate_run,
     own_loop,
-    schedule,
 )
-from same_state import same_state  # noqa: E402
+from runs import LR, bitwise, same_state, schedule  # noqa: E402
 
 import mixprec  # noqa: E402
 from mixprec.integrations.accelerate import AcceleratedPrecision  # noqa: E402
-
-
-def bitwise(a: list[float], b: list[float]) -> bool:
-    return all((x == y) or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("name", ["bf16_master", "amp_fp16"])

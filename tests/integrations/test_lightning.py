@@ -26,14 +26,12 @@ from lightning_setup import (  # noqa: E402 - after the skip
     STEPS,
     ManualModule,
     Module,
-    bitwise,
     fabric_run,
     loader,
     own_loop,
-    policy,
     trainer,
 )
-from same_state import same_state  # noqa: E402
+from runs import bitwise, policy, same_state  # noqa: E402
 
 import mixprec  # noqa: E402
 from mixprec.integrations import lightning as integration  # noqa: E402

@@ -134,6 +134,12 @@ def make_trainer(
     )
 
 
+def causal_lm_loss(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`Trainer`'s loss for these batches: the model's own (labels are the inputs)."""
+    loss: torch.Tensor = model(input_ids=x, labels=x).loss
+    return loss
+
+
 def own_loop(
     policy: str,
     *,
@@ -141,10 +147,13 @@ def own_loop(
     nan_step: int | None = None,
     steps: int = STEPS,
     max_norm: float = MAX_NORM,
+    make: Callable[[bool], torch.nn.Module] = make_model,
+    loss_of: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = causal_lm_loss,
 ) -> dict[str, Any]:
-    """The README loop on the same model, data, groups and schedule."""
+    """The README loop on the same model, data, groups and schedule; `make` and `loss_of`
+    build the model and compute the loss as the trainer under test does."""
     prec = mixprec.Precision(make_policy(policy))
-    model = prec.prepare(make_model(lora))
+    model = prec.prepare(make(lora))
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [
         {"params": [p for n, p in named if "norm" not in n], "weight_decay": WEIGHT_DECAY},
@@ -158,7 +167,7 @@ def own_loop(
     for step in range(steps):
         x = DATA[step * BATCH : (step + 1) * BATCH]
         with prec.autocast():
-            loss = nan_at(nan_step, model(input_ids=x, labels=x).loss, step)
+            loss = nan_at(nan_step, loss_of(model, x), step)
         prec.backward(loss)
         norms.append(prec.clip_grad_norm_(model.parameters(), max_norm).item())
         lrs.append(sched.get_last_lr()[0])
@@ -337,7 +346,7 @@ def test_trainer_precision_flags_are_refused(flag: str, tmp_path: Path) -> None:
     with pytest.raises(
         ValueError,
         match=rf"^TrainingArguments\({flag}=True\) contradicts the "
-        r"mixprec policy 'bf16_master'.*leave fp16 and bf16 False$",
+        r"mixprec policy 'bf16_master'.*set fp16=False and bf16=False$",
     ):
         make_trainer("bf16_master", str(tmp_path), **{flag: True})
 

@@ -8,7 +8,8 @@ back, the precision state travels in the trainer's checkpoints, and the
 run's telemetry is in the trainer's logs. `PrecisionTrainerMixin` does the
 same for any `Trainer` subclass: ``class SFT(PrecisionTrainerMixin, SFTTrainer)``.
 
-Hooks used (docs/integrations/hf.md), tested with transformers 5.24 and accelerate 1.15:
+Hooks used (docs/integrations/hf.md), tested with transformers 5.24 and accelerate 1.15
+(and TRL 1.16's `SFTTrainer`):
 public `Trainer` methods `create_accelerator_and_postprocess`, `create_optimizer`,
 `autocast_smart_context_manager` and `log`; the private `Trainer` methods
 `_clip_grad_norm`, `_get_grad_norm`, `_save_scaler`, `_load_scaler` and
@@ -91,9 +92,11 @@ def check_arguments(args: TrainingArguments, precision: Precision) -> None:
         if getattr(args, field, False)
     ]
     if half:
+        # Named by the arguments' own class: TRL's SFTConfig (and its other configs)
+        # turn bf16 on by default, so the fix is to set it False, not to leave it.
         raise ValueError(
-            f"TrainingArguments({', '.join(half)}) contradicts the mixprec policy {name!r}, "
-            "which sets the precision itself: leave fp16 and bf16 False"
+            f"{type(args).__name__}({', '.join(half)}) contradicts the mixprec policy "
+            f"{name!r}, which sets the precision itself: set fp16=False and bf16=False"
         )
     if args.mixed_precision != "no":
         raise ValueError(

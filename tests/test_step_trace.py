@@ -123,14 +123,15 @@ def test_the_runtime_share_of_a_steady_step_stays_within_its_budget(
     step_trace: ModuleType,
 ) -> None:
     """Issue 32: without loss scaling, the runtime (`engine/`, `islands.py`) runs at most
-    13 functions in 4 files of a steady quickstart step (29 in 6 before the rework,
+    14 functions in 4 files of a steady quickstart step (29 in 6 before the rework,
     with helpers and comprehensions in `gradients.py`, `scaling.py` and `stepping.py`)."""
     steady, _, _ = step_trace.quickstart("bf16_master", 2, "scale")
     runtime = sorted(
         name for name in steady.calls_by_function if name.startswith(("engine/", "islands.py"))
     )
     files = {name.split(":", 1)[0] for name in runtime}
-    assert len(runtime) <= 13 and len(files) <= 4, runtime
+    # 14 since `stepping.check_max_norm` left precision.py for the 600-line default
+    assert len(runtime) <= 14 and len(files) <= 4, runtime
 
 
 @pytest.mark.parametrize("edit", ["scale", "prune"])

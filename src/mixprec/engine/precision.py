@@ -2,21 +2,10 @@
 
 The runtime composes PyTorch rather than rewriting it: forward passes run under
 `torch.autocast`, loss scaling is `torch.amp.GradScaler` (`ShardedGradScaler` for
-FSDP2 models). What it adds is the discipline around them:
-
-* the policy is read once into a `PrecisionPlan` that every call executes;
-* gradients are always unscaled before they are clipped, and the clipped norm is
-  the true one;
-* a step with non-finite gradients is never applied, with or without a scaler;
-* under ``Policy.grad_accum_dtype=torch.float32`` the gradients of 16-bit
-  parameters are summed in fp32 over a step's backward passes (`Fp32Accumulation`);
-* closure-based optimizers (LBFGS) work under loss scaling, which
-  `GradScaler.step` refuses;
-* every step returns a `StepReport`, and `Precision.stats` keeps the telemetry
-  (skipped steps, the loss-scale history); a scale that keeps collapsing raises
-  `PrecisionError` instead of looping forever;
-* under an FP8 policy (`Policy.fp8`), `prepare` converts the eligible linear
-  layers to torchao's float8 training and records which and why (`Precision.fp8`).
+FSDP2 models). The policy is read once into a `PrecisionPlan` that every call
+executes; what the runtime guarantees around those calls (true-gradient clipping,
+no non-finite update ever applied, fp32 gradient accumulation, closures under loss
+scaling, step reports, FP8 conversion) is listed in docs/runtime.md.
 
 Example:
     >>> prec = Precision("bf16_master")
@@ -35,11 +24,10 @@ import contextlib
 import math
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch._functorch.config
 from torch import nn
 
 from mixprec.engine.accumulation import Fp32Accumulation, refuse_fsdp2
@@ -71,11 +59,12 @@ from mixprec.engine.stepping import (
     Closure,
     StepContext,
     check_collapse,
+    check_max_norm,
     record_step,
     step_plain,
     step_with_closure,
 )
-from mixprec.engine.storage import apply_storage, compiled_inner
+from mixprec.engine.storage import apply_storage, compiled_inner, forward_autocast
 from mixprec.engine.wrappers import check_wrapped, fsdp_modules, is_ddp
 from mixprec.errors import PrecisionError, PrecisionWarning, user_stacklevel
 from mixprec.islands import island_names, island_param_ids
@@ -87,27 +76,6 @@ if TYPE_CHECKING:
     from mixprec.speed import SpeedMeasurement
 
 __all__ = ["Precision"]
-
-
-@contextlib.contextmanager
-def _forward_autocast(device_type: str, dtype: torch.dtype) -> Iterator[None]:
-    """``torch.autocast`` for a forward pass whose backward runs after it, outside.
-
-    ``torch.compile`` traces a region's backward together with its forward, by
-    default under the autocast active then (``backward_pass_autocast`` is
-    ``"same_as_forward"`` up to at least torch 2.13): the matmuls in the backward of
-    an fp32 island (a Linear named in ``fp32_modules``) then computed in 16 bits,
-    only when compiled (pytorch/pytorch#179804). ``"off"`` is what eager does when
-    the backward runs outside autocast, as in the documented loop. Torch before 2.9
-    has no such setting.
-    """
-    backward = (
-        torch._functorch.config.patch(backward_pass_autocast="off")
-        if hasattr(torch._functorch.config, "backward_pass_autocast")
-        else contextlib.nullcontext()
-    )
-    with backward, torch.autocast(device_type=device_type, dtype=dtype):
-        yield
 
 
 class Precision:
@@ -291,7 +259,14 @@ class Precision:
             self._optimizers[known] = None
         self.fp8 = None
         if self.plan.fp8 is not None:
-            model = self._convert_fp8(model, islands)
+            model, self.fp8 = convert_fp8_linears(
+                model,
+                self.plan.fp8,
+                device=self.device,
+                islands=islands,
+                policy=self.plan.policy_name,
+                wrapped=is_ddp(model) or bool(fsdp_modules(model)),
+            )
         else:
             refuse_float8_layers(model, self.plan.policy_name)
         self._model = model
@@ -313,20 +288,6 @@ class Precision:
         params = list(params)
         refuse_fsdp2(params, self.plan.policy_name)
         self._accumulation.hook(params)
-
-    def _convert_fp8(self, model: nn.Module, islands: tuple[str, ...]) -> nn.Module:
-        settings = self.plan.fp8
-        assert settings is not None
-        model, conversion = convert_fp8_linears(
-            model,
-            settings,
-            device=self.device,
-            islands=islands,
-            policy=self.plan.policy_name,
-            wrapped=is_ddp(model) or bool(fsdp_modules(model)),
-        )
-        self.fp8 = conversion
-        return model
 
     # -------------------------------------------------------------- optimizer
 
@@ -405,7 +366,7 @@ class Precision:
         device = self.device
         if device != self._compute_checked:
             self.check_device()
-        return _forward_autocast(device.type, compute)
+        return forward_autocast(device.type, compute)
 
     # -------------------------------------------------------------- backward
 
@@ -471,15 +432,7 @@ class Precision:
             The true total norm before clipping (inf/NaN if gradients are non-finite;
             such a step is then skipped by `step`).
         """
-        if isinstance(max_norm, bool) or not isinstance(max_norm, int | float | torch.Tensor):
-            raise TypeError(f"max_norm must be a number > 0 (e.g. 1.0), got {max_norm!r}")
-        max_norm = float(max_norm)
-        if not max_norm > 0:  # also refuses NaN
-            raise ValueError(
-                f"max_norm must be > 0 (e.g. 1.0; float('inf') only measures the norm), got "
-                f"{max_norm!r}: 0 zeroes every gradient and a negative value trains by "
-                "gradient ascent"
-            )
+        max_norm = check_max_norm(max_norm)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         if self.plan.loss_scaling is not None:
             owners = [optimizer] if optimizer is not None else list(self._optimizers)

@@ -52,6 +52,7 @@ __all__ = [
     "StepOutcome",
     "check_collapse",
     "check_grads",
+    "check_max_norm",
     "count_nonfinite_weights",
     "record_step",
     "step_plain",
@@ -125,6 +126,26 @@ class StepContext:
 
 class _NonFiniteInClosureError(Exception):
     """Raised inside a wrapped closure to abort an optimizer step with bad gradients."""
+
+
+def check_max_norm(max_norm: object) -> float:
+    """`max_norm` of a clip as a float, refused unless a number > 0 (`float('inf')`
+    only measures the norm).
+
+    Raises:
+        TypeError: not a number.
+        ValueError: 0, negative or NaN.
+    """
+    if isinstance(max_norm, bool) or not isinstance(max_norm, int | float | torch.Tensor):
+        raise TypeError(f"max_norm must be a number > 0 (e.g. 1.0), got {max_norm!r}")
+    value = float(max_norm)
+    if not value > 0:  # also refuses NaN
+        raise ValueError(
+            f"max_norm must be > 0 (e.g. 1.0; float('inf') only measures the norm), got "
+            f"{value!r}: 0 zeroes every gradient and a negative value trains by "
+            "gradient ascent"
+        )
+    return value
 
 
 def check_grads(

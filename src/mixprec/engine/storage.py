@@ -16,14 +16,20 @@ A model given already compiled (``torch.compile(model)``, an ``OptimizedModule``
 whose submodule names all start with ``_orig_mod.``) is prepared through the
 module it runs (`compiled_inner`), so fp32 module names match as they would on
 the plain model.
+
+`forward_autocast` is the autocast a forward runs under (`Precision.autocast`), with
+its backward traced outside it when compiled.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch._functorch.config
 from torch import nn
 from torch.utils._pytree import tree_map
 
@@ -31,7 +37,7 @@ from mixprec.engine.plan import PrecisionPlan
 from mixprec.engine.wrappers import storage_change_refused
 from mixprec.islands import add_fp32_islands, is_fp32_island, island_names
 
-__all__ = ["CastInputs", "apply_storage", "compiled_inner"]
+__all__ = ["CastInputs", "apply_storage", "compiled_inner", "forward_autocast"]
 
 _ATTR = "_mixprec_cast_inputs"  # on the root module: the pre-hook's id
 
@@ -106,3 +112,24 @@ def apply_storage(model: nn.Module, plan: PrecisionPlan, device_type: str) -> tu
                 p.data = p.data.to(target)
     _set_input_cast(model, storage, device_type)
     return island_names(model)
+
+
+@contextlib.contextmanager
+def forward_autocast(device_type: str, dtype: torch.dtype) -> Iterator[None]:
+    """``torch.autocast`` for a forward pass whose backward runs after it, outside.
+
+    ``torch.compile`` traces a region's backward together with its forward, by
+    default under the autocast active then (``backward_pass_autocast`` is
+    ``"same_as_forward"`` up to at least torch 2.13): the matmuls in the backward of
+    an fp32 island (a Linear named in ``fp32_modules``) then computed in 16 bits,
+    only when compiled (pytorch/pytorch#179804). ``"off"`` is what eager does when
+    the backward runs outside autocast, as in the documented loop. Torch before 2.9
+    has no such setting.
+    """
+    backward = (
+        torch._functorch.config.patch(backward_pass_autocast="off")
+        if hasattr(torch._functorch.config, "backward_pass_autocast")
+        else contextlib.nullcontext()
+    )
+    with backward, torch.autocast(device_type=device_type, dtype=dtype):
+        yield

@@ -45,6 +45,7 @@ CASES = [
     ("fp16: true\nlearning_rate: 1.0e-4\n", "hf", "fp32"),
     ("mixed_precision: fp16\ndistributed_type: 'NO'\n", "accelerate", "the model's own dtype"),
     ("trainer:\n  precision: 16-mixed\n  devices: 1\n", "lightning", "bf16"),
+    ("base_model: some/llama\nfp16: true\nmicro_batch_size: 2\n", "axolotl", "fp16"),
 ]
 
 

@@ -228,6 +228,12 @@ def facts_from_axolotl(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
     optimizer: OptimizerFacts | None = None
     param_dtype: str | None = trainable
     loss_scaling: bool | None = fp16
+    changed_by = ""
+    if fp16 and device is not None and device.device_type == "cpu":
+        # the HF Trainer's Accelerator has no fp16 AMP on a CPU: no GradScaler, no autocast
+        # (the weights axolotl loaded in fp16 stay fp16)
+        loss_scaling = False
+        changed_by = "axolotl's HF Trainer runs fp16 without autocast or a GradScaler"
     notes = [n for n in (bf16_note, storage_note, how) if n]
     if deepspeed:
         param_dtype, loss_scaling = None, None
@@ -296,6 +302,8 @@ def facts_from_axolotl(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
         param_dtype_note="; ".join(notes),
         compute_dtype=compute,
         loss_scaling=loss_scaling,
+        compute_changed_by=changed_by if loss_scaling is not None else "",
+        requested_compute_dtype="fp16" if changed_by and loss_scaling is not None else None,
         optimizer=optimizer,
         reduce_dtype=reduce_dtype,
         reduce_note=reduce_note,

@@ -260,10 +260,11 @@ def test_trainer_matches_own_loop_bitwise(policy: str, trained: Callable[..., An
         assert len(set(got["lrs"])) < STEPS - 1
 
 
-def test_nan_step_is_skipped_logged_and_holds_the_scheduler(tmp_path: Path) -> None:
-    trainer = make_trainer("bf16_master", str(tmp_path), nan_step=5)
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_nan_step_is_skipped_logged_and_holds_the_scheduler(lora: bool, tmp_path: Path) -> None:
+    trainer = make_trainer("bf16_master", str(tmp_path), nan_step=5, lora=lora)
     trainer.train()
-    got, want = trainer_state(trainer), own_loop("bf16_master", nan_step=5)
+    got, want = trainer_state(trainer), own_loop("bf16_master", nan_step=5, lora=lora)
     assert_equal(got, want)
     assert got["skipped"][4:7] == [0, 1, 1]
     assert got["lrs"][5] == got["lrs"][6] != got["lrs"][7]

@@ -106,7 +106,9 @@ class GroupStep:
         the next gather to keep; -1 for one whose storage was replaced since (``p.data =
         ...``, ``set_``, ``torch.nn.utils.vector_to_parameters``): new values the master
         must follow, as after an in-place edit."""
-        pointers = self.pointers or [None] * len(self.params)
+        pointers: list[int | None] = [None] * len(self.params)
+        if self.pointers is not None:
+            pointers = list(self.pointers)
         return [
             (id(p), version if ptr is None or _PTR(p) == ptr else -1)
             for p, version, ptr in zip(self.params, self.versions, pointers, strict=True)

@@ -97,16 +97,9 @@ class RecordingTrainer(PrecisionTrainerMixin, LossRecordingTrainer):
     """The mixin on a trainer subclass (``PrecisionTrainer`` is the mixin on `Trainer`)."""
 
 
-def make_trainer(
-    policy: str,
-    out: str,
-    *,
-    lora: bool = False,
-    nan_step: int | None = None,
-    optimizers: Any = (None, None),
-    **args: Any,
-) -> RecordingTrainer:
-    settings: dict[str, Any] = {
+def training_settings(out: str) -> dict[str, Any]:
+    """The arguments of every HF run here (TRL's tests add their own on top)."""
+    return {
         "output_dir": out,
         "max_steps": STEPS,
         "per_device_train_batch_size": BATCH,
@@ -122,8 +115,19 @@ def make_trainer(
         "seed": 0,
         "use_cpu": True,
         "disable_tqdm": True,
-        **args,
     }
+
+
+def make_trainer(
+    policy: str,
+    out: str,
+    *,
+    lora: bool = False,
+    nan_step: int | None = None,
+    optimizers: Any = (None, None),
+    **args: Any,
+) -> RecordingTrainer:
+    settings = {**training_settings(out), **args}
     return RecordingTrainer(
         model=make_model(lora),
         args=transformers.TrainingArguments(**settings),

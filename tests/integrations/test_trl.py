@@ -26,19 +26,15 @@ datasets = pytest.importorskip("datasets", reason="the TRL tests need datasets (
 tokenizers = pytest.importorskip("tokenizers", reason="the TRL tests need tokenizers")
 
 from test_hf import (  # noqa: E402
-    BATCH,
     DATA,
-    LR,
-    MAX_NORM,
     STEPS,
-    WARMUP,
-    WEIGHT_DECAY,
     LossRecordingTrainer,
     assert_equal,
     make_model,
     make_policy,
     own_loop,
     trainer_state,
+    training_settings,
     transformers,
 )
 
@@ -65,21 +61,7 @@ def make_sft_trainer(
     out: str, policy: str = "bf16_master", *, nan_step: int | None = None, **args: Any
 ) -> PrecisionSFTTrainer:
     settings: dict[str, Any] = {
-        "output_dir": out,
-        "max_steps": STEPS,
-        "per_device_train_batch_size": BATCH,
-        "learning_rate": LR,
-        "lr_scheduler_type": "linear",
-        "warmup_steps": WARMUP,
-        "weight_decay": WEIGHT_DECAY,
-        "max_grad_norm": MAX_NORM,
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "report_to": [],
-        "train_sampling_strategy": "sequential",
-        "seed": 0,
-        "use_cpu": True,
-        "disable_tqdm": True,
+        **training_settings(out),
         "bf16": False,  # SFTConfig's default is True: the policy sets the precision
         "dataset_kwargs": {"skip_prepare_dataset": True},  # the rows are token ids already
         "remove_unused_columns": False,

@@ -249,12 +249,12 @@ def step_plain(ctx: StepContext, optimizers: Sequence[torch.optim.Optimizer]) ->
         # Nothing to apply (and nothing a scaler has seen).
         return StepOutcome(True, with_grads, 0.0, 0)
     ls = plan.loss_scaling
+    found: Sequence[torch.Tensor] = ()
     if ls is not None:
-        grads.refuse_unscaled()
-        grads.unscale(scaler, optimizers)
+        grads.unscale(scaler, optimizers)  # refuses gradients not from prec.backward
+        found = grads.found_inf()
     # One decision for every optimizer of the step, taken on every rank together, and
     # reported the same on every rank.
-    found = grads.found_inf() if ls is not None else ()
     norm, nonfinite = check_grads(params, ctx.clip, ctx.device, found)
     for observer in ctx.observers:
         observer.before_step(ctx.owner, optimizers, ctx.step)

@@ -122,7 +122,7 @@ def test_model_cast_after_the_optimizer_is_refused() -> None:
     with pytest.raises(PrecisionError, match="no master"):
         prec.step(opt)
     # The optimizer refuses on its own too (used without Precision).
-    with pytest.raises(PrecisionError, match="was fp32 when this AdamW was built"):
+    with pytest.raises(PrecisionError, match="was fp32 when this optimizer was built"):
         opt.step()
 
 

@@ -13,7 +13,10 @@ from mixprec.dtypes import parse_dtype
 from mixprec.formats import MasterSpec, StateTensor
 from mixprec.formats.masters import NoMaster
 from mixprec.formats.registry import _MASTERS
+from mixprec.formats.spec import ADAM_MOMENTS
 from mixprec.optim import native
+from mixprec.optim.kernels import StepFamily
+from mixprec.optim.rules import RULES
 
 try:
     LIBRARY: native.NativeLibrary | None = native.library()
@@ -49,12 +52,21 @@ def test_the_kernel_is_built_with_the_registrys_codes() -> None:
         assert set(defines) <= set(LIBRARY.info.flags)
 
 
+def _family(master: str, moments: str = "fp32") -> StepFamily:
+    return StepFamily(
+        RULES["adamw"],
+        formats.master_format(master),
+        formats.moment_format(moments, block_size=256),
+        maximize=False,
+    )
+
+
 @needs_native
 def test_the_kernel_covers_every_builtin_pair() -> None:
     assert LIBRARY is not None
     for master in formats.MASTER_KINDS:
         for moments in formats.MOMENT_KINDS:
-            assert LIBRARY.covers(master=master, moments=moments), (master, moments)
+            assert LIBRARY.covers(_family(master, moments)), (master, moments)
 
 
 def test_the_cache_key_changes_with_the_format_codes() -> None:
@@ -99,9 +111,7 @@ def test_a_kernel_code_the_cpp_source_lacks_is_never_sent_to_the_kernel() -> Non
     formats.register_master(bogus)
     try:
         b16 = torch.zeros(256, dtype=torch.bfloat16)
-        assert not LIBRARY.supports(
-            master="bogus_test", moments="fp32", param=b16, grad=b16, block_size=256
-        )
+        assert not LIBRARY.supports(_family("bogus_test"), param=b16, grad=b16, block_size=256)
     finally:
         del _MASTERS["bogus_test"]
 
@@ -126,7 +136,7 @@ def test_state_keys_and_bytes_come_from_the_declared_tensors() -> None:
         assert [t.dtype for t in made.values()] == [s.torch_dtype for s in spec.state], spec.name
     for mspec in formats.moment_specs():
         fmt_m = formats.moment_format(mspec.name, block_size=16)
-        made = fmt_m.init_state(torch.zeros(8, 32))
+        made = fmt_m.init_state(torch.zeros(8, 32), ADAM_MOMENTS)
         assert tuple(made) == mspec.state_keys, mspec.name
         assert sum(t.nbytes for t in made.values()) == mspec.nbytes(256, block_size=16)
 
@@ -162,10 +172,8 @@ def test_a_new_format_is_one_registration_and_never_reaches_the_native_kernel() 
         b16 = torch.zeros(256, dtype=torch.bfloat16)
         if LIBRARY is not None:
             supports = LIBRARY.supports
-            assert not supports(
-                master="copy16_test", moments="fp32", param=b16, grad=b16, block_size=256
-            )
-            assert supports(master="exact", moments="fp32", param=b16, grad=b16, block_size=256)
+            assert not supports(_family("copy16_test"), param=b16, grad=b16, block_size=256)
+            assert supports(_family("exact"), param=b16, grad=b16, block_size=256)
     finally:
         del _MASTERS["copy16_test"]
 

@@ -61,7 +61,7 @@ def test_compiled_step_equals_eager_bitwise_with_one_graph_per_family(
     _steps(comp, comp_p, range(2))
     comp, comp_p = reload(comp, comp_p, fused=True, **kw)
     _steps(comp, comp_p, range(2, 4))
-    families = {f"{a}_{b}" for a, b in comp.formats()}
+    families = {f"adamw_{a}_{b}" for a, b in comp.formats()}
     assert comp.kernels_compiled() == dict.fromkeys(families, True)
     # one graph per family serves every size, and the rebuilt optimizer reuses it
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == len(families)
@@ -94,7 +94,7 @@ def test_small_models_never_compile_under_auto() -> None:
     opt = AdamW(params, moments="int8")  # fused=None
     torch._dynamo.utils.counters.clear()
     _steps(opt, params, range(2))
-    assert opt.kernels_compiled() == {"exact_fp32": False, "exact_int8": False}
+    assert opt.kernels_compiled() == {"adamw_exact_fp32": False, "adamw_exact_int8": False}
     assert not torch._dynamo.utils.counters["frames"]
 
 

@@ -18,9 +18,9 @@ import torch
 
 from mixprec.formats import moment_format, resolve_master
 from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, native, ops, step_batch
-from mixprec.optim.functional import adamw_scalars
-from mixprec.optim.kernels import StepFamily, adamw_step_
+from mixprec.optim.kernels import StepFamily, step_
 from mixprec.optim.rng import step_key
+from mixprec.optim.rules import RULES
 from mixprec.optim.step_batch import StepBatch
 
 try:
@@ -57,31 +57,24 @@ def _reference_step(
         state = opt._state_of(p)
         state["step"] += 1
         step = int(state["step"].item())
-        scalars = adamw_scalars(
-            lr=group["lr"],
-            beta1=group["betas"][0],
-            beta2=group["betas"][1],
-            eps=group["eps"],
-            weight_decay=group["weight_decay"],
-            step=step,
-        ).as_tensor()
+        scalars = plan.rule.scalar_tensor(plan.rule.read(group), step, p.device)
         shape = plan.moments.kernel_shape(p.numel())
         key = torch.zeros((), dtype=torch.int64)
         if plan.master.spec.uses_noise:
             key = step_key(state["rng_seed"], state["step"]) & 0xFFFFFFFF
         moments = [
             state[t.name].view(-1) if t.per_block else state[t.name].view(shape)
-            for t in plan.moments.spec.state
+            for t in plan.moments.spec.state_for(plan.rule.slots)
         ]
         with torch.no_grad():
-            adamw_step_(
+            step_(
                 p.detach().view(shape),
                 g.view(shape),
                 [state[k].view(shape) for k in plan.master.spec.state_keys],
                 moments,
                 scalars,
                 key,
-                family=StepFamily(plan.master, plan.moments, maximize),
+                family=StepFamily(plan.rule, plan.master, plan.moments, maximize),
             )
 
 
@@ -262,7 +255,9 @@ def test_the_operator_refuses_what_it_cannot_read() -> None:
     g = torch.zeros(16)[::2]  # not contiguous
     m, v = torch.zeros(8), torch.zeros(8)
     step = torch.zeros((), dtype=torch.float64)
-    kernel = step_batch.kernel_for("none", "fp32", maximize=False, block_size=1, mode="native")
+    kernel = step_batch.kernel_for(
+        "adamw", "none", "fp32", maximize=False, block_size=1, mode="native"
+    )
     with pytest.raises(ValueError, match="contiguous CPU"):
         lib.step_many(
             StepBatch(
@@ -283,9 +278,12 @@ def test_the_operator_refuses_what_it_cannot_read() -> None:
 
 
 def test_family_of_names_round_trips() -> None:
-    family = step_batch.family_of("exact", "int8", maximize=True, block_size=64)
+    family = step_batch.family_of("adamw", "exact", "int8", maximize=True, block_size=64)
     assert family == StepFamily(
-        resolve_master("exact", torch.bfloat16), moment_format("int8", block_size=64), True
+        RULES["adamw"],
+        resolve_master("exact", torch.bfloat16),
+        moment_format("int8", block_size=64),
+        True,
     )
 
 
@@ -389,8 +387,24 @@ def test_fp16_gradients_on_one_fp32_parameter_step_under_fused_true() -> None:
 def test_the_operator_refuses_an_unknown_kernel_mode_and_short_lists() -> None:
     p, g = torch.zeros(4), torch.zeros(4)
     m, v, step = torch.zeros(4), torch.zeros(4), torch.zeros((), dtype=torch.float64)
-    args = ([p], [g], [], [m, v], [step], [], [0], 1e-3, 0.9, 0.999, 1e-8, 0.0, "none", "fp32")
+    args = (
+        [p],
+        [g],
+        [],
+        [m, v],
+        [step],
+        [],
+        [0],
+        1e-3,
+        0.9,
+        0.999,
+        1e-8,
+        0.0,
+        "adamw",
+        "none",
+        "fp32",
+    )
     with pytest.raises(ValueError, match="kernel_mode 'bogus'"):
-        torch.ops.mixprec.adamw_step_(*args, False, 1, "bogus")
+        torch.ops.mixprec.step_(*args, False, 1, "bogus")
     with pytest.raises(ValueError, match="need as many grads"):
-        torch.ops.mixprec.adamw_step_([p], [], *args[2:], False, 1, "eager")
+        torch.ops.mixprec.step_([p], [], *args[2:], False, 1, "eager")

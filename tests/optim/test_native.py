@@ -15,6 +15,7 @@ import torch
 from mixprec.formats import moment_format, resolve_master
 from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, kernels, native, step_batch
 from mixprec.optim.kernels import StepFamily, resolve_mode
+from mixprec.optim.rules import RULES
 from mixprec.optim.step_batch import StepKernel
 
 from .checkpoint import reload
@@ -199,18 +200,22 @@ def test_unsupported_params_take_the_fallback_kernel(monkeypatch: pytest.MonkeyP
     lib = native.library()
     t16 = torch.zeros(8, dtype=torch.float16)
     b16 = torch.zeros(8, dtype=torch.bfloat16)
-    assert not lib.supports(master="fp32", moments="fp32", param=t16, grad=t16, block_size=1)
-    assert not lib.supports(master="exact", moments="fp32", param=b16, grad=t16, block_size=1)
-    assert not lib.supports(
-        master="none", moments="fp32", param=torch.zeros(4, 4)[:, 0], grad=b16, block_size=1
+    fam = step_batch.family_of
+    fp32_fp32, exact_fp32 = (
+        fam("adamw", "fp32", "fp32", maximize=False, block_size=1),
+        fam("adamw", "exact", "fp32", maximize=False, block_size=1),
     )
+    none_fp32 = fam("adamw", "none", "fp32", maximize=False, block_size=1)
+    assert not lib.supports(fp32_fp32, param=t16, grad=t16, block_size=1)
+    assert not lib.supports(exact_fp32, param=b16, grad=t16, block_size=1)
+    assert not lib.supports(none_fp32, param=torch.zeros(4, 4)[:, 0], grad=b16, block_size=1)
     big = torch.zeros(8192, dtype=torch.bfloat16)
-    assert not lib.supports(
-        master="exact", moments="int8", param=big, grad=big, block_size=native.MAX_BLOCK * 2
-    )
-    assert lib.supports(master="exact", moments="int8", param=big, grad=big, block_size=256)
+    exact_int8 = fam("adamw", "exact", "int8", maximize=False, block_size=256)
+    assert not lib.supports(exact_int8, param=big, grad=big, block_size=native.MAX_BLOCK * 2)
+    assert lib.supports(exact_int8, param=big, grad=big, block_size=256)
     # fp16 params on a native kernel: the step goes to the other kernel (here eager).
     family = StepFamily(
+        rule=RULES["adamw"],
         master=resolve_master("fp32", torch.float16),
         moments=moment_format("fp32", block_size=256),
         maximize=False,
@@ -220,7 +225,9 @@ def test_unsupported_params_take_the_fallback_kernel(monkeypatch: pytest.MonkeyP
     p, ref = [torch.ones(8, dtype=torch.float16, requires_grad=True) for _ in range(2)]
     opt, ref_opt = AdamW([p], master="fp32", fused=True), AdamW([ref], master="fp32", fused=False)
     # (kernels are process-wide, looked up by formats, maximize, block size and mode)
-    monkeypatch.setitem(step_batch._KERNELS, ("fp32", "fp32", False, 256, "native"), kernel)
+    monkeypatch.setitem(
+        step_batch._KERNELS, ("adamw", "fp32", "fp32", False, 256, "native"), kernel
+    )
     for q in (p, ref):
         q.grad = torch.full_like(q, 0.5)
     opt.step()
@@ -287,7 +294,7 @@ def test_no_compiler_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch) 
     opt = AdamW([p], master="exact", fused=True)
     with pytest.warns(RuntimeWarning, match="native CPU kernel is unavailable"):
         kernel = step_batch.kernel_for(
-            "exact", "fp32", maximize=False, block_size=256, mode=opt._plans[p].mode
+            "adamw", "exact", "fp32", maximize=False, block_size=256, mode=opt._plans[p].mode
         )
     assert not kernel.is_native
     assert kernel.mode == "compiled"  # fused=True: torch.compile instead
@@ -385,4 +392,4 @@ def test_kernel_backends_says_what_stepped_each_dtype() -> None:
     opt = AdamW([half, bf16], master="fp32")  # fused=None: small portable groups run eagerly
     half.grad, bf16.grad = torch.ones_like(half), torch.ones_like(bf16)
     opt.step()
-    assert opt.kernel_backends() == {"fp32_fp32": "eager+native"}
+    assert opt.kernel_backends() == {"adamw_fp32_fp32": "eager+native"}

@@ -84,7 +84,7 @@ def test_the_kernel_refuses_hyperparameters_out_of_range() -> None:
     moments = [torch.zeros(64), torch.zeros(64)]
     step = torch.zeros((), dtype=torch.float64)
     before = p.clone()
-    kernel = kernel_for("exact", "fp32", maximize=False, block_size=256, mode="native")
+    kernel = kernel_for("adamw", "exact", "fp32", maximize=False, block_size=256, mode="native")
     for hyper in [
         (float("nan"), 0.9, 0.999, 1e-8, 0.0),
         (1e-3, 1.0, 0.999, 1e-8, 0.0),
@@ -118,7 +118,7 @@ def test_a_row_without_a_gradient_is_skipped_by_the_kernel() -> None:
     state = [torch.zeros(64, dtype=torch.int8) for _ in range(4)]
     moments = [torch.zeros(64) for _ in range(4)]
     steps = [torch.zeros((), dtype=torch.float64) for _ in range(2)]
-    kernel = kernel_for("exact", "fp32", maximize=False, block_size=256, mode="native")
+    kernel = kernel_for("adamw", "exact", "fp32", maximize=False, block_size=256, mode="native")
     table = library.prepare(
         StepBatch(
             kernel,

@@ -20,7 +20,7 @@ from mixprec.optim import AdamW
 common = pytest.importorskip("torch.testing._internal.common_optimizers")
 
 #: torch options mixprec refuses, with the words of its error (docs/optim.md).
-REFUSED = {"amsgrad": r"amsgrad=True is not supported", "capturable": "capturable=True"}
+REFUSED = {"capturable": "capturable=True"}
 TOLERANCE = 1e-6
 
 
@@ -80,7 +80,6 @@ def test_torch_adamw_error_inputs_fail_alike(case: object) -> None:
     [
         ({"capturable": True}, "capturable=True is not supported"),
         ({"differentiable": True}, "differentiable=True is not supported"),
-        ({"amsgrad": True}, "amsgrad=True is not supported"),
         ({"foreach": "yes"}, "foreach must be True, False or None"),
     ],
 )
@@ -91,10 +90,22 @@ def test_options_that_cannot_be_honoured_raise(kwargs: dict[str, object], words:
         AdamW([p], **kwargs)  # type: ignore[arg-type]
 
 
-def test_a_group_asking_for_amsgrad_is_refused_not_ignored() -> None:
-    a, b = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4))
-    with pytest.raises(ValueError, match="param group: amsgrad=True is not supported"):
-        AdamW([{"params": [a]}, {"params": [b], "amsgrad": True}])
+def test_a_group_asking_for_amsgrad_steps_as_torchs_does() -> None:
+    ours, theirs = _model_params(0)
+    opt = AdamW([{"params": [ours[0]]}, {"params": [ours[1]], "amsgrad": True}], lr=0.1)
+    ref = torch.optim.AdamW(
+        [{"params": [theirs[0]]}, {"params": [theirs[1]], "amsgrad": True}], lr=0.1
+    )
+    assert [r.name for r in map(opt._rule_of, opt.param_groups)] == ["adamw", "adamw_amsgrad"]
+    gen = torch.Generator().manual_seed(1)
+    for scale in (1.0, 0.1, 0.1):  # a shrinking gradient: the maximum holds the denominator up
+        for a, b in zip(ours, theirs, strict=True):
+            a.grad = torch.randn(a.shape, generator=gen) * scale
+            b.grad = a.grad.clone()
+        opt.step()
+        ref.step()
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, atol=TOLERANCE, rtol=TOLERANCE)
 
 
 def test_amsgrad_false_positionally_and_every_torch_keyword_are_accepted() -> None:
@@ -131,7 +142,7 @@ def test_tensor_lr_and_betas_work_as_in_torch() -> None:
 
 
 def test_float64_parameters_are_refused_not_computed_in_fp32() -> None:
-    with pytest.raises(ValueError, match=r"float64: mixprec\.optim\.AdamW computes .* in fp32"):
+    with pytest.raises(ValueError, match=r"float64: mixprec's optimizers compute .* in fp32"):
         AdamW([torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))])
 
 

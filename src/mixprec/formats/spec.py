@@ -18,7 +18,7 @@ from typing import Any
 
 from mixprec.floats import canonical_name, itemsize, torch_name
 
-__all__ = ["RESERVED_STATE_KEYS", "MasterSpec", "MomentSpec", "StateTensor"]
+__all__ = ["ADAM_MOMENTS", "RESERVED_STATE_KEYS", "MasterSpec", "MomentSpec", "StateTensor"]
 
 
 @dataclass(frozen=True)
@@ -217,14 +217,24 @@ class MasterSpec:
         )
 
 
+#: AdamW's moments, ``(state key, kind)``: what a moment format shows and costs by
+#: default (`MomentSpec.state`). Other update rules keep other slots
+#: (`mixprec.optim.rules`): SGD's ``momentum_buffer``, AMSGrad's ``max_exp_avg_sq``.
+ADAM_MOMENTS: tuple[tuple[str, str], ...] = (("exp_avg", "signed"), ("exp_avg_sq", "square"))
+
+
 @dataclass(frozen=True, kw_only=True)
 class MomentSpec:
-    """A moment format: how AdamW's ``exp_avg`` and ``exp_avg_sq`` are stored.
+    """A moment format: how an optimizer's moments (AdamW's ``exp_avg`` and
+    ``exp_avg_sq``, SGD's ``momentum_buffer``, ...) are stored.
 
     Attributes:
         name: the name policies and the optimizer use (``int8``).
         summary: one line for tables and errors.
-        state: the per-parameter state tensors, in encode/decode order.
+        signed: the state tensors of one signed moment (a running mean of gradients),
+            in encode/decode order; ``{}`` in a name stands for the moment's key
+            (``"{}_i8"`` stores ``exp_avg`` as ``exp_avg_i8``).
+        square: the same for one moment of squares (never negative).
         rounds_increments: True when each moment is rounded elementwise to a
             16-bit float, so moving-average increments below half an ulp are
             lost (with ``beta2 = 0.999`` the second moment cannot decay).
@@ -238,7 +248,8 @@ class MomentSpec:
 
     name: str
     summary: str
-    state: tuple[StateTensor, ...]
+    signed: tuple[StateTensor, ...]
+    square: tuple[StateTensor, ...]
     rounds_increments: bool
     blockwise: bool = False
     kernel_code: int | None = None
@@ -246,14 +257,34 @@ class MomentSpec:
     def __post_init__(self) -> None:
         _check_spec(self.name, self.state, self.kernel_code)
         _check_flags(self.name, rounds_increments=self.rounds_increments, blockwise=self.blockwise)
-        if len(self.state) < 2:
-            raise ValueError(f"moment format {self.name!r} must store both moments")
+        if not self.signed or not self.square:
+            raise ValueError(f"moment format {self.name!r} must store both kinds of moment")
+
+    def state_for(self, slots: tuple[tuple[str, str], ...]) -> tuple[StateTensor, ...]:
+        """The state tensors of the moments `slots` (``(key, kind)`` pairs), in order."""
+        return tuple(
+            StateTensor(t.name.format(key), t.dtype, t.per_block, t.follows_param)
+            for key, kind in slots
+            for t in (self.signed if kind == "signed" else self.square)
+        )
+
+    @property
+    def state(self) -> tuple[StateTensor, ...]:
+        """AdamW's moments' state tensors (`ADAM_MOMENTS`), in encode/decode order."""
+        return self.state_for(ADAM_MOMENTS)
 
     @property
     def state_keys(self) -> tuple[str, ...]:
-        """The optimizer-state keys, in encode/decode order."""
+        """AdamW's moments' optimizer-state keys, in encode/decode order."""
         return tuple(t.name for t in self.state)
 
-    def nbytes(self, numel: int, *, block_size: int = 1) -> int:
-        """State bytes for a parameter of `numel` elements (per-block scales rounded up)."""
-        return _state_nbytes(self.state, numel, block_size if self.blockwise else 1)
+    def nbytes(
+        self,
+        numel: int,
+        *,
+        block_size: int = 1,
+        slots: tuple[tuple[str, str], ...] = ADAM_MOMENTS,
+    ) -> int:
+        """State bytes of the moments `slots` for a parameter of `numel` elements
+        (per-block scales rounded up)."""
+        return _state_nbytes(self.state_for(slots), numel, block_size if self.blockwise else 1)

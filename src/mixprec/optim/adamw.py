@@ -1,54 +1,27 @@
-"""`AdamW`: a drop-in `torch.optim.AdamW` with explicit master and moment formats.
-
-The class owns state and calls the pure pieces: formats are resolved per parameter
-when its group is added, state is made at a parameter's first step (as in torch),
-and groups are gathered by format family at the boundaries (`group_step`), so a
-step makes one kernel call per family. One rule follows weights written in place
-between steps: a parameter whose version counter moved since the optimizer last
-wrote it has its master reset from it (`resync`); `load_state_dict` records the
-counters as they are, so a resume loads the model's weights first.
-"""
+"""`AdamW`: a drop-in `torch.optim.AdamW` with explicit master and moment formats."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.optim.optimizer import ParamsT
 
-from mixprec.formats import (
-    MasterFormat,
-    MomentFormat,
-)
 from mixprec.formats.registry import DEFAULT_MASTER, DEFAULT_MOMENTS
-from mixprec.optim import sharding
-from mixprec.optim.group_step import GroupStep, gather_group, read_hyper, traced_step
-from mixprec.optim.kernels import resolve_mode
-from mixprec.optim.options import check_group, check_hyper, check_options, refuse_unsupported
-from mixprec.optim.param_plan import (
-    ParamPlan,
-    check_masters_have_16bit_params,
-    check_param,
-    fresh_state,
-    plan_param,
-    refuse_params_in_two_groups,
-    refuse_shared_memory,
-)
-from mixprec.optim.resync import check_weights, decode_master, encode_master, reset_master
-from mixprec.optim.state_dicts import StateConversion, read_state_dict, to_torch
-from mixprec.optim.step_batch import StepBatch
+from mixprec.optim.adam import Adam
+from mixprec.optim.rules import RULES, Rule
 
 __all__ = ["AdamW"]
 
 
-class AdamW(torch.optim.Optimizer):
+class AdamW(Adam):
     """AdamW with decoupled weight decay and a chosen master/moment storage.
 
     Takes `torch.optim.AdamW`'s signature; bias correction and operation order
     follow it. Parameters may be fp32, bf16 or fp16 (float64 raises: the update
-    is computed in fp32). torch options it cannot honour raise `ValueError`
-    instead of being ignored: ``amsgrad=True``, ``capturable=True``,
+    is computed in fp32). ``amsgrad=True`` keeps the running maximum of the second
+    moment as one more moment, in the chosen moment format. torch options it cannot
+    honour raise `ValueError` instead of being ignored: ``capturable=True``,
     ``differentiable=True`` (also per group). ``foreach`` is accepted and changes
     nothing: every step already runs as fused kernels.
 
@@ -59,7 +32,8 @@ class AdamW(torch.optim.Optimizer):
         betas: moment decay rates, each in [0, 1) (floats, or both 1-element Tensors).
         eps: denominator term (> 0).
         weight_decay: decoupled weight decay (>= 0).
-        amsgrad: must be False (see above).
+        amsgrad: keep the running maximum of the second moment (fixed when a group
+            is added: it decides the group's state).
         foreach: accepted for torch compatibility (no effect).
         capturable: must be False.
         differentiable: must be False.
@@ -88,6 +62,8 @@ class AdamW(torch.optim.Optimizer):
         TypeError: for a ``fused`` that is not a bool or None.
     """
 
+    torch_name = "torch.optim.AdamW"
+
     def __init__(
         self,
         params: ParamsT,
@@ -108,336 +84,33 @@ class AdamW(torch.optim.Optimizer):
         block_size: int = 256,
         min_int8_numel: int = 4096,
     ) -> None:
-        options = {"amsgrad": amsgrad, "capturable": capturable, "foreach": foreach}
-        refuse_unsupported("", {**options, "differentiable": differentiable})
-        check_hyper(lr, betas, eps, weight_decay, foreach=foreach, capturable=capturable)
-        seed = check_options(fused, block_size, min_int8_numel, seed)
-        self._fused = fused
-        self._block_size = block_size
-        self._min_int8_numel = min_int8_numel
-        self._seed = int(seed)
-        self._plans: dict[torch.Tensor, ParamPlan] = {}
-        # Each group's gathered step (`mixprec.optim.group_step`), in group order.
-        self._steps: list[GroupStep | None] = []
-        # Marked by steps traced by torch.compile (see `_adopt_traced_writes`).
-        self._traced_writes: set[bool] = set()
-        #: What the last `load_state_dict` converted (a torch or older state dict).
-        self.last_conversion: StateConversion | None = None
-        hyper = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
-        formats = {"master": master, "moments": moments, "maximize": maximize}
-        defaults = {**hyper, **options, "differentiable": differentiable, **formats}
-        super().__init__(params, defaults)
-        check_masters_have_16bit_params(self.param_groups)
-
-    # -- construction (the boundaries: everything is checked here) --------------------
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group; its formats are resolved now, its state at each parameter's first step."""
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        try:
-            self._setup_group(group)
-            self._gather(len(self.param_groups) - 1, at_step=False, fresh=True)
-        except BaseException:
-            self.param_groups.pop()
-            for p in group["params"]:
-                self._plans.pop(p, None)
-                self.state.pop(p, None)
-            raise
-
-    def _setup_group(self, group: dict[str, Any]) -> None:
-        check_group(group)
-        self._plan_params(group, group["params"])
-
-    def _plan_params(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        """Plan `params` of `group`: all of them as it is added, or parameters put into
-        its ``params`` by hand (torch steps those too, making their state on first use)."""
-        for p in params:
-            check_param(p)
-        refuse_shared_memory([q for g in self.param_groups for q in g["params"]])
-        planned = self._plans.get(group["params"][0]) if params else None
-        device, numel = params[0].device.type if params else "cpu", sum(map(torch.numel, params))
-        mode = (
-            planned.mode if planned else resolve_mode(self._fused, device_type=device, numel=numel)
+        super().__init__(
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            amsgrad,
+            foreach=foreach,
+            maximize=maximize,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+            decoupled_weight_decay=True,
+            master=master,
+            moments=moments,
+            seed=seed,
+            block_size=block_size,
+            min_int8_numel=min_int8_numel,
         )
-        for p in params:
-            self._plans[p] = plan_param(
-                p,
-                group,
-                mode=mode,
-                index=len(self._plans),
-                block_size=self._block_size,
-                min_int8_numel=self._min_int8_numel,
+
+    def _rule_of(self, group: dict[str, Any]) -> Rule:
+        return RULES["adamw_amsgrad" if group.get("amsgrad") else "adamw"]
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        if group.get("decoupled_weight_decay", True) is not True:
+            raise ValueError(
+                "param group: decoupled_weight_decay=False (Adam with L2 decay) is not "
+                "AdamW: use mixprec.optim.Adam for L2 decay, or drop the key"
             )
-
-    def _fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
-        return fresh_state(p, self._plans[p], self._seed)
-
-    def _state_of(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
-        """`p`'s state, made on first use (as torch's optimizers do: none before a step)."""
-        state = self.state.get(p)
-        if not state:
-            state = self._fresh_state(p)
-            self.state[p] = state
-        return state
-
-    def _gather(self, index: int, *, at_step: bool, fresh: bool = False) -> GroupStep:
-        """Gather group `index` again (`group_step.gather_group`). `at_step`: make the
-        state of parameters with a first gradient; `fresh`: take every version counter
-        as it is now (the state was just loaded), else keep those the last step left."""
-        group = self.param_groups[index]
-        refuse_params_in_two_groups(self.param_groups)
-        new = [p for p in group["params"] if p not in self._plans]
-        if new:
-            self._plan_params(group, new)
-        steps = self._steps
-        old = steps[index] if index < len(steps) else None
-        known = () if fresh or old is None else old.known_versions()
-        out = gather_group(
-            group,
-            index,
-            plans=self._plans,
-            state=self.state,
-            make_state=self._state_of if at_step else None,
-            block_size=self._block_size,
-            versions=dict(known),
-        )
-        steps.extend([None] * (index + 1 - len(steps)))
-        steps[index] = out
-        return out
-
-    def _gather_all(self) -> None:
-        """Gather every group with the version counters as they are (a boundary)."""
-        self._steps = []
-        for index in range(len(self.param_groups)):
-            self._gather(index, at_step=False, fresh=True)
-
-    # -- stepping ---------------------------------------------------------------------
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Apply one AdamW step to every parameter that has a gradient.
-
-        One call per family of formats and group (the native CPU kernel: one pass);
-        step counters stay on the tensors, with no per-parameter host synchronisation.
-        A step interrupted by an exception (or Ctrl-C) is undefined: resume from a
-        checkpoint.
-
-        Args:
-            closure: re-evaluates the model and returns the loss (optional).
-
-        Returns:
-            The closure's loss, or None.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        if torch.compiler.is_compiling():  # its writes are adopted by the next eager call
-            self._traced_writes.add(True)  # a container: torch.compile replays its mutation
-            traced_step(
-                self.param_groups, self._plans, self.state, self._state_of, self._block_size
-            )
-            return loss
-        if self._traced_writes:
-            self._adopt_traced_writes()
-        observed = (
-            torch.autograd.profiler._is_profiler_enabled or torch._C._len_torch_dispatch_stack() > 0
-        )
-        for index, group in enumerate(self.param_groups):
-            gs = self._ready(index, group, at_step=True)
-            gs.run(read_hyper(group), observed)
-            gs.versions = list(map(gs.version_of, group["params"]))
-        return loss
-
-    def _ready(self, index: int, group: dict[str, Any], *, at_step: bool) -> GroupStep:
-        """Group `index`'s batches, gathered again where they no longer describe it, with
-        the masters of parameters edited since the last write reset (the one rule)."""
-        gs = self._steps[index] if index < len(self._steps) else None
-        if gs is None or not gs.current(group):
-            gs = self._gather(index, at_step=at_step)
-        if list(map(gs.version_of, group["params"])) != gs.versions:
-            self._follow_edits(gs)
-        return gs
-
-    def _adopt_traced_writes(self) -> None:
-        """After steps run inside ``torch.compile``, take the parameters' version counters
-        as they are: those writes were the optimizer's own, not edits to follow (in-place
-        edits between compiled steps are not detected: see docs/optim.md)."""
-        if self._traced_writes:
-            self._traced_writes.clear()
-            self._gather_all()
-
-    def _follow_edits(self, gs: GroupStep) -> None:
-        """Reset the master of each parameter of `gs` written in place since the optimizer
-        last wrote it (the one rule: see the module)."""
-        for p, before in zip(gs.params, gs.versions, strict=True):
-            state = self.state.get(p)
-            if state and gs.version_of(p) != before:
-                plan = self._plans[p]
-                lp = sharding.local(p.detach())
-                reset_master(plan.master, lp, [sharding.local(state[k]) for k in plan.master_keys])
-        gs.versions = list(map(gs.version_of, gs.params))
-
-    @torch.no_grad()
-    def sync_edited(self) -> None:
-        """Reset the masters of parameters written in place since the optimizer last
-        wrote them (as `step` does; `state_dict`, `master_weights` and
-        `torch_state_dict` call it): a master then equals the written value."""
-        self._adopt_traced_writes()
-        for index, group in enumerate(self.param_groups):
-            self._ready(index, group, at_step=False)
-
-    def state_dict(self) -> dict[str, Any]:
-        """torch's state dict, with masters first re-synced with edited parameters."""
-        self.sync_edited()
-        return super().state_dict()
-
-    @torch.no_grad()
-    def master_weights(self) -> list[torch.Tensor]:
-        """The fp32 master value of every parameter, in parameter order (new tensors).
-
-        Remainder formats are reconstructed; ``kahan`` gives ``param + compensation``;
-        ``none`` and ``stochastic`` give the parameter upcast, as does a parameter
-        never stepped (it has no state yet). A DTensor parameter gets a DTensor
-        sharded like it (``.full_tensor()`` gathers it).
-        """
-        self.sync_edited()
-        params = [p for group in self.param_groups for p in group["params"]]
-        return [decode_master(p, self._plans[p], self.state.get(p)) for p in params]
-
-    @torch.no_grad()
-    def load_master_weights(self, weights: Sequence[torch.Tensor]) -> None:
-        """Set every parameter and its master from fp32 values: `master_weights` inverted
-        (`resync.encode_master`; bitwise for ``exact`` and ``fp32``). Used to carry
-        weights across master formats (`mixprec.checkpoint.load(convert=True)`).
-
-        Args:
-            weights: one tensor per parameter, in `param_groups` order, shaped like it.
-
-        Raises:
-            ValueError: a count or a shape differs, or a value is not finite.
-        """
-        self.sync_edited()
-        params = [p for group in self.param_groups for p in group["params"]]
-        check_weights(params, weights)
-        for p, w in zip(params, weights, strict=True):
-            encode_master(p, self._plans[p], w, self.state.get(p), self._state_of)
-        self._gather_all()  # the masters match the parameters as they are now
-
-    def format_of(self, p: torch.Tensor) -> tuple[str, str]:
-        """The effective ``(master, moments)`` of parameter `p`.
-
-        Raises:
-            KeyError: `p` is not a parameter of this optimizer.
-        """
-        plan = self._plans[p]
-        return plan.master.spec.name, plan.moments.spec.name
-
-    def formats(self) -> list[tuple[str, str]]:
-        """The effective ``(master, moments)`` of every parameter, in parameter order."""
-        for group in self.param_groups:
-            new = [p for p in group["params"] if p not in self._plans]
-            if new:
-                self._plan_params(group, new)
-        return [
-            (self._plans[p].master.spec.name, self._plans[p].moments.spec.name)
-            for group in self.param_groups
-            for p in group["params"]
-        ]
-
-    def kernels_compiled(self) -> dict[str, bool]:
-        """For each family stepped so far, whether it runs fused (native or compiled)."""
-        out: dict[str, bool] = {}
-        for b in self._batches():
-            out[b.family.name] = out.get(b.family.name, False) or b.kernel.is_compiled
-        return out
-
-    def kernel_backends(self) -> dict[str, str]:
-        """For each family stepped so far, how its groups run: a sorted ``+``-joined
-        subset of ``native``, ``compiled`` and ``eager`` (e.g. ``"native"``)."""
-        found: dict[str, set[str]] = {}
-        for b in self._batches():
-            found.setdefault(b.family.name, set()).update(
-                b.kernel.backend(p.dtype) for p in b.params
-            )
-        return {name: "+".join(sorted(hows)) for name, hows in found.items()}
-
-    def _batches(self) -> list[StepBatch]:
-        return [batch for gs in self._steps if gs for batch in gs.batches]
-
-    def __getstate__(self) -> dict[str, Any]:
-        # torch.optim.Optimizer keeps only defaults, state and groups; the formats and
-        # options are needed to step. The gathered steps are rebuilt (a boundary).
-        out = dict(super().__getstate__())
-        for key in ("_fused", "_block_size", "_min_int8_numel", "_seed", "_plans"):
-            out[key] = getattr(self, key)
-        return out
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self._traced_writes = set()
-        self.last_conversion = None
-        self._gather_all()
-
-    @torch.no_grad()
-    def check_state_dict(self, state_dict: dict[str, Any]) -> StateConversion:
-        """What loading `state_dict` would convert, changing nothing (raises
-        `ValueError` as `load_state_dict` would)."""
-        return read_state_dict(
-            state_dict, self.param_groups, self._fresh_state, self._formats_of
-        ).conversion
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state dict of this optimizer, of an older mixprec version, or of
-        `torch.optim.AdamW`, converted to this optimizer's formats.
-
-        Everything is validated before anything changes; saved tensors are copied
-        into new ones made like this optimizer's own, a parameter with no saved state
-        has none afterwards and group hyperparameters are the saved ones (as in
-        torch). A torch state dict's moments are encoded into this optimizer's
-        formats, its masters start equal to the parameters (`last_conversion` says
-        what was converted). Load the model's weights first (see the module).
-
-        Raises:
-            ValueError: if groups, formats, state keys, shapes or dtypes differ, or
-                the torch state uses what this optimizer refuses (AMSGrad, L2 Adam).
-        """
-        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
-            result = pre_hook(self, state_dict)
-            if result is not None:
-                state_dict = result
-        loaded = read_state_dict(state_dict, self.param_groups, self._fresh_state, self._formats_of)
-        for p, new_state in loaded.states.items():
-            if new_state is None:
-                self.state.pop(p, None)
-            else:
-                self.state[p] = new_state
-        for group, saved in zip(self.param_groups, loaded.groups, strict=True):
-            for key, value in saved.items():
-                if key != "params":
-                    group[key] = tuple(value) if key == "betas" else value
-        # The loaded state matches the parameters as they are now (a resume loads the
-        # model's weights first); writes from here on are edits to follow.
-        self._gather_all()
-        self.last_conversion = loaded.conversion
-        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
-            post_hook(self)
-
-    @torch.no_grad()
-    def torch_state_dict(self, *, moments_dtype: torch.dtype | None = None) -> dict[str, Any]:
-        """This optimizer's state as `torch.optim.AdamW` saves it, for
-        `torch.optim.AdamW.load_state_dict` (moments decoded into the parameters'
-        dtype, as torch keeps them, or into `moments_dtype`; masters left out: torch
-        keeps none, see `master_weights`)."""
-        self.sync_edited()
-        return to_torch(self.param_groups, self.state, self._formats_of, moments_dtype)
-
-    def _formats_of(self, p: torch.Tensor) -> tuple[MasterFormat, MomentFormat]:
-        plan = self._plans[p]
-        return plan.master, plan.moments
-
-    def __repr__(self) -> str:
-        kinds = sorted(set(self.formats()))
-        groups = len(self.param_groups)
-        return f"mixprec.optim.AdamW(formats={kinds}, fused={self._fused!r}, groups={groups})"
+        super()._check_group(group)

@@ -11,10 +11,10 @@ parameters have a gradient and each gradient's dtype, size, layout and device
 (`GroupStep.run`), and the parameters' version counters and data pointers
 (`GroupStep.current`). One call per family (a `StepBatch`): the native kernel
 through its table with the new gradient pointers, else
-``torch.ops.mixprec.adamw_step_`` (`mixprec.optim.ops`: compiled, eager, or the
+``torch.ops.mixprec.step_`` (`mixprec.optim.ops`: compiled, eager, or the
 native kernel with every check).
 
-State tensors are the optimizer's: they change through `AdamW.load_state_dict`
+State tensors are the optimizer's: they change through its `load_state_dict`
 (a boundary); one replaced or resized by hand between steps is not looked at
 again until the next boundary, and such a step is undefined (the table keeps
 the memory it points to alive, so it never reads freed memory).
@@ -37,17 +37,10 @@ from mixprec.optim import native, ops, sharding
 from mixprec.optim.layout import flat_view, like_param
 from mixprec.optim.native.binding import HYPER
 from mixprec.optim.param_plan import ParamPlan
-from mixprec.optim.step_batch import Hyper, StepBatch, kernel_for
+from mixprec.optim.rules import Hyper, Rule
+from mixprec.optim.step_batch import StepBatch, kernel_for
 
-__all__ = [
-    "GroupStep",
-    "check_hyper_bounds",
-    "follow_layout",
-    "gather_group",
-    "read_hyper",
-    "run_checked",
-    "traced_step",
-]
+__all__ = ["GroupStep", "follow_layout", "gather_group", "run_checked", "traced_step"]
 
 _GRAD = operator.attrgetter("grad")
 _VERSION = operator.attrgetter("_version")
@@ -62,38 +55,12 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 
 
-def read_hyper(group: dict[str, Any]) -> Hyper:
-    """``(lr, beta1, beta2, eps, weight_decay)`` of `group` as floats (what a step reads;
-    `AdamW.step` inlines it)."""
-    betas = group["betas"]
-    return (
-        float(group["lr"]),
-        float(betas[0]),
-        float(betas[1]),
-        float(group["eps"]),
-        float(group["weight_decay"]),
-    )
-
-
-def check_hyper_bounds(hyper: tuple[float, ...], index: int) -> None:
-    """The native kernel's bounds (its return code 5), for the other paths."""
-    lr, beta1, beta2, eps, wd = hyper
-    inf = float("inf")
-    if not (
-        0.0 <= lr < inf and 0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0 and 0.0 < eps < inf
-    ) or not (0.0 <= wd < inf):
-        raise ValueError(
-            f"param group {index}: lr={lr!r}, betas=({beta1!r}, {beta2!r}), eps={eps!r}, "
-            f"weight_decay={wd!r}: need a finite lr >= 0, betas in [0, 1), a finite eps > 0 "
-            "and a finite weight_decay >= 0 (nothing was stepped)"
-        )
-
-
 @dataclass
 class GroupStep:
     """One param group's batches and what `current` compares each step."""
 
     group: dict[str, Any]
+    rule: Rule  # the group's update rule (its `read` gives a step's hyperparameters)
     params: list[torch.Tensor]  # group["params"] when gathered
     pointers: list[int] | None  # their data pointers; None: gather again every step
     versions: list[int]  # their version counters when the optimizer last wrote them
@@ -203,12 +170,12 @@ def run_checked(batch: StepBatch, grads: list[torch.Tensor | None], hyper: Hyper
     rows = [i for i, g in enumerate(grads) if g is not None]
     if not rows:
         return
-    check_hyper_bounds(hyper, batch.index)
+    batch.family.rule.check(hyper, batch.index)
     call = batch.select(rows, grads=[_local_grad(batch.owners[i], grads[i]) for i in rows])
     misfit = None if torch.compiler.is_compiling() else batch.kernel.misfit(call)
     if misfit is not None:
         raise ValueError(f"param group {batch.index} was not stepped: {misfit}")
-    ops.adamw_step_(call, hyper)
+    ops.step_(call, hyper)
 
 
 def _local_grad(p: torch.Tensor, grad: Any) -> torch.Tensor:
@@ -216,7 +183,7 @@ def _local_grad(p: torch.Tensor, grad: Any) -> torch.Tensor:
     if not isinstance(grad, torch.Tensor):
         raise TypeError(f"gradient of parameter {tuple(p.shape)} is not a tensor: {grad!r}")
     if grad.is_sparse:
-        raise ValueError("mixprec AdamW does not support sparse gradients")
+        raise ValueError("mixprec's optimizers do not support sparse gradients")
     if sharding.is_dtensor(p) != sharding.is_dtensor(grad) or (
         sharding.is_dtensor(p) and grad.placements != p.placements  # type: ignore[attr-defined]
     ):
@@ -224,7 +191,7 @@ def _local_grad(p: torch.Tensor, grad: Any) -> torch.Tensor:
         want = getattr(p, "placements", "a plain tensor")
         raise ValueError(
             f"gradient of parameter {tuple(p.shape)} is {got} but the parameter is "
-            f"{want}; mixprec AdamW steps each shard locally and needs them sharded alike"
+            f"{want}; mixprec's optimizers step each shard locally and need them sharded alike"
         )
     lp = sharding.local(p.detach())
     local = like_param(sharding.local(grad), lp)
@@ -261,15 +228,16 @@ def gather_group(
     group: dict[str, Any],
     index: int,
     *,
+    rule: Rule,
     plans: dict[torch.Tensor, ParamPlan],
     state: dict[torch.Tensor, Any],
     make_state: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None,
     block_size: int,
     versions: dict[int, int],
 ) -> GroupStep:
-    """`group`'s batches (see the module). `make_state`: makes the state of a parameter
-    with a gradient and none yet (at a step; None elsewhere: such parameters wait).
-    `versions`: by ``id(p)``, the version counters the optimizer last left (the
+    """`group`'s batches (see the module), stepped by `rule`. `make_state`: makes the
+    state of a parameter with a gradient and none yet (at a step; None elsewhere: such
+    parameters wait). `versions`: by ``id(p)``, the version counters the optimizer last left (the
     others are taken as they are now: their state matches them).
 
     Raises:
@@ -292,7 +260,7 @@ def gather_group(
             st = make_state(p)
         if p.dtype != plan.dtype:
             raise PrecisionError(
-                f"parameter {tuple(p.shape)} was {dtype_name(plan.dtype)} when this AdamW was "
+                f"parameter {tuple(p.shape)} was {dtype_name(plan.dtype)} when this optimizer was "
                 f"built (master {plan.master.spec.name!r}) and is {dtype_name(p.dtype)} now; "
                 "its master and moments no longer fit: cast the model (or prec.prepare it) "
                 "before building the optimizer"
@@ -312,6 +280,7 @@ def gather_group(
         batch = keyed.get(key)
         if batch is None:
             kernel = kernel_for(
+                plan.rule.name,
                 plan.master.spec.name,
                 plan.moments.spec.name,
                 maximize=bool(group["maximize"]),
@@ -331,6 +300,7 @@ def gather_group(
     version_of = _VERSION if reusable else sharding.write_version
     out = GroupStep(
         group,
+        rule,
         params,
         list(map(_PTR, params)) if reusable and not tracing else None,
         [] if tracing else [versions.get(id(p), version_of(p)) for p in params],
@@ -365,6 +335,7 @@ def _check_and_prepare(batch: StepBatch) -> None:
 
 def traced_step(
     groups: list[dict[str, Any]],
+    rules: list[Rule],
     plans: dict[torch.Tensor, ParamPlan],
     state: dict[torch.Tensor, Any],
     make_state: Callable[[torch.Tensor], dict[str, torch.Tensor]],
@@ -372,16 +343,17 @@ def traced_step(
 ) -> None:
     """The step inside ``torch.compile``: every group gathered afresh (no pointers, no
     tables) and stepped through the operator, which tracing records as one node."""
-    for index, group in enumerate(groups):
+    for index, (group, rule) in enumerate(zip(groups, rules, strict=True)):
         gs = gather_group(
             group,
             index,
+            rule=rule,
             plans=plans,
             state=state,
             make_state=make_state,
             block_size=block_size,
             versions={},
         )
-        hyper = read_hyper(group)
+        hyper = rule.read(group)
         for batch in gs.batches:
             run_checked(batch, [p.grad for p in batch.owners], hyper)

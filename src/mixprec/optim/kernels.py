@@ -1,6 +1,7 @@
-"""The fused AdamW step: decode master and moments, update in fp32, encode, write in place.
+"""The fused step: decode master and moments, update in fp32, encode, write in place.
 
-`adamw_step_` composes the pure pieces for one flattened parameter; a batch of
+`step_` composes the pure pieces (formats and the update rule, `mixprec.optim.rules`)
+for one flattened parameter; a batch of
 parameters (`mixprec.optim.step_batch.StepKernel`) runs one of three ways, all
 bitwise identical:
 
@@ -26,21 +27,21 @@ from typing import Literal
 
 import torch
 
-from mixprec.formats import MasterFormat, MomentFormat
+from mixprec.formats import MasterFormat, MomentFormat, StateTensor
 from mixprec.optim import native
-from mixprec.optim.functional import adamw_math
 from mixprec.optim.inductor import compile_fn
 from mixprec.optim.rng import uniform16
+from mixprec.optim.rules import Rule
 
 __all__ = [
     "AUTO_COMPILE_MIN_NUMEL",
     "KERNEL_MODES",
     "StepFamily",
     "StepFn",
-    "adamw_step_",
     "compiled_family_function",
     "family_function",
     "resolve_mode",
+    "step_",
     "warn_native_unavailable",
 ]
 
@@ -85,20 +86,26 @@ def resolve_mode(fused: bool | None, *, device_type: str, numel: int) -> KernelM
 
 @dataclass(frozen=True)
 class StepFamily:
-    """Everything static about a step: formats and flags (one compiled graph each)."""
+    """Everything static about a step: the rule, formats and flags (one compiled graph each)."""
 
+    rule: Rule
     master: MasterFormat
     moments: MomentFormat
     maximize: bool
 
     @property
     def name(self) -> str:
-        """A readable identifier, e.g. ``exact_fp32`` or ``remainder8_int8_max``."""
+        """A readable identifier, e.g. ``adamw_exact_fp32`` or ``sgd_momentum_exact_int8_max``."""
         suffix = "_max" if self.maximize else ""
-        return f"{self.master.spec.name}_{self.moments.spec.name}{suffix}"
+        return f"{self.rule.name}_{self.master.spec.name}_{self.moments.spec.name}{suffix}"
+
+    @functools.cached_property
+    def moment_tensors(self) -> tuple[StateTensor, ...]:
+        """The moments' state tensors, in the order the step takes them."""
+        return self.moments.spec.state_for(self.rule.slots)
 
 
-def adamw_step_(
+def step_(
     param: torch.Tensor,
     grad: torch.Tensor,
     master_state: Sequence[torch.Tensor],
@@ -108,15 +115,15 @@ def adamw_step_(
     *,
     family: StepFamily,
 ) -> None:
-    """One AdamW step for one flattened parameter, writing every output in place.
+    """One step of `family`'s rule for one flattened parameter, writing every output in place.
 
     Args:
         param: parameter data viewed as ``family.moments.kernel_shape`` (flat, or
             one row per int8 block), 16-bit or fp32.
         grad: gradient of the same shape, any float dtype.
         master_state: master state tensors (same shape), in ``family.master.spec.state_keys`` order.
-        moment_state: moment state tensors, in ``family.moments.spec.state_keys`` order.
-        scalars: fp32 vector from `AdamWScalars.as_tensor`.
+        moment_state: moment state tensors, in ``family.moment_tensors`` order.
+        scalars: fp32 vector from `Rule.scalar_tensor`.
         noise_key: int64 0-d key of this step's stochastic-rounding noise: element
             ``i`` draws ``uniform16`` at ``i + noise_key`` (`AdamW` passes
             `step_key` of its seed and step, plus the shard's global offset);
@@ -127,16 +134,15 @@ def adamw_step_(
     grad32 = grad.to(torch.float32)
     if family.maximize:
         grad32 = -grad32
-    exp_avg, exp_avg_sq = family.moments.decode(moment_state)
-    value, exp_avg, exp_avg_sq = adamw_math(
-        param=value, grad=grad32, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, scalars=scalars
-    )
+    kinds = family.rule.kinds
+    moments = family.moments.decode(moment_state, kinds)
+    value, moments = family.rule.math(value, grad32, moments, scalars)
     noise = uniform16(param.shape, noise_key) if family.master.spec.uses_noise else None
     new_param, new_master = family.master.encode(value, dtype=param.dtype, noise=noise)
     param.copy_(new_param)
     for dst, src in zip(master_state, new_master, strict=True):
         dst.copy_(src)
-    for dst, src in zip(moment_state, family.moments.encode(exp_avg, exp_avg_sq), strict=True):
+    for dst, src in zip(moment_state, family.moments.encode(moments, kinds), strict=True):
         dst.copy_(src)
 
 
@@ -163,11 +169,11 @@ def family_function(family: StepFamily) -> StepFn:
         scalars: torch.Tensor,
         noise_key: torch.Tensor,
     ) -> None:
-        adamw_step_(param, grad, master_state, moment_state, scalars, noise_key, family=family)
+        step_(param, grad, master_state, moment_state, scalars, noise_key, family=family)
 
     # Dynamo keeps its compile cache (and its recompile limit) per code object;
     # a renamed copy gives each family its own budget instead of sharing one.
-    name = f"mixprec_adamw_{family.name}"
+    name = f"mixprec_step_{family.name}"
     code = step_fn.__code__.replace(co_name=name)
     fn = types.FunctionType(code, step_fn.__globals__, name, None, step_fn.__closure__)
     return fn
@@ -184,7 +190,7 @@ def compiled_family_function(family: StepFamily) -> StepFn:
 def warn_native_unavailable(reason: str) -> None:
     # Once per process and reason: every optimizer would otherwise repeat it.
     warnings.warn(
-        f"mixprec AdamW: the native CPU kernel is unavailable ({reason}); "
+        f"mixprec optimizers: the native CPU kernel is unavailable ({reason}); "
         "using torch.compile for fused steps instead (same results, slower on CPU).",
         RuntimeWarning,
         stacklevel=4,

@@ -1,11 +1,12 @@
-"""``torch.ops.mixprec.adamw_step_``: the step of one batch of parameters as a PyTorch operator.
+"""``torch.ops.mixprec.step_``: the step of one batch of parameters as a PyTorch operator.
 
-`mixprec.optim.AdamW` steps each family of parameters of a group through this
-operator, so the profiler shows one ``mixprec::adamw_step_`` per call and
+mixprec's optimizers step each family of parameters of a group through this
+operator, so the profiler shows one ``mixprec::step_`` per call and
 ``torch.compile`` / ``torch._dynamo`` trace it as one opaque, in-place node
 (no graph break; the implementation runs when the graph runs). It takes the
 parameters, their state and their float64 step counters as lists, and the
-group's hyperparameters as floats; its implementation is `StepKernel.run`
+group's hyperparameters as floats (their meaning is the rule's,
+`mixprec.optim.rules`); its implementation is `StepKernel.run`
 of `mixprec.optim.step_batch` (the native CPU kernel in one call, else the
 portable path).
 
@@ -13,7 +14,7 @@ The schema declares what it writes: parameters, master and moment state and
 the step counters. A fake implementation (nothing to compute: no outputs)
 lets tracing run on fake tensors.
 
-`adamw_step_` goes through the dispatcher whenever anyone could be watching:
+`step_` goes through the dispatcher whenever anyone could be watching:
 under ``torch.compile`` / ``torch._dynamo`` tracing, with the profiler on, or
 inside a ``TorchDispatchMode`` (fake tensors, ``make_fx``, debug modes). In
 plain eager execution it calls the same implementation directly: the
@@ -26,12 +27,13 @@ from __future__ import annotations
 import torch
 
 from mixprec.optim.kernels import KERNEL_MODES
-from mixprec.optim.step_batch import Hyper, StepBatch, kernel_for
+from mixprec.optim.rules import Hyper
+from mixprec.optim.step_batch import StepBatch, kernel_for
 
-__all__ = ["OP_NAME", "adamw_step_", "observed"]
+__all__ = ["OP_NAME", "observed", "step_"]
 
 #: The operator's qualified name.
-OP_NAME = "mixprec::adamw_step_"
+OP_NAME = "mixprec::step_"
 
 # The schema lists the step's arguments one by one (a `StepBatch` and its hyper-
 # parameters): torch.compile traces an operator through its schema, which knows
@@ -41,8 +43,8 @@ torch.library.define(
     OP_NAME,
     "(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_state, "
     "Tensor(c!)[] moment_state, Tensor(d!)[] steps, Tensor[] seeds, int[] offsets, "
-    "float lr, float beta1, float beta2, float eps, float weight_decay, "
-    "str master, str moments, bool maximize, int block_size, str kernel_mode) -> ()",
+    "float h0, float h1, float h2, float h3, float h4, "
+    "str rule, str master, str moments, bool maximize, int block_size, str kernel_mode) -> ()",
 )
 
 
@@ -54,11 +56,12 @@ def _from_schema(
     steps: list[torch.Tensor],
     seeds: list[torch.Tensor],
     offsets: list[int],
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
+    h0: float,
+    h1: float,
+    h2: float,
+    h3: float,
+    h4: float,
+    rule: str,
     master: str,
     moments: str,
     maximize: bool,
@@ -71,7 +74,9 @@ def _from_schema(
         raise ValueError(f"kernel_mode {kernel_mode!r} is not one of {', '.join(KERNEL_MODES)}")
     if len(grads) != len(params):
         raise ValueError(f"{len(params)} params need as many grads, got {len(grads)}")
-    kernel = kernel_for(master, moments, maximize=maximize, block_size=block_size, mode=kernel_mode)
+    kernel = kernel_for(
+        rule, master, moments, maximize=maximize, block_size=block_size, mode=kernel_mode
+    )
     batch = StepBatch(
         kernel,
         block_size,
@@ -83,7 +88,7 @@ def _from_schema(
         seeds=seeds,
         offsets=list(offsets),
     )
-    _adamw_step_impl(batch, (lr, beta1, beta2, eps, weight_decay))
+    _step_impl(batch, (h0, h1, h2, h3, h4))
 
 
 def _schema_args(batch: StepBatch, hyper: Hyper) -> tuple[object, ...]:
@@ -98,6 +103,7 @@ def _schema_args(batch: StepBatch, hyper: Hyper) -> tuple[object, ...]:
         batch.seeds,
         batch.offsets,
         *hyper,
+        family.rule.name,
         family.master.spec.name,
         family.moments.spec.name,
         family.maximize,
@@ -106,7 +112,7 @@ def _schema_args(batch: StepBatch, hyper: Hyper) -> tuple[object, ...]:
     )
 
 
-def _adamw_step_impl(batch: StepBatch, hyper: Hyper) -> None:
+def _step_impl(batch: StepBatch, hyper: Hyper) -> None:
     batch.kernel.run(batch, hyper)
     # The native kernel writes through pointers: tell autograd the parameters changed
     # (the portable path's in-place copies count themselves; one more bump is harmless).
@@ -114,20 +120,20 @@ def _adamw_step_impl(batch: StepBatch, hyper: Hyper) -> None:
         torch.autograd.graph.increment_version(batch.params)
 
 
-def _adamw_step_fake(*args: object, **kwargs: object) -> None:
+def _step_fake(*args: object, **kwargs: object) -> None:
     return None
 
 
 torch.library.impl(OP_NAME, "default", _from_schema)
-torch.library.register_fake(OP_NAME, _adamw_step_fake)
+torch.library.register_fake(OP_NAME, _step_fake)
 
 
-def adamw_step_(batch: StepBatch, hyper: Hyper) -> None:
-    """Step `batch` through ``torch.ops.mixprec.adamw_step_`` (see the module's docstring)."""
+def step_(batch: StepBatch, hyper: Hyper) -> None:
+    """Step `batch` through ``torch.ops.mixprec.step_`` (see the module's docstring)."""
     if observed():
-        torch.ops.mixprec.adamw_step_(*_schema_args(batch, hyper))
+        torch.ops.mixprec.step_(*_schema_args(batch, hyper))
     else:
-        _adamw_step_impl(batch, hyper)
+        _step_impl(batch, hyper)
 
 
 def observed() -> bool:

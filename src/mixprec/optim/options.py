@@ -1,4 +1,8 @@
-"""torch.optim.AdamW's options: checked as torch checks them, refused where unsupported."""
+"""torch's optimizer options: checked as torch checks them, refused where unsupported.
+
+`check_hyper` is Adam's and AdamW's, `check_sgd` SGD's, `check_lion` Lion's;
+`refuse_unsupported` and `check_options` apply to every mixprec optimizer.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,15 @@ import torch
 
 from mixprec.formats import check_master, check_moments
 
-__all__ = ["check_group", "check_hyper", "check_options", "refuse_unsupported", "scalar"]
+__all__ = [
+    "check_formats",
+    "check_hyper",
+    "check_lion",
+    "check_options",
+    "check_sgd",
+    "refuse_unsupported",
+    "scalar",
+]
 
 
 def scalar(value: object) -> float:
@@ -76,29 +88,17 @@ def check_hyper(
 
 
 def refuse_unsupported(where: str, options: dict[str, Any]) -> None:
-    """torch.optim.AdamW options this optimizer cannot honour raise, never pass silently."""
-    if options.get("amsgrad"):
-        raise ValueError(
-            f"{where}amsgrad=True is not supported by mixprec.optim.AdamW (its running maximum "
-            "of the second moment has no storage format here); use torch.optim.AdamW for "
-            "AMSGrad, or amsgrad=False"
-        )
+    """torch options no mixprec optimizer can honour raise, never pass silently."""
     if options.get("capturable"):
         raise ValueError(
-            f"{where}capturable=True is not supported: mixprec.optim.AdamW reads the step count "
-            "on the host, so its step cannot be captured in a CUDA graph; use capturable=False"
+            f"{where}capturable=True is not supported: mixprec's optimizers read the step "
+            "count on the host, so a step cannot be captured in a CUDA graph; use "
+            "capturable=False"
         )
     if options.get("differentiable"):
         raise ValueError(
             f"{where}differentiable=True is not supported: the fused step writes the "
             "parameters and state in place outside autograd; use differentiable=False"
-        )
-    if "decoupled_weight_decay" in options and not options["decoupled_weight_decay"]:
-        raise ValueError(
-            f"{where}decoupled_weight_decay=False (Adam with L2 decay, torch.optim.Adam's "
-            "option) is not supported: mixprec.optim.AdamW decays the weights decoupled, "
-            "as torch.optim.AdamW does; drop the key (or set it True), or use "
-            "weight_decay=0 and add the L2 term to the loss"
         )
     foreach = options.get("foreach")
     if foreach is not None and not isinstance(foreach, bool):
@@ -128,16 +128,52 @@ def check_options(fused: object, block_size: int, min_int8_numel: int, seed: obj
     return int(seed)
 
 
-def check_group(group: dict[str, Any]) -> None:
-    """A param group's options, hyperparameters and formats, as it is added."""
-    refuse_unsupported("param group: ", group)
-    check_hyper(
-        group["lr"],
-        group["betas"],
-        group["eps"],
-        group["weight_decay"],
-        foreach=group.get("foreach"),
-        capturable=bool(group.get("capturable")),
-    )
-    check_master(group["master"], auto=True)  # the registry now: formats added later too
+def check_formats(group: dict[str, Any]) -> None:
+    """A param group's ``master`` and ``moments`` (the registry now: formats added later too)."""
+    check_master(group["master"], auto=True)
     check_moments(group["moments"])
+
+
+def _check_lr(lr: object) -> None:
+    if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+    elif isinstance(lr, bool) or not isinstance(lr, Real):
+        raise ValueError(f"Invalid learning rate: {lr!r} (a float or a 1-element Tensor)")
+    if not (scalar(lr) >= 0.0 and math.isfinite(scalar(lr))):
+        raise ValueError(f"Invalid learning rate: {scalar(lr)} (a finite number >= 0)")
+
+
+def _check_number(name: str, value: object, *, low: float | None = 0.0) -> None:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = scalar(value)
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (low is not None and value < low):  # type: ignore[operator]
+        bound = "" if low is None else f" >= {low:g}"
+        raise ValueError(f"Invalid {name} value: {value!r} (a finite number{bound})")
+
+
+def check_sgd(
+    lr: object, momentum: object, dampening: object, weight_decay: object, nesterov: object
+) -> None:
+    """`torch.optim.SGD`'s checks and messages, plus finite values."""
+    _check_lr(lr)
+    _check_number("momentum", momentum)
+    _check_number("dampening", dampening, low=None)
+    _check_number("weight_decay", weight_decay)
+    if not isinstance(nesterov, bool):
+        raise TypeError(f"nesterov must be True or False, got {nesterov!r}")
+    if nesterov and (scalar(momentum) <= 0 or scalar(dampening) != 0):
+        raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+
+def check_lion(lr: object, betas: object, weight_decay: object) -> None:
+    """Lion's hyperparameters: lr and weight_decay finite and >= 0, both betas in [0, 1]."""
+    _check_lr(lr)
+    if not (isinstance(betas, tuple | list) and len(betas) == 2):
+        raise ValueError(f"Invalid betas {betas!r}: must be a pair (beta1, beta2) in [0, 1]")
+    for i, beta in enumerate(betas):
+        _check_number(f"beta at index {i}", beta)
+        if scalar(beta) > 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {scalar(beta)} (in [0, 1])")
+    _check_number("weight_decay", weight_decay)

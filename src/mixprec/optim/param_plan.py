@@ -1,4 +1,4 @@
-"""What each parameter of `AdamW` gets: its formats, its kernel mode, its fresh state.
+"""What each parameter of an optimizer gets: its rule, formats, kernel mode and fresh state.
 
 Resolved once per parameter when its group is added (`plan_param`); the state
 itself is made at the parameter's first step (`fresh_state`).
@@ -26,6 +26,7 @@ from mixprec.optim import sharding
 from mixprec.optim.kernels import KernelMode
 from mixprec.optim.layout import is_dense
 from mixprec.optim.rng import derive_seed
+from mixprec.optim.rules import Rule
 
 __all__ = [
     "ParamPlan",
@@ -40,16 +41,17 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ParamPlan:
-    """One parameter's formats and kernel mode.
+    """One parameter's update rule, formats and kernel mode.
 
     Attributes:
+        rule: its group's update rule.
         master: how its full precision is kept.
         moments: how its moments are stored.
         mode: how its step runs (native, compiled, eager).
         dtype: the parameter's dtype the formats were resolved for.
         index: the parameter's position when added (derives its rounding seed).
         requested: the group's ``(master, moments)`` when the plan was made.
-        batch_key: what parameters stepped by one kernel call share (formats, mode).
+        batch_key: what parameters stepped by one kernel call share (rule, formats, mode).
         master_keys: the master's state keys, in kernel order.
         moment_keys: the moments' state keys, in kernel order.
         uses_noise: whether the master draws stochastic-rounding noise.
@@ -57,13 +59,14 @@ class ParamPlan:
             the parameter), masters first.
     """
 
+    rule: Rule
     master: MasterFormat
     moments: MomentFormat
     mode: KernelMode
     dtype: torch.dtype
     index: int
     requested: tuple[str, str] = ("auto", "fp32")
-    batch_key: tuple[str, str, str] = field(init=False)
+    batch_key: tuple[str, str, str, str] = field(init=False)
     master_keys: tuple[str, ...] = field(init=False)
     moment_keys: tuple[str, ...] = field(init=False)
     uses_noise: bool = field(init=False)
@@ -71,31 +74,35 @@ class ParamPlan:
 
     def __post_init__(self) -> None:
         # Read on every step for every parameter: computed once here.
-        names = (self.master.spec.name, self.moments.spec.name, self.mode)
+        names = (self.rule.name, self.master.spec.name, self.moments.spec.name, self.mode)
         object.__setattr__(self, "batch_key", names)
         object.__setattr__(self, "master_keys", self.master.spec.state_keys)
-        object.__setattr__(self, "moment_keys", self.moments.spec.state_keys)
+        moment_state = self.moments.spec.state_for(self.rule.slots)
+        object.__setattr__(self, "moment_keys", tuple(t.name for t in moment_state))
         object.__setattr__(self, "uses_noise", self.master.spec.uses_noise)
-        per_element = tuple(t.name for t in self.moments.spec.state if not t.per_block)
+        per_element = tuple(t.name for t in moment_state if not t.per_block)
         object.__setattr__(self, "element_keys", self.master.spec.state_keys + per_element)
 
 
 def check_param(p: torch.Tensor) -> None:
     """Refuse a parameter the step cannot update faithfully."""
     if not p.is_floating_point():
-        raise ValueError(f"AdamW needs floating params, got {dtype_name(p.dtype)}")
+        raise ValueError(
+            f"mixprec's optimizers need floating params, got {dtype_name(p.dtype)}: use "
+            "the torch optimizer for complex or integer parameters"
+        )
     if p.dtype == torch.float64:
         raise ValueError(
-            f"parameter {tuple(p.shape)} is float64: mixprec.optim.AdamW computes its "
-            "update in fp32 and would silently drop fp64 precision; use "
-            "torch.optim.AdamW for fp64 parameters, or cast them to fp32"
+            f"parameter {tuple(p.shape)} is float64: mixprec's optimizers compute the "
+            "update in fp32 and would silently drop fp64 precision; use the torch "
+            "optimizer for fp64 parameters, or cast them to fp32"
         )
     local = sharding.local(p.detach())  # the local shard of a DTensor
     dense = local.is_contiguous() if sharding.is_dtensor(p) else is_dense(local)
     if not dense:
         raise ValueError(
             f"parameter of shape {tuple(p.shape)} with strides {local.stride()} has gaps or "
-            "overlaps in memory; mixprec AdamW updates parameters as one run of memory "
+            "overlaps in memory; mixprec's optimizers update parameters as one run of memory "
             "(contiguous or channels-last): make it .contiguous() first"
         )
 
@@ -143,7 +150,7 @@ def refuse_shared_memory(params: Sequence[torch.Tensor]) -> None:
             a, b = sorted((i, j))
             raise ValueError(
                 f"parameters {a} {tuple(params[a].shape)} and {b} {tuple(params[b].shape)} "
-                "share memory: each would take its own AdamW step over the same values; tie "
+                "share memory: each would take its own step over the same values; tie "
                 "them as one Parameter (module.b.weight = module.a.weight) instead"
             )
 
@@ -152,6 +159,7 @@ def plan_param(
     p: torch.Tensor,
     group: dict[str, Any],
     *,
+    rule: Rule,
     mode: KernelMode,
     index: int,
     block_size: int,
@@ -159,12 +167,13 @@ def plan_param(
 ) -> ParamPlan:
     """The formats `group` asks for, fitted to `p`: ``auto`` resolved by its dtype; an fp32
     parameter is its own master (``none``: an fp32 island in a bf16 model shares its
-    group); blockwise moments only for tensors of whole blocks, others keep fp32 moments."""
+    group); blockwise moments only for tensors of whole blocks, others keep fp32 moments
+    (as does a rule that keeps no moments: it stores none)."""
     requested = group["master"]
     if p.dtype == torch.float32 and requested != "auto":
         requested = "none"
     master = resolve_master(requested, p.dtype)
-    moments = moment_format(group["moments"], block_size=block_size)
+    moments = moment_format(group["moments"] if rule.slots else "fp32", block_size=block_size)
     if moments.spec.blockwise:
         assert isinstance(moments, Int8Moments)
         whole_blocks = (
@@ -175,7 +184,8 @@ def plan_param(
         )
         if not whole_blocks:
             moments = moment_format("fp32")
-    return ParamPlan(master, moments, mode, p.dtype, index, (group["master"], group["moments"]))
+    requested_formats = (group["master"], group["moments"])
+    return ParamPlan(rule, master, moments, mode, p.dtype, index, requested_formats)
 
 
 def fresh_state(p: torch.Tensor, plan: ParamPlan, seed: int) -> dict[str, torch.Tensor]:
@@ -185,14 +195,17 @@ def fresh_state(p: torch.Tensor, plan: ParamPlan, seed: int) -> dict[str, torch.
     # freeze the bias correction and repeat the stochastic-rounding noise).
     state: dict[str, torch.Tensor] = {"step": torch.zeros((), dtype=torch.float64, device=p.device)}
     state.update(plan.master.init_state(lp))
-    state.update(plan.moments.init_state(lp))
+    state.update(plan.moments.init_state(lp, plan.rule.slots))
     if plan.master.spec.uses_noise:
         param_seed = derive_seed(seed, plan.index)
         state["rng_seed"] = torch.tensor(param_seed, dtype=torch.int64, device=p.device)
     if sharding.is_dtensor(p):
         # Sharded like the param, with the shapes an unsharded param's state has.
         whole = torch.empty(p.shape, dtype=p.dtype, device="meta")
-        shapes = {**plan.master.init_state(whole), **plan.moments.init_state(whole)}
+        shapes = {
+            **plan.master.init_state(whole),
+            **plan.moments.init_state(whole, plan.rule.slots),
+        }
         state = {
             k: sharding.shard_like(v, p, shapes[k].shape) if k in shapes else v
             for k, v in state.items()

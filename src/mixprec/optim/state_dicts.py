@@ -27,13 +27,13 @@ import torch
 
 from mixprec.optim import sharding
 from mixprec.optim.layout import flat_view, like_param
-from mixprec.optim.options import check_hyper, refuse_unsupported
 
 if TYPE_CHECKING:
-    from mixprec.formats import MasterFormat, MomentFormat
+    from mixprec.formats import MomentFormat
+    from mixprec.optim.param_plan import ParamPlan
 
-#: A parameter's (master, moments) formats.
-FormatsOf = Callable[[torch.Tensor], "tuple[MasterFormat, MomentFormat]"]
+#: A parameter's plan (its rule and formats).
+PlanOf = Callable[[torch.Tensor], "ParamPlan"]
 
 __all__ = [
     "TORCH_GROUP_DEFAULTS",
@@ -152,48 +152,45 @@ def _moment(saved: Mapping[str, Any], key: str, p: torch.Tensor) -> torch.Tensor
 def param_state_from_torch(
     saved: Mapping[str, Any],
     p: torch.Tensor,
-    master: MasterFormat,
-    moments: MomentFormat,
+    plan: ParamPlan,
     fresh: Mapping[str, torch.Tensor],
 ) -> dict[str, torch.Tensor]:
-    """One parameter's `torch.optim.AdamW` state in this optimizer's formats.
+    """One parameter's torch state in this optimizer's rule and formats.
 
     Args:
-        saved: torch's state (``step``, ``exp_avg``, ``exp_avg_sq``).
+        saved: torch's state (``step`` and the rule's moments: ``exp_avg``, ``exp_avg_sq``).
         p: the parameter (a plain tensor: convert before sharding).
-        master, moments: the parameter's formats here.
+        plan: the parameter's rule and formats here.
         fresh: this optimizer's freshly made state for `p` (shapes, dtypes, seeds).
     """
-    if "max_exp_avg_sq" in saved:
-        raise ValueError(
-            "the torch state dict holds AMSGrad state (max_exp_avg_sq), which "
-            "mixprec.optim.AdamW does not support; load it into torch.optim.AdamW(amsgrad=True)"
-        )
+    slots, moments = plan.rule.slots, plan.moments
+    keys = [key for key, _ in slots]
     if sharding.is_dtensor(p):
         raise ValueError(
             "converting a torch.optim.AdamW state dict needs unsharded parameters: load it "
             "before fully_shard, then shard"
         )
-    unknown = sorted(set(saved) - {"step", "exp_avg", "exp_avg_sq"})
+    unknown = sorted(set(saved) - {"step", *keys})
     if unknown:
-        raise ValueError(f"torch AdamW state holds unknown keys {unknown}")
-    exp_avg, exp_avg_sq = _moment(saved, "exp_avg", p), _moment(saved, "exp_avg_sq", p)
+        raise ValueError(
+            f"torch state holds keys {unknown} that {plan.rule.name} does not keep (only "
+            f"{['step', *keys]})"
+        )
     shape = moments.kernel_shape(p.numel())
     # Encoded in the order the step walks the parameter (memory order), into tensors
     # made like the optimizer's own (same strides).
-    exp_avg = like_param(exp_avg, p.detach())
-    exp_avg_sq = like_param(exp_avg_sq, p.detach())
-    encoded = moments.encode(flat_view(exp_avg).view(shape), flat_view(exp_avg_sq).view(shape))
+    values = [flat_view(like_param(_moment(saved, k, p), p.detach())).view(shape) for k in keys]
+    encoded = moments.encode(values, plan.rule.kinds)
     out = dict(fresh)
     out["step"] = step_tensor(saved.get("step"), p.device)
-    for key, value in zip(moments.spec.state_keys, encoded, strict=True):
+    for key, value in zip(plan.moment_keys, encoded, strict=True):
         dst = torch.empty_like(fresh[key])
         if dst.shape == p.shape:
             flat_view(dst).copy_(value.reshape(-1))
         else:  # per-block scales
             dst.copy_(value.reshape(dst.shape))
         out[key] = dst
-    out.update(master.init_state(p.detach()))  # torch keeps no master: start at the param
+    out.update(plan.master.init_state(p.detach()))  # torch keeps no master: start at the param
     return out
 
 
@@ -201,21 +198,22 @@ def param_state_from_torch(
 def param_state_to_torch(
     state: Mapping[str, torch.Tensor],
     p: torch.Tensor,
-    moments: MomentFormat,
+    plan: ParamPlan,
     dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One parameter's state as `torch.optim.AdamW` keeps it (moments in the param
+    """One parameter's state as the torch optimizer keeps it (moments in the param
     dtype, or in `dtype`)."""
+    moments: MomentFormat = plan.moments
     lp = sharding.local(p.detach())
     shape = moments.kernel_shape(lp.numel())
     local = {k: sharding.local(v) for k, v in state.items()}
     views = [
         flat_view(local[k]).view(shape) if local[k].shape == lp.shape else local[k].view(-1)
-        for k in moments.spec.state_keys
+        for k in plan.moment_keys
     ]
-    exp_avg, exp_avg_sq = moments.decode(views)
+    decoded = moments.decode(views, plan.rule.kinds)
     out = {"step": torch.tensor(float(local["step"]), dtype=torch.float32)}
-    for key, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+    for (key, _), value in zip(plan.rule.slots, decoded, strict=True):
         dst = torch.empty_like(lp, dtype=dtype or p.dtype)  # the parameter's layout
         flat_view(dst).copy_(value.reshape(-1))
         out[key] = dst
@@ -242,7 +240,7 @@ def to_native(
     state_dict: dict[str, Any],
     param_groups: Sequence[dict[str, Any]],
     fresh_state: Callable[[torch.Tensor], dict[str, torch.Tensor]],
-    formats_of: FormatsOf,
+    plan_of: PlanOf,
 ) -> tuple[dict[str, Any], StateConversion]:
     """`state_dict` in the optimizer's current form, and what was converted.
 
@@ -250,7 +248,7 @@ def to_native(
         state_dict: what `AdamW.load_state_dict` was given.
         param_groups: the optimizer's groups.
         fresh_state: new state for a parameter (shapes, dtypes and seeds to fill).
-        formats_of: a parameter's (master, moments) formats.
+        plan_of: a parameter's plan (rule and formats).
     """
     if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
         raise ValueError("an optimizer state dict needs 'state' and 'param_groups'")
@@ -268,7 +266,7 @@ def to_native(
             f"state dict has {len(groups)} param groups, optimizer has {len(param_groups)}"
         )
     if is_torch_form(groups):
-        return _from_torch(groups, saved_state, param_groups, fresh_state, formats_of)
+        return _from_torch(groups, saved_state, param_groups, fresh_state, plan_of)
     notes: list[str] = []
     new_groups = []
     for saved in groups:
@@ -294,7 +292,7 @@ def _from_torch(
     saved_state: dict[Any, Any],
     param_groups: Sequence[dict[str, Any]],
     fresh_state: Callable[[torch.Tensor], dict[str, torch.Tensor]],
-    formats_of: FormatsOf,
+    plan_of: PlanOf,
 ) -> tuple[dict[str, Any], StateConversion]:
     new_groups: list[dict[str, Any]] = []
     new_state: dict[Any, Any] = {}
@@ -313,7 +311,6 @@ def _from_torch(
                 "(decoupled_weight_decay=False), not AdamW; it cannot continue here"
             )
         new_group = {k: v for k, v in saved.items() if k not in ("fused", "decoupled_weight_decay")}
-        refuse_unsupported(f"group {i}: ", new_group)  # (L2 decay: refused just above)
         new_group.update(master=group["master"], moments=group["moments"])
         new_group.setdefault("maximize", False)
         new_groups.append(new_group)
@@ -323,17 +320,15 @@ def _from_torch(
             if pid not in saved_state:  # never stepped in torch: no state here either
                 continue
             fresh = fresh_state(p)
-            master, moments_fmt = formats_of(p)
+            plan = plan_of(p)
             try:
-                new_state[pid] = param_state_from_torch(
-                    saved_state[pid], p, master, moments_fmt, fresh
-                )
+                new_state[pid] = param_state_from_torch(saved_state[pid], p, plan, fresh)
             except ValueError as exc:
                 raise ValueError(f"group {i}, parameter {tuple(p.shape)}: {exc}") from None
             params += 1
-            name = moments_fmt.spec.name
+            name = plan.moments.spec.name
             moments[name] = moments.get(name, 0) + 1
-            masters += bool(master.spec.state)
+            masters += bool(plan.master.spec.state)
     conversion = StateConversion(
         source="torch.optim.AdamW",
         params=params,
@@ -346,7 +341,7 @@ def _from_torch(
 def to_torch(
     param_groups: Sequence[dict[str, Any]],
     state: Mapping[torch.Tensor, dict[str, torch.Tensor]],
-    formats_of: FormatsOf,
+    plan_of: PlanOf,
     moments_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
     """The optimizer's state as `torch.optim.AdamW` saves it (see module docs);
@@ -361,7 +356,7 @@ def to_torch(
         ids = []
         for p in group["params"]:
             if p in state and state[p] and float(state[p]["step"]) > 0:
-                out[index] = param_state_to_torch(state[p], p, formats_of(p)[1], moments_dtype)
+                out[index] = param_state_to_torch(state[p], p, plan_of(p), moments_dtype)
             ids.append(index)
             index += 1
         groups.append({**saved, "params": ids})
@@ -383,7 +378,11 @@ class LoadedState:
     conversion: StateConversion
 
 
-def _check_groups(param_groups: Sequence[dict[str, Any]], saved_groups: list[Any]) -> None:
+def _check_groups(
+    param_groups: Sequence[dict[str, Any]],
+    saved_groups: list[Any],
+    check_group: Callable[[dict[str, Any], int], None],
+) -> None:
     if len(saved_groups) != len(param_groups):
         raise ValueError(
             f"state dict has {len(saved_groups)} param groups, optimizer has {len(param_groups)}"
@@ -408,8 +407,7 @@ def _check_groups(param_groups: Sequence[dict[str, Any]], saved_groups: list[Any
                 f"group {i}: saved fused={saved['fused']!r} must be true, false or null"
             )
         try:
-            refuse_unsupported("", saved)
-            check_hyper(saved["lr"], tuple(saved["betas"]), saved["eps"], saved["weight_decay"])
+            check_group({**saved, "betas": tuple(saved["betas"])} if "betas" in saved else saved, i)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"group {i}: saved hyperparameters are malformed: {exc}") from exc
         except ValueError as exc:
@@ -421,17 +419,19 @@ def read_state_dict(
     state_dict: dict[str, Any],
     param_groups: Sequence[dict[str, Any]],
     fresh_state: Callable[[torch.Tensor], dict[str, torch.Tensor]],
-    formats_of: FormatsOf,
+    plan_of: PlanOf,
+    check_group: Callable[[dict[str, Any], int], None],
 ) -> LoadedState:
     """Validate `state_dict` against the optimizer and build its new state, changing
-    nothing: a bad entry anywhere raises before any state is replaced.
+    nothing: a bad entry anywhere raises before any state is replaced. `check_group`
+    checks a saved group against the optimizer's group of that index.
 
     Raises:
         ValueError: groups, formats, state keys, shapes, dtypes or values do not fit.
     """
-    native, conversion = to_native(state_dict, param_groups, fresh_state, formats_of)
+    native, conversion = to_native(state_dict, param_groups, fresh_state, plan_of)
     saved_groups, saved_state = native["param_groups"], native["state"]
-    _check_groups(param_groups, saved_groups)
+    _check_groups(param_groups, saved_groups, check_group)
     pairs = [
         (p, saved_state.get(pid))
         for group, saved in zip(param_groups, saved_groups, strict=True)

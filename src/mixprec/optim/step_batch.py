@@ -25,7 +25,6 @@ import torch
 
 from mixprec.formats import master_format, moment_format
 from mixprec.optim import native
-from mixprec.optim.functional import adamw_scalars
 from mixprec.optim.kernels import (
     KernelMode,
     StepFamily,
@@ -35,6 +34,7 @@ from mixprec.optim.kernels import (
     warn_native_unavailable,
 )
 from mixprec.optim.rng import step_key
+from mixprec.optim.rules import Hyper, rule
 
 __all__ = [
     "CONCAT_MAX_NUMEL",
@@ -46,9 +46,6 @@ __all__ = [
     "kernel_for",
     "step_kernel",
 ]
-
-#: A param group's ``(lr, beta1, beta2, eps, weight_decay)`` as floats.
-Hyper = tuple[float, float, float, float, float]
 
 
 @dataclass(eq=False)
@@ -137,7 +134,7 @@ class StepKernel:
         if mode in ("native", "native-auto", "native-eager"):
             try:
                 library = native.library()
-                if library.covers(master=family.master.spec.name, moments=family.moments.spec.name):
+                if library.covers(family):
                     self._native = library
             except native.NativeUnavailableError as exc:
                 warn_native_unavailable(str(exc))
@@ -157,13 +154,11 @@ class StepKernel:
         self._master_name, self._moments_name = spec.name, family.moments.spec.name
         #: State tensors per parameter (`StepBatch` lists them parameter after parameter).
         self.n_master = len(spec.state)
-        self.n_moments = len(family.moments.spec.state)
-        self._per_block = tuple(t.per_block for t in family.moments.spec.state)
+        self.n_moments = len(family.moment_tensors)
+        self._per_block = tuple(t.per_block for t in family.moment_tensors)
         # (key, dtype, follows the parameter's dtype) and (key, dtype, per block) per slot
         self._master = tuple((t.name, t.torch_dtype, t.follows_param) for t in spec.state)
-        self._moments = tuple(
-            (t.name, t.torch_dtype, t.per_block) for t in family.moments.spec.state
-        )
+        self._moments = tuple((t.name, t.torch_dtype, t.per_block) for t in family.moment_tensors)
         self._master_follows_param = any(t.follows_param for t in spec.state)
         # Parameter dtypes the native kernel steps for this master.
         self._native_dtypes = frozenset(d for d in native.DTYPES if family.master.spec.accepts(d))
@@ -228,10 +223,7 @@ class StepKernel:
         ):
             return range(len(batch.params))
         supports = functools.partial(
-            self._native.supports,
-            master=self._master_name,
-            moments=self._moments_name,
-            block_size=self._block_size,
+            self._native.supports, self.family, block_size=self._block_size
         )
         return [
             i
@@ -277,10 +269,7 @@ class StepKernel:
         for i, p in enumerate(batch.params):
             step = host_steps[i]
             if step not in scalars:
-                lr, beta1, beta2, eps, wd = hyper
-                scalars[step] = adamw_scalars(
-                    lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd, step=step
-                ).as_tensor(p.device)
+                scalars[step] = self.family.rule.scalar_tensor(hyper, step, p.device)
             if p.numel() <= CONCAT_MAX_NUMEL:
                 small.setdefault((step, p.dtype, batch.grads[i].dtype), []).append(i)
             else:
@@ -423,7 +412,7 @@ class StepKernel:
         scalars: torch.Tensor,
         noise_key: torch.Tensor | None,
     ) -> None:
-        """One `adamw_step_` call, compiled or eager."""
+        """One `step_` call, compiled or eager."""
         if noise_key is None:
             noise_key = _unused_key(param.device)
         args = (param, grad, tuple(master_state), tuple(moment_state), scalars, noise_key)
@@ -441,7 +430,7 @@ class StepKernel:
                 if self.mode == "compiled":
                     raise
                 warnings.warn(
-                    f"mixprec AdamW: torch.compile failed for {self.family.name} "
+                    f"mixprec optimizers: torch.compile failed for {self.family.name} "
                     f"({type(exc).__name__}: {exc}); running the eager step instead "
                     "(same results, slower). Pass fused=False to silence this.",
                     RuntimeWarning,
@@ -509,7 +498,14 @@ def _unused_key(device: torch.device) -> torch.Tensor:
 def step_kernel(family: StepFamily, mode: KernelMode) -> StepKernel:
     """The process-wide kernel of `family` in `mode` (see `StepKernel`)."""
     block_size = int(getattr(family.moments, "block_size", 1))
-    key = (family.master.spec.name, family.moments.spec.name, family.maximize, block_size, mode)
+    key = (
+        family.rule.name,
+        family.master.spec.name,
+        family.moments.spec.name,
+        family.maximize,
+        block_size,
+        mode,
+    )
     kernel = _KERNELS.get(key)
     if kernel is None:
         kernel = _KERNELS[key] = StepKernel(family, mode=mode)
@@ -517,28 +513,31 @@ def step_kernel(family: StepFamily, mode: KernelMode) -> StepKernel:
 
 
 @functools.cache
-def family_of(master: str, moments: str, *, maximize: bool, block_size: int) -> StepFamily:
-    """The family named by formats and flags (the custom op's arguments)."""
+def family_of(
+    rule_name: str, master: str, moments: str, *, maximize: bool, block_size: int
+) -> StepFamily:
+    """The family named by rule, formats and flags (the custom op's arguments)."""
     return StepFamily(
+        rule=rule(rule_name),
         master=master_format(master),
         moments=moment_format(moments, block_size=block_size),
         maximize=maximize,
     )
 
 
-#: Process-wide kernels by (master, moments, maximize, block size, mode).
-_KERNELS: dict[tuple[str, str, bool, int, str], StepKernel] = {}
+#: Process-wide kernels by (rule, master, moments, maximize, block size, mode).
+_KERNELS: dict[tuple[str, str, str, bool, int, str], StepKernel] = {}
 
 
 def kernel_for(
-    master: str, moments: str, *, maximize: bool, block_size: int, mode: str
+    rule_name: str, master: str, moments: str, *, maximize: bool, block_size: int, mode: str
 ) -> StepKernel:
     """`step_kernel` looked up by names (what the custom op receives): this runs on
     every call, so it is one dictionary lookup."""
-    key = (master, moments, maximize, block_size, mode)
+    key = (rule_name, master, moments, maximize, block_size, mode)
     kernel = _KERNELS.get(key)
     if kernel is None:
-        family = family_of(master, moments, maximize=maximize, block_size=block_size)
+        family = family_of(rule_name, master, moments, maximize=maximize, block_size=block_size)
         # Also under the caller's key: a dense family is stored under block size 1.
         kernel = _KERNELS[key] = step_kernel(family, mode)  # type: ignore[arg-type]
     return kernel

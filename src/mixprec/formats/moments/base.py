@@ -1,9 +1,10 @@
 """The interface every moment storage format implements.
 
-`decode` gives fp32 views of the AdamW moments from the stored state and
-`encode` stores new fp32 moments; both are pure and work on parameter-shaped
-tensors viewed as `kernel_shape` (per-block tensors such as scales stay 1-D).
-What the format stores is declared once in its `spec`.
+`decode` gives fp32 moments from the stored state and `encode` stores new fp32
+moments, for the moments an update rule keeps (`slots`: ``(key, kind)`` pairs,
+`mixprec.optim.rules`); both are pure and work on parameter-shaped tensors viewed
+as `kernel_shape` (per-block tensors such as scales stay 1-D). What the format
+stores for each kind of moment is declared once in its `spec`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from mixprec.formats.spec import MomentSpec
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MomentFormat"]
+__all__ = ["MomentFormat", "Slots"]
+
+#: The moments an update rule keeps: ``(state key, kind)`` pairs.
+Slots = tuple[tuple[str, str], ...]
 
 
 class MomentFormat(Protocol):
@@ -27,18 +31,23 @@ class MomentFormat(Protocol):
         """What the format stores (its registry entry)."""
         ...
 
-    def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Zero moments for `param` (element tensors shaped like it)."""
+    def init_state(self, param: torch.Tensor, slots: Slots) -> dict[str, torch.Tensor]:
+        """Zero moments `slots` for `param` (element tensors shaped like it)."""
         ...
 
     def kernel_shape(self, numel: int) -> tuple[int, ...]:
         """The shape the step views parameter-shaped tensors as (flat or blocks)."""
         ...
 
-    def decode(self, state: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 ``(exp_avg, exp_avg_sq)`` shaped like `kernel_shape`."""
+    def decode(
+        self, state: Sequence[torch.Tensor], kinds: tuple[str, ...]
+    ) -> tuple[torch.Tensor, ...]:
+        """One fp32 moment per kind (``signed``/``square``), shaped like `kernel_shape`,
+        from the state tensors `spec.state_for` lists."""
         ...
 
-    def encode(self, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """New state tensors (flat) in `state_keys` order."""
+    def encode(
+        self, moments: Sequence[torch.Tensor], kinds: tuple[str, ...]
+    ) -> tuple[torch.Tensor, ...]:
+        """New state tensors (flat), in `spec.state_for` order."""
         ...

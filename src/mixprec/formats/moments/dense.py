@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from mixprec.formats.moments.base import Slots
 from mixprec.formats.registry import register_moments
 from mixprec.formats.spec import MomentSpec, StateTensor
 
@@ -17,8 +18,9 @@ __all__ = ["BF16_SPEC", "FP32_SPEC", "DenseMoments"]
 #: The registry entry of ``fp32``.
 FP32_SPEC = MomentSpec(
     name="fp32",
-    summary="fp32 exp_avg and exp_avg_sq (torch's AdamW)",
-    state=(StateTensor("exp_avg", "fp32"), StateTensor("exp_avg_sq", "fp32")),
+    summary="fp32 moments (torch's AdamW)",
+    signed=(StateTensor("{}", "fp32"),),
+    square=(StateTensor("{}", "fp32"),),
     rounds_increments=False,
     kernel_code=0,
 )
@@ -26,8 +28,9 @@ FP32_SPEC = MomentSpec(
 #: The registry entry of ``bf16``.
 BF16_SPEC = MomentSpec(
     name="bf16",
-    summary="bf16 exp_avg and exp_avg_sq, rounded to nearest every step",
-    state=(StateTensor("exp_avg", "bf16"), StateTensor("exp_avg_sq", "bf16")),
+    summary="bf16 moments, rounded to nearest every step",
+    signed=(StateTensor("{}", "bf16"),),
+    square=(StateTensor("{}", "bf16"),),
     rounds_increments=True,
     kernel_code=1,
 )
@@ -35,7 +38,7 @@ BF16_SPEC = MomentSpec(
 
 @dataclass(frozen=True)
 class DenseMoments:
-    """``exp_avg`` and ``exp_avg_sq`` stored in the spec's dtype (round to nearest even).
+    """Each moment stored in the spec's dtype (round to nearest even).
 
     With bf16, increments below half an ulp of the stored value are lost: with
     ``beta2 = 0.999`` the second moment cannot decay (a step changes it by at
@@ -46,29 +49,33 @@ class DenseMoments:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The storage dtype of both moments."""
-        dtype: torch.dtype = self.spec.state[0].torch_dtype
+        """The storage dtype of every moment."""
+        dtype: torch.dtype = self.spec.signed[0].torch_dtype
         return dtype
 
-    def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+    def init_state(self, param: torch.Tensor, slots: Slots) -> dict[str, torch.Tensor]:
         """Zero moments in `dtype`, shaped like `param`."""
         import torch  # (see moments/__init__: specs load without torch)
 
-        return {key: torch.zeros_like(param, dtype=self.dtype) for key in self.spec.state_keys}
+        return {key: torch.zeros_like(param, dtype=self.dtype) for key, _ in slots}
 
     def kernel_shape(self, numel: int) -> tuple[int, ...]:
         """Flat: ``(numel,)``."""
         return (numel,)
 
-    def decode(self, state: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode(
+        self, state: Sequence[torch.Tensor], kinds: tuple[str, ...]
+    ) -> tuple[torch.Tensor, ...]:
         """The moments upcast to fp32."""
         import torch
 
-        return state[0].to(torch.float32), state[1].to(torch.float32)
+        return tuple(t.to(torch.float32) for t in state)
 
-    def encode(self, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def encode(
+        self, moments: Sequence[torch.Tensor], kinds: tuple[str, ...]
+    ) -> tuple[torch.Tensor, ...]:
         """The moments rounded to `dtype`."""
-        return exp_avg.to(self.dtype), exp_avg_sq.to(self.dtype)
+        return tuple(m.to(self.dtype) for m in moments)
 
 
 register_moments(FP32_SPEC, lambda block_size: DenseMoments(FP32_SPEC))

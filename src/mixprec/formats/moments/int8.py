@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from mixprec.formats.moments.base import Slots
 from mixprec.formats.registry import register_moments
 from mixprec.formats.spec import MomentSpec, StateTensor
 
@@ -44,12 +45,8 @@ __all__ = [
 SPEC = MomentSpec(
     name="int8",
     summary="blockwise 8-bit codes with one fp32 scale per block (square-root companded)",
-    state=(
-        StateTensor("exp_avg_i8", "int8"),
-        StateTensor("exp_avg_absmax", "fp32", per_block=True),
-        StateTensor("exp_avg_sq_u8", "uint8"),
-        StateTensor("exp_avg_sq_absmax", "fp32", per_block=True),
-    ),
+    signed=(StateTensor("{}_i8", "int8"), StateTensor("{}_absmax", "fp32", per_block=True)),
+    square=(StateTensor("{}_u8", "uint8"), StateTensor("{}_absmax", "fp32", per_block=True)),
     rounds_increments=False,
     blockwise=True,
     kernel_code=2,
@@ -151,32 +148,42 @@ class Int8Moments:
             return (shape[0], row // self.block_size)
         return (numel // self.block_size,)
 
-    def init_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+    def init_state(self, param: torch.Tensor, slots: Slots) -> dict[str, torch.Tensor]:
         """Zero codes shaped like `param` and zero scales, one per block (`scale_shape`)."""
         import torch
 
         scales = self.scale_shape(param.shape)
-        dev = param.device
         return {
-            "exp_avg_i8": torch.zeros_like(param, dtype=torch.int8),
-            "exp_avg_absmax": torch.zeros(scales, dtype=torch.float32, device=dev),
-            "exp_avg_sq_u8": torch.zeros_like(param, dtype=torch.uint8),
-            "exp_avg_sq_absmax": torch.zeros(scales, dtype=torch.float32, device=dev),
+            t.name: torch.zeros(scales, dtype=torch.float32, device=param.device)
+            if t.per_block
+            else torch.zeros_like(param, dtype=t.torch_dtype)
+            for t in self.spec.state_for(slots)
         }
 
     def kernel_shape(self, numel: int) -> tuple[int, ...]:
         """``(numel // block_size, block_size)``: one row per block."""
         return (numel // self.block_size, self.block_size)
 
-    def decode(self, state: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dequantized fp32 moments, shaped like the codes."""
-        return dequantize_signed(state[0], state[1]), dequantize_sqrt(state[2], state[3])
+    def decode(
+        self, state: Sequence[torch.Tensor], kinds: tuple[str, ...]
+    ) -> tuple[torch.Tensor, ...]:
+        """Dequantized fp32 moments, shaped like the codes (codes and scale per moment)."""
+        return tuple(
+            (dequantize_signed if kind == "signed" else dequantize_sqrt)(
+                state[2 * i], state[2 * i + 1]
+            )
+            for i, kind in enumerate(kinds)
+        )
 
-    def encode(self, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Quantized codes and scales."""
-        m_codes, m_absmax = quantize_signed(exp_avg)
-        v_codes, v_absmax = quantize_sqrt(exp_avg_sq)
-        return m_codes, m_absmax, v_codes, v_absmax
+    def encode(
+        self, moments: Sequence[torch.Tensor], kinds: tuple[str, ...]
+    ) -> tuple[torch.Tensor, ...]:
+        """Quantized codes and scales, moment after moment."""
+        return tuple(
+            t
+            for m, kind in zip(moments, kinds, strict=True)
+            for t in (quantize_signed if kind == "signed" else quantize_sqrt)(m)
+        )
 
 
 register_moments(SPEC, lambda block_size: Int8Moments(block_size=block_size))

@@ -19,7 +19,11 @@ import torch
 from mixprec.formats import master_spec, moment_spec
 
 if TYPE_CHECKING:
+    from mixprec.optim.kernels import StepFamily
     from mixprec.optim.step_batch import StepBatch
+
+#: The update rules the kernel implements (`mixprec.optim.rules`).
+NATIVE_RULES = frozenset({"adamw"})
 
 #: Largest int8 block the kernel handles (its per-block buffers live on the stack).
 MAX_BLOCK = 4096
@@ -75,10 +79,13 @@ class NativeLibrary:
         self._fn = fn
         self._lib = lib
 
-    def covers(self, *, master: str, moments: str) -> bool:
-        """Whether this library implements this pair of formats: both have a registered
-        ``kernel_code`` and the kernel has a case for each (it says so; a format
-        registered with a code of its own has none)."""
+    def covers(self, family: StepFamily) -> bool:
+        """Whether this library implements `family`: its rule, and formats that both
+        have a registered ``kernel_code`` the kernel has a case for (it says so; a
+        format registered with a code of its own has none)."""
+        if family.rule.name not in NATIVE_RULES:
+            return False
+        master, moments = family.master.spec.name, family.moments.spec.name
         codes = master_spec(master).kernel_code, moment_spec(moments).kernel_code
         return None not in codes and self._lib.mixprec_covers(*codes) == 1
 
@@ -100,12 +107,11 @@ class NativeLibrary:
         )
 
     def supports(
-        self, *, master: str, moments: str, param: torch.Tensor, grad: torch.Tensor, block_size: int
+        self, family: StepFamily, *, param: torch.Tensor, grad: torch.Tensor, block_size: int
     ) -> bool:
         """Whether `step_many` handles this parameter (else the caller uses another kernel)."""
-        if not self.covers(master=master, moments=moments) or not self.accepts(
-            param, grad, master=master
-        ):
+        master, moments = family.master.spec.name, family.moments.spec.name
+        if not self.covers(family) or not self.accepts(param, grad, master=master):
             return False
         return not moment_spec(moments).blockwise or (
             1 <= block_size <= MAX_BLOCK and param.numel() % block_size == 0

@@ -8,11 +8,12 @@ kernel has its own tests in test_native.py.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 
-from mixprec.optim import AdamW, kernels, step_batch
+from mixprec.optim import SGD, AdamW, Lion, kernels, step_batch
 from mixprec.optim.inductor import vector_bitcasts, vector_bitcasts_supported
 from mixprec.optim.kernels import AUTO_COMPILE_MIN_NUMEL, resolve_mode
 
@@ -32,7 +33,7 @@ def _params(seed: int) -> list[torch.Tensor]:
     return [torch.randn(s, generator=gen).bfloat16().requires_grad_() for s in SHAPES]
 
 
-def _steps(opt: AdamW, params: list[torch.Tensor], steps: range) -> None:
+def _steps(opt: torch.optim.Optimizer, params: list[torch.Tensor], steps: range) -> None:
     for step in steps:
         for group in opt.param_groups:
             group["lr"] = 1e-2 / (1 + step)
@@ -161,3 +162,33 @@ def test_vector_bitcasts_emit_register_casts_and_restore_inductor() -> None:
     assert torch.equal(out, flip_low_bit(x))
     source = "\n".join(code)
     assert "at::vec::cast<int32_t>" in source and "c10::bit_cast" not in source
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    ("make", "family"),
+    [
+        (
+            lambda ps, **kw: AdamW(ps, amsgrad=True, moments="bf16", **kw),
+            "adamw_amsgrad_exact_bf16",
+        ),
+        (
+            lambda ps, **kw: SGD(ps, lr=0.1, momentum=0.9, nesterov=True, moments="bf16", **kw),
+            "sgd_nesterov_exact_bf16",
+        ),
+        (lambda ps, **kw: Lion(ps, lr=1e-3, weight_decay=0.1, **kw), "lion_exact_fp32"),
+    ],
+)
+def test_each_rule_compiles_to_the_eager_steps_bits(make: Any, family: str) -> None:
+    """AMSGrad, SGD and Lion through torch.compile equal their eager reference bitwise."""
+    eager_p, comp_p = _params(0)[4:5], _params(0)[4:5]
+    eager = make(eager_p, fused=False, min_int8_numel=0)
+    comp = make(comp_p, fused=True, min_int8_numel=0)
+    _steps(eager, eager_p, range(3))
+    _steps(comp, comp_p, range(3))
+    assert comp.kernels_compiled() == {family: True}
+    for a, b in zip(eager.master_weights(), comp.master_weights(), strict=True):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    for a, b in zip(eager_p, comp_p, strict=True):
+        for key, value in eager.state[a].items():
+            assert torch.equal(value, comp.state[b][key]), key

@@ -8,7 +8,7 @@ import io
 import pytest
 import torch
 
-from mixprec.optim import AdamW
+from mixprec.optim import SGD, Adam, AdamW, Lion
 
 TOLERANCE = 1e-6
 
@@ -127,7 +127,7 @@ def test_own_state_dicts_load_without_conversion() -> None:
 @pytest.mark.parametrize(
     ("make", "words"),
     [
-        (lambda ps: torch.optim.AdamW(ps, amsgrad=True), "max_exp_avg_sq"),
+        (lambda ps: torch.optim.AdamW(ps, amsgrad=True), "adamw_amsgrad where .* is adamw"),
         (lambda ps: torch.optim.Adam(ps, weight_decay=0.1), "decoupled_weight_decay=False"),
     ],
 )
@@ -240,3 +240,163 @@ def test_after_a_resume_a_second_write_or_a_prune_resets_the_masters() -> None:
     masters = again.master_weights()
     assert torch.equal(masters[0], fresh[0].detach().float())  # two writes: reset, zeros 0
     assert torch.equal(masters[1], torch.full_like(masters[1], 0.5))
+
+
+# -- every torch counterpart: Adam (L2 and decoupled, AMSGrad) and SGD ------------------
+
+#: (name, mixprec optimizer, torch optimizer) with the same options.
+COUNTERPARTS = [
+    (
+        "adam-l2",
+        lambda ps: Adam(ps, lr=1e-2, weight_decay=0.1),
+        lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1),
+    ),
+    (
+        "adam-decoupled",
+        lambda ps: Adam(ps, lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True),
+        lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True),
+    ),
+    (
+        "adam-amsgrad",
+        lambda ps: Adam(ps, lr=1e-2, weight_decay=0.1, amsgrad=True),
+        lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1, amsgrad=True),
+    ),
+    (
+        "adamw-amsgrad",
+        lambda ps: AdamW(ps, lr=1e-2, amsgrad=True),
+        lambda ps: torch.optim.AdamW(ps, lr=1e-2, amsgrad=True),
+    ),
+    ("sgd", lambda ps: SGD(ps, lr=1e-2), lambda ps: torch.optim.SGD(ps, lr=1e-2)),
+    (
+        "sgd-momentum",
+        lambda ps: SGD(ps, lr=1e-2, momentum=0.9, dampening=0.1, weight_decay=0.1),
+        lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, dampening=0.1, weight_decay=0.1),
+    ),
+    (
+        "sgd-nesterov",
+        lambda ps: SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),
+        lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),
+    ),
+]
+
+
+def _close(ours: list[torch.nn.Parameter], theirs: list[torch.nn.Parameter]) -> None:
+    for p, q in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(p, q, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "make_torch"), COUNTERPARTS, ids=lambda c: c if isinstance(c, str) else ""
+)
+def test_a_torch_run_continues_here_and_ours_continues_in_torch(
+    name: str, make: object, make_torch: object
+) -> None:
+    # torch -> mixprec
+    ref_params, our_params = _params(), _params()
+    ref = make_torch(ref_params)  # type: ignore[operator]
+    _run(ref, ref_params, range(3))
+    for p, q in zip(our_params, ref_params, strict=True):
+        p.data.copy_(q.data)
+    ours = make(our_params)  # type: ignore[operator]
+    ours.load_state_dict(_roundtrip(ref.state_dict()))
+    conversion = ours.last_conversion
+    sources = {"adam-l2": "Adam", "adam-amsgrad": "Adam", "adam-decoupled": "AdamW"}
+    expected = sources.get(name, "SGD" if name.startswith("sgd") else "AdamW")
+    assert conversion is not None and conversion.source == f"torch.optim.{expected}"
+    if name.startswith("sgd"):  # torch keeps no step: a buffer means the next is not the first
+        steps = {float(s["step"]) for s in ours.state.values()}
+        assert steps == ({1.0} if name != "sgd" else set())
+    _run(ref, ref_params, range(3, 6))
+    _run(ours, our_params, range(3, 6))
+    _close(our_params, ref_params)
+    # mixprec -> torch
+    exported = _roundtrip(ours.torch_state_dict())
+    back_params = [torch.nn.Parameter(p.detach().clone()) for p in our_params]
+    back = make_torch(back_params)  # type: ignore[operator]
+    back.load_state_dict(exported)
+    assert exported["param_groups"][0].keys() == ref.state_dict()["param_groups"][0].keys()
+    for pid, torch_state in ref.state_dict()["state"].items():
+        assert exported["state"][pid].keys() == torch_state.keys()
+    assert exported["state"].keys() == ref.state_dict()["state"].keys()
+    _run(back, back_params, range(6, 9))
+    _run(ref, ref_params, range(6, 9))
+    _close(back_params, ref_params)
+
+
+def test_a_torch_sgd_parameter_without_a_buffer_has_no_state_here() -> None:
+    """torch's SGD keeps ``momentum_buffer: None`` (or nothing) for a parameter it has
+    made no buffer for: no state here either, so its next step is its first."""
+    ref_params, our_params = _params(), _params()
+    ref = torch.optim.SGD(ref_params, lr=1e-2, momentum=0.9)
+    _run(ref, ref_params, range(2))
+    saved = copy.deepcopy(ref.state_dict())
+    saved["state"][1] = {"momentum_buffer": None}
+    ours = SGD(our_params, lr=1e-2, momentum=0.9)
+    ours.load_state_dict(saved)
+    assert set(ours.state) == {our_params[0]} and float(ours.state[our_params[0]]["step"]) == 1
+    del saved["state"][1]
+    ours.load_state_dict(saved)
+    assert set(ours.state) == {our_params[0]}
+    assert ours.last_conversion is not None and ours.last_conversion.params == 1
+
+
+@pytest.mark.parametrize(
+    ("make_torch", "make", "words"),
+    [
+        (
+            lambda ps: torch.optim.SGD(ps, momentum=0.9),
+            lambda ps: Adam(ps),
+            r"not a torch\.optim\.Adam state dict \(its groups have no 'amsgrad', 'betas', 'eps'\)",
+        ),
+        (
+            lambda ps: torch.optim.Adam(ps),
+            lambda ps: SGD(ps, momentum=0.9),
+            r"not a torch\.optim\.SGD state dict .*'momentum'",
+        ),
+        (lambda ps: torch.optim.RAdam(ps), lambda ps: Adam(ps), r"not a torch\.optim\.Adam"),
+        (lambda ps: torch.optim.Adam(ps), lambda ps: Lion(ps), "Lion has no torch counterpart"),
+        (
+            lambda ps: torch.optim.AdamW(ps, weight_decay=0.1),
+            lambda ps: Adam(ps, weight_decay=0.1),
+            "group is adamw where this optimizer's is adam",
+        ),
+        (
+            lambda ps: torch.optim.SGD(ps, momentum=0.9),
+            lambda ps: SGD(ps),
+            "group is sgd_momentum where this optimizer's is sgd",
+        ),
+    ],
+)
+def test_another_optimizers_torch_state_is_refused_in_one_line(
+    make_torch: object, make: object, words: str
+) -> None:
+    ref_params = _params()
+    ref = make_torch(ref_params)  # type: ignore[operator]
+    _run(ref, ref_params, range(1))
+    params = _params()
+    ours = make(params)  # type: ignore[operator]
+    _run(ours, params, range(1))
+    before = {k: v.clone() for k, v in ours.state[params[0]].items()}
+    with pytest.raises(ValueError, match=words) as info:
+        ours.load_state_dict(ref.state_dict())
+    assert "\n" not in str(info.value)
+    assert all(torch.equal(before[k], ours.state[params[0]][k]) for k in before)
+
+
+def test_lion_round_trips_its_own_state_and_has_no_torch_form() -> None:
+    params = _params(dtype=torch.bfloat16)
+    opt = Lion(params, lr=1e-3, weight_decay=0.1, master="exact", moments="int8")
+    _run(opt, params, range(2))
+    saved = _roundtrip(opt.state_dict())
+    again_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    again = Lion(again_params, lr=1e-3, weight_decay=0.1, master="exact", moments="int8")
+    again.load_state_dict(saved)
+    assert again.last_conversion is not None
+    assert again.last_conversion.source == "mixprec.optim.Lion"
+    _run(opt, params, range(2, 4))
+    _run(again, again_params, range(2, 4))
+    for a, b in zip(opt.master_weights(), again.master_weights(), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="Lion has no torch counterpart") as info:
+        opt.torch_state_dict()
+    assert "\n" not in str(info.value)

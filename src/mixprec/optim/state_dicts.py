@@ -1,19 +1,22 @@
-"""State dicts of `mixprec.optim.AdamW`: validation, migration in from torch, export out.
+"""State dicts of mixprec's optimizers: validation, migration in from torch, export out.
 
-`to_native` turns what `AdamW.load_state_dict` is given into this optimizer's
+`to_native` turns what `RuleOptimizer.load_state_dict` is given into the optimizer's
 own form, reporting what it converted:
 
 * its own current form passes through unchanged;
 * its own older forms (no ``maximize`` in a group, a ``step`` saved as a Python
   number or a float32 tensor) are upgraded;
-* a `torch.optim.AdamW` state dict (groups without ``master``/``moments``) is
-  converted: fp32 moments are encoded into the optimizer's moment formats
-  (rounded to bf16 or quantized to int8 where those are chosen) and masters
-  start equal to the parameters (torch keeps none).
+* a state dict of the torch optimizer a rule replaces (`TORCH_FORMS`: groups
+  without ``master``/``moments``) is converted: fp32 moments are encoded into the
+  optimizer's moment formats (rounded to bf16 or quantized to int8 where those are
+  chosen) and masters start equal to the parameters (torch keeps none). torch's SGD
+  keeps no step count: a saved momentum buffer means the next step is not the
+  first (``step`` 1), a parameter without one has no state.
 
 `to_torch` goes the other way: moments decoded into the parameters' dtype, as
 torch keeps them; masters cannot be expressed and are left out (export the
-weights with `AdamW.master_weights` first when they matter).
+weights with `RuleOptimizer.master_weights` first when they matter). Lion has no
+torch counterpart: its own state dicts round-trip, `to_torch` refuses.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ if TYPE_CHECKING:
 PlanOf = Callable[[torch.Tensor], "ParamPlan"]
 
 __all__ = [
-    "TORCH_GROUP_DEFAULTS",
+    "TORCH_FORMS",
     "StateConversion",
+    "TorchForm",
     "check_param_state",
     "check_state_values",
     "is_torch_form",
@@ -49,15 +53,68 @@ __all__ = [
     "to_torch",
 ]
 
-#: The group options `torch.optim.AdamW` stores that mixprec's groups do not carry
-#: (with the values mixprec's behaviour corresponds to).
-TORCH_GROUP_DEFAULTS: Mapping[str, Any] = {
+
+@dataclass(frozen=True)
+class TorchForm:
+    """How the torch optimizer a rule replaces keeps its state dicts.
+
+    Attributes:
+        ours: the mixprec class whose own state dicts these rules' are (messages).
+        torch_name: the torch optimizer (``None``: there is none; `to_torch` refuses).
+        group_keys: keys every group of its state dicts has: how one is told from
+            another optimizer's (RAdam's groups have no ``amsgrad``, SGD's no ``betas``).
+        group_defaults: the value torch gives each group option when a saved group
+            lacks it (an older torch): what an import reads and an export adds.
+        keeps_step: whether its per-parameter state has a ``step`` (SGD's has none).
+    """
+
+    ours: str
+    torch_name: str | None
+    group_keys: tuple[str, ...] = ()
+    group_defaults: Mapping[str, Any] = field(default_factory=dict)
+    keeps_step: bool = True
+
+
+_ADAM_DEFAULTS: Mapping[str, Any] = {
     "amsgrad": False,
+    "maximize": False,
     "foreach": None,
     "capturable": False,
     "differentiable": False,
     "fused": None,
-    "decoupled_weight_decay": True,
+}
+_ADAM_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad")
+_ADAMW = TorchForm(
+    "mixprec.optim.AdamW",
+    "torch.optim.AdamW",
+    _ADAM_KEYS,
+    {**_ADAM_DEFAULTS, "decoupled_weight_decay": True},
+)
+_ADAM = TorchForm(
+    "mixprec.optim.Adam",
+    "torch.optim.Adam",
+    _ADAM_KEYS,
+    {**_ADAM_DEFAULTS, "decoupled_weight_decay": False},
+)
+_SGD = TorchForm(
+    "mixprec.optim.SGD",
+    "torch.optim.SGD",
+    ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
+    {"maximize": False, "foreach": None, "differentiable": False, "fused": None},
+    keeps_step=False,
+)
+
+#: Each update rule's torch counterpart (`mixprec.optim.rules`): ``adamw`` is
+#: `torch.optim.AdamW` (torch's Adam with ``decoupled_weight_decay=True`` saves the same).
+TORCH_FORMS: Mapping[str, TorchForm] = {
+    "adamw": _ADAMW,
+    "adamw_amsgrad": _ADAMW,
+    "adam": _ADAM,
+    "adam_amsgrad": _ADAM,
+    "sgd": _SGD,
+    "sgd_momentum": _SGD,
+    "sgd_nesterov": _SGD,
+    "lion": TorchForm("mixprec.optim.Lion", None),
 }
 
 
@@ -148,41 +205,63 @@ def _moment(saved: Mapping[str, Any], key: str, p: torch.Tensor) -> torch.Tensor
     return value.detach().to(device=p.device, dtype=torch.float32)
 
 
+def _form_of(
+    param_groups: Sequence[dict[str, Any]], plan_of: PlanOf
+) -> tuple[TorchForm, list[TorchForm]]:
+    """The torch form of each group (by its rule: `TORCH_FORMS`), and the first one
+    (a group without parameters takes it)."""
+    found = [
+        TORCH_FORMS[plan_of(group["params"][0]).rule.name] if group["params"] else None
+        for group in param_groups
+    ]
+    first = next((f for f in found if f is not None), _ADAMW)
+    return first, [f or first for f in found]
+
+
 @torch.no_grad()
 def param_state_from_torch(
     saved: Mapping[str, Any],
     p: torch.Tensor,
     plan: ParamPlan,
     fresh: Mapping[str, torch.Tensor],
-) -> dict[str, torch.Tensor]:
-    """One parameter's torch state in this optimizer's rule and formats.
+) -> dict[str, torch.Tensor] | None:
+    """One parameter's torch state in this optimizer's rule and formats (None: no state).
 
     Args:
-        saved: torch's state (``step`` and the rule's moments: ``exp_avg``, ``exp_avg_sq``).
+        saved: torch's state (``step`` where torch keeps one, and the rule's moments:
+            ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``, ``momentum_buffer``).
         p: the parameter (a plain tensor: convert before sharding).
         plan: the parameter's rule and formats here.
         fresh: this optimizer's freshly made state for `p` (shapes, dtypes, seeds).
     """
     slots, moments = plan.rule.slots, plan.moments
+    form = TORCH_FORMS[plan.rule.name]
     keys = [key for key, _ in slots]
     if sharding.is_dtensor(p):
         raise ValueError(
-            "converting a torch.optim.AdamW state dict needs unsharded parameters: load it "
+            f"converting a {form.torch_name} state dict needs unsharded parameters: load it "
             "before fully_shard, then shard"
         )
-    unknown = sorted(set(saved) - {"step", *keys})
+    saved = {k: v for k, v in saved.items() if v is not None}  # torch SGD: buffer None
+    allowed = ["step", *keys] if form.keeps_step else keys
+    unknown = sorted(set(saved) - set(allowed))
     if unknown:
         raise ValueError(
-            f"torch state holds keys {unknown} that {plan.rule.name} does not keep (only "
-            f"{['step', *keys]})"
+            f"torch state holds keys {unknown} that {plan.rule.name} does not keep (only {allowed})"
         )
+    if form.keeps_step:
+        step = saved.get("step")
+    elif not saved:
+        return None  # torch made no buffer (no momentum, or never stepped): no state here
+    else:
+        step = 1  # torch keeps no count: a buffer means the next step is not the first
     shape = moments.kernel_shape(p.numel())
     # Encoded in the order the step walks the parameter (memory order), into tensors
     # made like the optimizer's own (same strides).
     values = [flat_view(like_param(_moment(saved, k, p), p.detach())).view(shape) for k in keys]
     encoded = moments.encode(values, plan.rule.kinds)
     out = dict(fresh)
-    out["step"] = step_tensor(saved.get("step"), p.device)
+    out["step"] = step_tensor(step, p.device)
     for key, value in zip(plan.moment_keys, encoded, strict=True):
         dst = torch.empty_like(fresh[key])
         if dst.shape == p.shape:
@@ -202,7 +281,7 @@ def param_state_to_torch(
     dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
     """One parameter's state as the torch optimizer keeps it (moments in the param
-    dtype, or in `dtype`)."""
+    dtype, or in `dtype`; ``step`` where torch keeps one)."""
     moments: MomentFormat = plan.moments
     lp = sharding.local(p.detach())
     shape = moments.kernel_shape(lp.numel())
@@ -212,7 +291,9 @@ def param_state_to_torch(
         for k in plan.moment_keys
     ]
     decoded = moments.decode(views, plan.rule.kinds)
-    out = {"step": torch.tensor(float(local["step"]), dtype=torch.float32)}
+    out: dict[str, torch.Tensor] = {}
+    if TORCH_FORMS[plan.rule.name].keeps_step:
+        out["step"] = torch.tensor(float(local["step"]), dtype=torch.float32)
     for (key, _), value in zip(plan.rule.slots, decoded, strict=True):
         dst = torch.empty_like(lp, dtype=dtype or p.dtype)  # the parameter's layout
         flat_view(dst).copy_(value.reshape(-1))
@@ -241,14 +322,17 @@ def to_native(
     param_groups: Sequence[dict[str, Any]],
     fresh_state: Callable[[torch.Tensor], dict[str, torch.Tensor]],
     plan_of: PlanOf,
+    check_group: Callable[[dict[str, Any], int], None] | None = None,
 ) -> tuple[dict[str, Any], StateConversion]:
     """`state_dict` in the optimizer's current form, and what was converted.
 
     Args:
-        state_dict: what `AdamW.load_state_dict` was given.
+        state_dict: what `RuleOptimizer.load_state_dict` was given.
         param_groups: the optimizer's groups.
         fresh_state: new state for a parameter (shapes, dtypes and seeds to fill).
         plan_of: a parameter's plan (rule and formats).
+        check_group: checks a saved group against the optimizer's group of that index
+            (a torch state dict's groups are checked before its state is converted).
     """
     if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
         raise ValueError("an optimizer state dict needs 'state' and 'param_groups'")
@@ -265,8 +349,11 @@ def to_native(
         raise ValueError(
             f"state dict has {len(groups)} param groups, optimizer has {len(param_groups)}"
         )
+    first, forms = _form_of(param_groups, plan_of)
     if is_torch_form(groups):
-        return _from_torch(groups, saved_state, param_groups, fresh_state, plan_of)
+        return _from_torch(
+            groups, saved_state, param_groups, forms, fresh_state, plan_of, check_group
+        )
     notes: list[str] = []
     new_groups = []
     for saved in groups:
@@ -282,55 +369,77 @@ def to_native(
             param_state = {**param_state, "step": step_tensor(step, torch.device("cpu"))}
             notes.append("'step' saved as a number or a float32 tensor read as float64")
         new_state[pid] = param_state
-    source = "mixprec.optim.AdamW (older form)" if notes else "mixprec.optim.AdamW"
+    source = f"{first.ours} (older form)" if notes else first.ours
     conversion = StateConversion(source=source, notes=tuple(dict.fromkeys(notes)))
     return {**state_dict, "state": new_state, "param_groups": new_groups}, conversion
+
+
+def _group_from_torch(
+    saved: dict[str, Any], ours: dict[str, Any], form: TorchForm, index: int
+) -> dict[str, Any]:
+    """A saved torch group as one of ours: the keys ours carry (a key torch's older
+    groups lack read as torch reads it), our formats."""
+    missing = ", ".join(map(repr, sorted(set(form.group_keys) - set(saved))))
+    if form.torch_name is None:
+        raise ValueError(
+            f"group {index}: {form.ours} has no torch counterpart: another optimizer's state "
+            f"cannot continue as {form.ours}"
+        )
+    if missing:
+        raise ValueError(
+            f"group {index}: not a {form.torch_name} state dict (its groups have no {missing}): "
+            f"another optimizer's state cannot continue as {form.ours}"
+        )
+    new = {"params": saved["params"]}
+    for key, value in ours.items():
+        if key not in ("params", "master", "moments"):
+            new[key] = saved.get(key, form.group_defaults.get(key, value))
+    if "decoupled_weight_decay" in ours and not saved.get("weight_decay"):
+        # torch's decoupled_weight_decay changes nothing without weight decay (torch
+        # Adam with weight_decay=0 is AdamW with it 0): read as ours.
+        new["decoupled_weight_decay"] = ours["decoupled_weight_decay"]
+    new.update(master=ours["master"], moments=ours["moments"])
+    return new
 
 
 def _from_torch(
     groups: list[dict[str, Any]],
     saved_state: dict[Any, Any],
     param_groups: Sequence[dict[str, Any]],
+    forms: Sequence[TorchForm],
     fresh_state: Callable[[torch.Tensor], dict[str, torch.Tensor]],
     plan_of: PlanOf,
+    check_group: Callable[[dict[str, Any], int], None] | None,
 ) -> tuple[dict[str, Any], StateConversion]:
-    new_groups: list[dict[str, Any]] = []
+    new_groups = [
+        _group_from_torch(saved, group, form, i)
+        for i, (group, saved, form) in enumerate(zip(param_groups, groups, forms, strict=True))
+    ]
+    if check_group is not None:  # the groups first: a wrong rule is named as such
+        _check_groups(param_groups, new_groups, check_group)
     new_state: dict[Any, Any] = {}
     moments: dict[str, int] = {}
     params = masters = 0
     for i, (group, saved) in enumerate(zip(param_groups, groups, strict=True)):
-        if "amsgrad" not in saved:  # torch's Adam and AdamW groups carry it; RAdam, NAdam... not
-            raise ValueError(
-                f"group {i}: not a torch.optim.AdamW (or Adam) state dict (its groups have no "
-                "'amsgrad'): another optimizer's state cannot continue as AdamW"
-            )
-        l2_decay = saved.get("decoupled_weight_decay") is False and saved.get("weight_decay")
-        if l2_decay:  # torch Adam with weight_decay=0 is AdamW with it 0: fine
-            raise ValueError(
-                f"group {i}: the state dict is torch Adam with L2 weight decay "
-                "(decoupled_weight_decay=False), not AdamW; it cannot continue here"
-            )
-        new_group = {k: v for k, v in saved.items() if k not in ("fused", "decoupled_weight_decay")}
-        new_group.update(master=group["master"], moments=group["moments"])
-        new_group.setdefault("maximize", False)
-        new_groups.append(new_group)
-        if len(saved.get("params", ())) != len(group["params"]):
+        if len(saved["params"]) != len(group["params"]):
             continue  # the generic check names the mismatch
         for p, pid in zip(group["params"], saved["params"], strict=True):
             if pid not in saved_state:  # never stepped in torch: no state here either
                 continue
-            fresh = fresh_state(p)
             plan = plan_of(p)
             try:
-                new_state[pid] = param_state_from_torch(saved_state[pid], p, plan, fresh)
+                state = param_state_from_torch(saved_state[pid], p, plan, fresh_state(p))
             except ValueError as exc:
                 raise ValueError(f"group {i}, parameter {tuple(p.shape)}: {exc}") from None
+            if state is None:
+                continue
+            new_state[pid] = state
             params += 1
             name = plan.moments.spec.name
             moments[name] = moments.get(name, 0) + 1
             masters += bool(plan.master.spec.state)
     conversion = StateConversion(
-        source="torch.optim.AdamW",
+        source=str(forms[0].torch_name),
         params=params,
         moments=moments,
         masters_from_params=masters,
@@ -344,19 +453,30 @@ def to_torch(
     plan_of: PlanOf,
     moments_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
-    """The optimizer's state as `torch.optim.AdamW` saves it (see module docs);
-    moments in `moments_dtype` when given, else in each parameter's dtype."""
+    """The optimizer's state as the torch optimizer its rules replace saves it (see
+    module docs); moments in `moments_dtype` when given, else in each parameter's dtype.
+
+    Raises:
+        ValueError: a rule has no torch counterpart (Lion).
+    """
     groups: list[dict[str, Any]] = []
     out: dict[int, dict[str, torch.Tensor]] = {}
     index = 0
-    for group in param_groups:
+    for group, form in zip(param_groups, _form_of(param_groups, plan_of)[1], strict=True):
+        if form.torch_name is None:
+            raise ValueError(
+                f"{form.ours} has no torch counterpart, so there is no torch state dict to "
+                "give: save its own state_dict()"
+            )
         saved = {k: v for k, v in group.items() if k not in ("params", "master", "moments")}
-        for key, default in TORCH_GROUP_DEFAULTS.items():
+        for key, default in form.group_defaults.items():
             saved.setdefault(key, default)
         ids = []
         for p in group["params"]:
             if p in state and state[p] and float(state[p]["step"]) > 0:
-                out[index] = param_state_to_torch(state[p], p, plan_of(p), moments_dtype)
+                torch_state = param_state_to_torch(state[p], p, plan_of(p), moments_dtype)
+                if torch_state:  # plain SGD: torch keeps no state
+                    out[index] = torch_state
             ids.append(index)
             index += 1
         groups.append({**saved, "params": ids})
@@ -429,7 +549,7 @@ def read_state_dict(
     Raises:
         ValueError: groups, formats, state keys, shapes, dtypes or values do not fit.
     """
-    native, conversion = to_native(state_dict, param_groups, fresh_state, plan_of)
+    native, conversion = to_native(state_dict, param_groups, fresh_state, plan_of, check_group)
     saved_groups, saved_state = native["param_groups"], native["state"]
     _check_groups(param_groups, saved_groups, check_group)
     pairs = [

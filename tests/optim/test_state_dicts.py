@@ -400,3 +400,24 @@ def test_lion_round_trips_its_own_state_and_has_no_torch_form() -> None:
     with pytest.raises(ValueError, match="Lion has no torch counterpart") as info:
         opt.torch_state_dict()
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "key"),
+    [
+        (lambda ps: AdamW(ps, amsgrad=True), "max_exp_avg_sq"),
+        (lambda ps: AdamW(ps, amsgrad=True, moments="int8"), "max_exp_avg_sq_absmax"),
+        (lambda ps: SGD(ps, momentum=0.9, moments="int8"), "momentum_buffer_absmax"),
+        (lambda ps: Lion(ps, moments="int8"), "exp_avg_absmax"),
+    ],
+)
+def test_a_negative_square_moment_or_scale_of_any_rule_is_refused(make: object, key: str) -> None:
+    """Found while adding the rules: only AdamW's keys were checked, so a negative
+    ``max_exp_avg_sq`` (its square root: NaN in the next step) loaded."""
+    params = _params()
+    opt = make(params)  # type: ignore[operator]
+    _run(opt, params, range(1))
+    sd = copy.deepcopy(opt.state_dict())
+    sd["state"][0][key] = -sd["state"][0][key].abs() - 1
+    with pytest.raises(ValueError, match=f"state '{key}' holds negative values"):
+        opt.load_state_dict(sd)

@@ -16,8 +16,8 @@ import warnings
 
 import pytest
 import torch
-from tests.tolerances import TORCH_PARITY_REL
 
+import tolerances as tol
 from mixprec.optim import SGD, Adam, AdamW, Lion
 from mixprec.optim.native.binding import NATIVE_RULES
 from mixprec.optim.rule_optimizer import RuleOptimizer
@@ -39,7 +39,7 @@ REFUSED = {
     # the fused step writes parameters and state in place, outside autograd
     "differentiable": "differentiable=True is not supported",
 }
-TOLERANCE = TORCH_PARITY_REL
+TOLERANCE = tol.TORCH_PARITY_REL
 
 
 def _info(cls: type[torch.optim.Optimizer]) -> object:

@@ -30,6 +30,7 @@ import torch
 
 from mixprec.optim import sharding
 from mixprec.optim.layout import flat_view, like_param
+from mixprec.optim.rules import RULES, SQUARE
 
 if TYPE_CHECKING:
     from mixprec.formats import MomentFormat
@@ -118,6 +119,9 @@ TORCH_FORMS: Mapping[str, TorchForm] = {
 }
 
 
+#: Every rule's moments of the ``square`` kind (never negative), by state key.
+_SQUARE_KEYS = frozenset(key for r in RULES.values() for key, kind in r.slots if kind == SQUARE)
+
 #: Group keys a saved state must agree on with the optimizer: they decide the formats.
 GROUP_FORMAT_KEYS = ("master", "moments")
 
@@ -172,7 +176,8 @@ def check_state_values(key: str, src: torch.Tensor) -> None:
         return  # codes, remainders and seeds: every bit pattern is valid
     if not bool(torch.isfinite(local).all()):
         raise ValueError(f"state {key!r} holds inf/NaN: the checkpoint is corrupt")
-    if key in ("exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax") and bool((local < 0).any()):
+    never_negative = key in _SQUARE_KEYS or key.endswith("_absmax")  # any rule's
+    if never_negative and bool((local < 0).any()):
         raise ValueError(f"state {key!r} holds negative values: the checkpoint is corrupt")
 
 

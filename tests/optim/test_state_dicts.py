@@ -421,3 +421,15 @@ def test_a_negative_square_moment_or_scale_of_any_rule_is_refused(make: object, 
     sd["state"][0][key] = -sd["state"][0][key].abs() - 1
     with pytest.raises(ValueError, match=f"state '{key}' holds negative values"):
         opt.load_state_dict(sd)
+
+
+def test_a_torch_state_dict_with_parameter_names_keeps_them_as_torch_does() -> None:
+    """torch's load takes ``param_names`` from the saved groups (named parameters)."""
+    ref_params = _params()
+    ref = torch.optim.SGD([("w", ref_params[0]), ("b", ref_params[1])], lr=0.1, momentum=0.9)
+    _run(ref, ref_params, range(1))
+    ours = SGD(_params(), lr=0.1, momentum=0.9)
+    twin = torch.optim.SGD(_params(), lr=0.1, momentum=0.9)
+    ours.load_state_dict(ref.state_dict())
+    twin.load_state_dict(ref.state_dict())
+    assert ours.param_groups[0]["param_names"] == twin.param_groups[0]["param_names"] == ["w", "b"]

@@ -395,9 +395,9 @@ def _group_from_torch(
             f"group {index}: not a {form.torch_name} state dict (its groups have no {missing}): "
             f"another optimizer's state cannot continue as {form.ours}"
         )
-    new = {"params": saved["params"]}
+    new = {k: saved[k] for k in ("params", "param_names") if k in saved}  # as torch loads
     for key, value in ours.items():
-        if key not in ("params", "master", "moments"):
+        if key not in ("params", "param_names", "master", "moments"):
             new[key] = saved.get(key, form.group_defaults.get(key, value))
     if "decoupled_weight_decay" in ours and not saved.get("weight_decay"):
         # torch's decoupled_weight_decay changes nothing without weight decay (torch

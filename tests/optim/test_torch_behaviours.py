@@ -381,20 +381,24 @@ def test_a_parameter_listed_twice_is_stepped_twice_in_turn(master: str) -> None:
         )
 
 
-def test_parameters_put_into_param_groups_by_hand_are_stepped_as_torch_steps_them() -> None:
+@pytest.mark.parametrize("name", list(TORCH_TWINS))
+def test_parameters_put_into_param_groups_by_hand_are_stepped_as_torch_steps_them(
+    name: str,
+) -> None:
     """torch's optimizers step a parameter appended to ``group["params"]`` (its state is
     made at its first step); ours raised a KeyError showing the tensor."""
     params = _params()
-    opt, ref = AdamW(params[:1], lr=1e-2), torch.optim.AdamW(params[:1], lr=1e-2)
+    opt, ref = OPTIMIZERS[name](params[:1]), TORCH_TWINS[name](_clone(params[:1]))
     extra = [torch.nn.Parameter(params[1].detach().clone()) for _ in range(2)]
     opt.param_groups[0]["params"].append(extra[0])
     ref.param_groups[0]["params"].append(extra[1])
     assert opt.formats() == [("none", "fp32")] * 2  # planned before any step
     assert len(opt.master_weights()) == 2
+    ref_first = ref.param_groups[0]["params"][0]
     for step in range(3):
         _fill_grads([params[0], extra[0]], step)
         opt.step()
-        _fill_grads([params[0], extra[1]], step)
+        _fill_grads([ref_first, extra[1]], step)
         ref.step()
     torch.testing.assert_close(extra[0], extra[1], rtol=1e-6, atol=1e-6)
     assert float(opt.state[extra[0]]["step"]) == 3.0
@@ -419,13 +423,14 @@ def test_options_it_cannot_honour_are_refused_in_groups(fused: bool) -> None:
     assert len(opt.param_groups) == 1
 
 
-def test_building_it_leaves_torchs_random_stream_alone() -> None:
-    """Swapping torch.optim.AdamW for this one must not change later random draws (the
+@pytest.mark.parametrize("name", list(TORCH_TWINS))
+def test_building_it_leaves_torchs_random_stream_alone(name: str) -> None:
+    """Swapping torch's optimizer for this one must not change later random draws (the
     default stochastic-rounding seed was drawn from torch's generator, advancing it)."""
     draws = []
-    for build in (torch.optim.AdamW, AdamW):
+    for build in (TORCH_TWINS[name], OPTIMIZERS[name]):
         torch.manual_seed(0)
-        build(_params(), lr=1e-3)
+        build(_params())
         draws.append(torch.randn(4))
     assert torch.equal(draws[0], draws[1])
     torch.manual_seed(1)

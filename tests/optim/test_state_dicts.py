@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mixprec.optim import SGD, Adam, AdamW, Lion
+from mixprec.optim.state_dicts import TORCH_FORMS
 
 TOLERANCE = 1e-6
 
@@ -433,3 +434,11 @@ def test_a_torch_state_dict_with_parameter_names_keeps_them_as_torch_does() -> N
     ours.load_state_dict(ref.state_dict())
     twin.load_state_dict(ref.state_dict())
     assert ours.param_groups[0]["param_names"] == twin.param_groups[0]["param_names"] == ["w", "b"]
+
+
+@pytest.mark.parametrize("cls", [Adam, AdamW, SGD], ids=lambda c: c.__name__)
+def test_each_class_names_the_torch_optimizer_its_state_dicts_convert_with(cls: type) -> None:
+    """The class's ``torch_name`` and the form its default rule converts with agree."""
+    opt = cls([torch.nn.Parameter(torch.zeros(3))])
+    rule = opt._rule_of(opt.param_groups[0])
+    assert TORCH_FORMS[rule.name].torch_name == cls.torch_name

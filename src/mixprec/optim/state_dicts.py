@@ -128,11 +128,12 @@ GROUP_FORMAT_KEYS = ("master", "moments")
 
 @dataclass(frozen=True, kw_only=True)
 class StateConversion:
-    """What loading a state dict converted (`AdamW.last_conversion`).
+    """What loading a state dict converted (`RuleOptimizer.last_conversion`).
 
     Attributes:
-        source: ``"torch.optim.AdamW"``, ``"mixprec.optim.AdamW (older form)"``
-            or ``"mixprec.optim.AdamW"`` (nothing converted).
+        source: the torch optimizer converted from (``"torch.optim.SGD"``), or
+            mixprec's (``"mixprec.optim.AdamW"``: nothing converted, or with
+            ``" (older form)"``: upgraded).
         params: parameters whose saved state was converted.
         moments: moment format -> parameters whose fp32 moments were encoded into it.
         masters_from_params: parameters whose master starts equal to the parameter.

@@ -475,3 +475,22 @@ def test_two_parameters_sharing_memory_are_refused() -> None:
     opt.param_groups[0]["params"][-1].grad = torch.ones(4)
     with pytest.raises(ValueError, match="share memory"):
         opt.step()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="rules.sgd_momentum steps a group whose momentum was set to 0 with its buffer "
+    "(update (1 - dampening) * g, buffer overwritten); torch skips the buffer then "
+    "(update g, buffer kept): rules.py, not this branch's",
+)
+def test_a_momentum_group_scheduled_to_zero_steps_as_torchs() -> None:
+    params = _params()
+    copies = _clone(params)
+    kw = {"lr": 1e-2, "momentum": 0.9, "dampening": 0.5}
+    ours, theirs = SGD(params, **kw), torch.optim.SGD(copies, **kw)  # type: ignore[arg-type]
+    for seed, momentum in enumerate((0.9, 0.9, 0.0, 0.9)):
+        for o, ps in ((ours, params), (theirs, copies)):
+            o.param_groups[0]["momentum"] = momentum
+            _steps(o, ps, range(seed, seed + 1))
+    for p, q in zip(params, copies, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)

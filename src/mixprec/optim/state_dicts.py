@@ -396,7 +396,7 @@ def _group_from_torch(
             f"group {index}: not a {form.torch_name} state dict (its groups have no {missing}): "
             f"another optimizer's state cannot continue as {form.ours}"
         )
-    new = {k: saved[k] for k in ("params", "param_names") if k in saved}  # as torch loads
+    new: dict[str, Any] = {k: saved[k] for k in ("params", "param_names") if k in saved}
     for key, value in ours.items():
         if key not in ("params", "param_names", "master", "moments"):
             new[key] = saved.get(key, form.group_defaults.get(key, value))

@@ -436,9 +436,15 @@ def test_a_torch_state_dict_with_parameter_names_keeps_them_as_torch_does() -> N
     assert ours.param_groups[0]["param_names"] == twin.param_groups[0]["param_names"] == ["w", "b"]
 
 
-@pytest.mark.parametrize("cls", [Adam, AdamW, SGD], ids=lambda c: c.__name__)
-def test_each_class_names_the_torch_optimizer_its_state_dicts_convert_with(cls: type) -> None:
-    """The class's ``torch_name`` and the form its default rule converts with agree."""
+@pytest.mark.parametrize(
+    ("cls", "torch_cls"),
+    [(Adam, torch.optim.Adam), (AdamW, torch.optim.AdamW), (SGD, torch.optim.SGD)],
+    ids=lambda c: c.__name__,
+)
+def test_each_class_converts_with_the_torch_optimizer_it_replaces(
+    cls: type, torch_cls: type
+) -> None:
+    """The form a class's default rule converts with names the torch class it replaces."""
     opt = cls([torch.nn.Parameter(torch.zeros(3))])
     rule = opt._rule_of(opt.param_groups[0])
-    assert TORCH_FORMS[rule.name].torch_name == cls.torch_name
+    assert TORCH_FORMS[rule.name].torch_name == f"torch.optim.{torch_cls.__name__}"

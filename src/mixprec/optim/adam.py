@@ -34,8 +34,6 @@ class Adam(RuleOptimizer):
         fused, master, moments, seed, block_size, min_int8_numel: as `AdamW`.
     """
 
-    torch_name = "torch.optim.Adam"
-
     def __init__(
         self,
         params: ParamsT,

@@ -62,8 +62,6 @@ class AdamW(Adam):
         TypeError: for a ``fused`` that is not a bool or None.
     """
 
-    torch_name = "torch.optim.AdamW"
-
     def __init__(
         self,
         params: ParamsT,

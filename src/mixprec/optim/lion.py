@@ -40,8 +40,6 @@ class Lion(RuleOptimizer):
         fused, master, moments, seed, block_size, min_int8_numel: as `AdamW`.
     """
 
-    torch_name = "lion_pytorch.Lion"
-
     def __init__(
         self,
         params: ParamsT,

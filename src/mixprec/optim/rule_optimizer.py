@@ -50,9 +50,6 @@ class RuleOptimizer(torch.optim.Optimizer):
         fused, seed, block_size, min_int8_numel: as `AdamW` documents them.
     """
 
-    #: The torch optimizer this one replaces (its state dicts convert in and out).
-    torch_name = "torch.optim.Optimizer"
-
     def __init__(
         self,
         params: ParamsT,
@@ -372,7 +369,8 @@ class RuleOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict of this optimizer, of an older mixprec version, or of the
-        torch optimizer it replaces (`torch_name`), converted to this optimizer's formats.
+        torch optimizer its rule replaces (`state_dicts.TORCH_FORMS`), converted to this
+        optimizer's formats.
 
         Everything is validated before anything changes; saved tensors are copied
         into new ones made like this optimizer's own, a parameter with no saved state
@@ -383,7 +381,8 @@ class RuleOptimizer(torch.optim.Optimizer):
 
         Raises:
             ValueError: if groups, formats, state keys, shapes or dtypes differ, or
-                the torch state uses what this optimizer refuses (AMSGrad, L2 Adam).
+                the torch state is another optimizer's (another rule: AMSGrad where this
+                group has none, L2 Adam into AdamW, SGD into Adam).
         """
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
             result = pre_hook(self, state_dict)
@@ -415,9 +414,9 @@ class RuleOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def torch_state_dict(self, *, moments_dtype: torch.dtype | None = None) -> dict[str, Any]:
         """This optimizer's state as the torch optimizer it replaces saves it
-        (`torch_name`), for its ``load_state_dict`` (moments decoded into the parameters'
-        dtype, as torch keeps them, or into `moments_dtype`; masters left out: torch
-        keeps none, see `master_weights`)."""
+        (`state_dicts.TORCH_FORMS`), for its ``load_state_dict`` (moments decoded into
+        the parameters' dtype, as torch keeps them, or into `moments_dtype`; masters
+        left out: torch keeps none, see `master_weights`)."""
         self.sync_edited()
         return to_torch(self.param_groups, self.state, self._plans.__getitem__, moments_dtype)
 

@@ -188,6 +188,12 @@ def _sgd_math(momentum: bool, nesterov: bool) -> Math:
 
 def _sgd_read(group: dict[str, Any]) -> Hyper:
     lr, momentum, dampening = float(group["lr"]), float(group["momentum"]), group["dampening"]
+    if not momentum:  # torch would step without the buffer and keep it: refused, not mimicked
+        raise ValueError(
+            "param group: momentum=0, but the group was added with a momentum, so its "
+            "buffer decides each step; keep momentum > 0 in that group (a schedule may vary "
+            "it), or put parameters to step without momentum in a group added with momentum=0"
+        )
     return lr, momentum, float(dampening), 0.0, float(group["weight_decay"])
 
 
@@ -198,7 +204,8 @@ def _sgd_plain_read(group: dict[str, Any]) -> Hyper:
             "momentum=0, so it keeps no momentum buffer; give it a momentum > 0 when it is "
             "added (a scheduler cycling momentum needs one from the start)"
         )
-    return _sgd_read(group)
+    lr, dampening = float(group["lr"]), float(group["dampening"])
+    return lr, 0.0, dampening, 0.0, float(group["weight_decay"])
 
 
 def _sgd_valid(hyper: Hyper) -> bool:

@@ -35,8 +35,6 @@ class SGD(RuleOptimizer):
         fused, master, moments, seed, block_size, min_int8_numel: as `AdamW`.
     """
 
-    torch_name = "torch.optim.SGD"
-
     def __init__(
         self,
         params: ParamsT,

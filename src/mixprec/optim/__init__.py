@@ -4,6 +4,7 @@ from mixprec.formats import MASTER_KINDS, MOMENT_KINDS
 from mixprec.optim.adam import Adam
 from mixprec.optim.adamw import AdamW
 from mixprec.optim.lion import Lion
+from mixprec.optim.mastered import Mastered
 from mixprec.optim.rule_optimizer import RuleOptimizer
 from mixprec.optim.sgd import SGD
 
@@ -14,5 +15,6 @@ __all__ = [
     "Adam",
     "AdamW",
     "Lion",
+    "Mastered",
     "RuleOptimizer",
 ]

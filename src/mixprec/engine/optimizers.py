@@ -2,8 +2,10 @@
 
 `implied_param_groups` gives `Precision.optimizer` the user's param groups
 exactly (same groups, same order, so per-group schedulers and torch checkpoints
-fit), each with the plan's master unless the group names one; `mixprec.optim.AdamW`
-applies it to the 16-bit parameters, fp32 ones (islands) being their own master. `check_optimizers`
+fit), each with the plan's master unless the group names one; `build_optimizer`
+makes `mixprec.optim.AdamW` over them, or `mixprec.optim.Mastered` for a torch
+optimizer class, which apply it to the 16-bit parameters, fp32 ones (islands) being
+their own master. `check_optimizers`
 refuses, before any update, an optimizer that would train 16-bit weights
 without the master the plan asks for.
 """
@@ -23,6 +25,7 @@ from mixprec.errors import PrecisionError
 
 __all__ = [
     "ParamsArg",
+    "build_optimizer",
     "check_optimizers",
     "implied_param_groups",
     "refuse_other_formats",
@@ -84,6 +87,35 @@ def implied_param_groups(
             "prec.optimizer(model)"
         )
     return groups
+
+
+def build_optimizer(
+    plan: PrecisionPlan,
+    groups: list[dict[str, Any]],
+    optimizer: type[torch.optim.Optimizer] | None,
+    kwargs: dict[str, Any],
+) -> torch.optim.Optimizer:
+    """The optimizer `Precision.optimizer` builds over `groups` (`implied_param_groups`):
+    `mixprec.optim.AdamW` with the plan's moments when `optimizer` is None or that class,
+    else `mixprec.optim.Mastered` over the torch optimizer class `optimizer`.
+
+    Raises:
+        TypeError: `optimizer` is not a ``torch.optim.Optimizer`` subclass.
+        ValueError: the plan's moments are not ``fp32`` and `optimizer` is a torch class
+            (its state is its own, fp32 as on fp32 parameters).
+    """
+    from mixprec.optim import AdamW, Mastered
+
+    if optimizer is None or optimizer is AdamW:
+        return AdamW(groups, moments=plan.moments.name, **kwargs)
+    if plan.moments.name != "fp32":
+        raise ValueError(
+            f"prec.optimizer: policy {plan.policy_name!r} keeps {plan.moments.name!r} "
+            f"moments, which {getattr(optimizer, '__name__', optimizer)} cannot (a torch "
+            "optimizer keeps its own state in fp32); use optimizer=mixprec.optim.AdamW, or "
+            "a policy with moments='fp32' (policy.replace(moments='fp32'))"
+        )
+    return Mastered(optimizer, groups, **kwargs)
 
 
 def _items(params: object) -> list[Any]:

@@ -46,6 +46,7 @@ from mixprec.engine.gradients import optimizer_params
 from mixprec.engine.observers import StepObserver
 from mixprec.engine.optimizers import (
     ParamsArg,
+    build_optimizer,
     check_optimizers,
     implied_param_groups,
     refuse_other_formats,
@@ -294,40 +295,30 @@ class Precision:
     def optimizer(
         self,
         params: ParamsArg,
-        lr: float | torch.Tensor = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-2,
+        lr: float | torch.Tensor | None = None,
+        *,
+        optimizer: type[torch.optim.Optimizer] | None = None,
         **kwargs: Any,
     ) -> torch.optim.Optimizer:
-        """The AdamW the plan implies (`mixprec.optim.AdamW`), registered with this run.
-
-        The param groups are the user's, exactly (a model means one group); 16-bit
-        parameters get the plan's master format, fp32 parameters (fp32 islands, or
-        everything under an fp32-storage policy) are their own master. Moments use
-        the plan's moment format. Other keyword arguments go to the optimizer.
+        """The optimizer the plan implies, registered with this run: `mixprec.optim.AdamW`
+        (moments in the plan's format), or for a torch optimizer class ``optimizer=``
+        (``torch.optim.SGD``, ``Muon``) `mixprec.optim.Mastered` over it (its state is
+        its own, fp32). The param groups are the user's, exactly (a model means one
+        group); 16-bit parameters get the plan's master, fp32 ones are their own master.
+        ``lr`` (None: the optimizer's default) and other keyword arguments go to it.
 
         Raises:
             ValueError: ``master=``/``moments=`` other than the plan's (the policy
                 decides them: change the policy, or build the optimizer yourself
                 and `register` it).
         """
-        from mixprec.optim import AdamW
-
         refuse_other_formats(self.plan, kwargs, where="the call")
         for key in ("master", "moments"):  # the plan's own values, restated
             kwargs.pop(key, None)
-        opt = AdamW(
-            implied_param_groups(self.plan, params, islands=island_param_ids(self._model)),
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            moments=self.plan.moments.name,
-            **kwargs,
-        )
-        self.register(opt)
-        return opt
+        groups = implied_param_groups(self.plan, params, islands=island_param_ids(self._model))
+        if lr is not None:
+            kwargs["lr"] = lr
+        return self.register(build_optimizer(self.plan, groups, optimizer, kwargs))
 
     def check_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """Raise `PrecisionError` if an optimizer cannot honour the plan.

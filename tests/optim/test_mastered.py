@@ -355,3 +355,28 @@ def test_refusals_name_the_option_and_the_alternative(
     params = [nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))]
     with pytest.raises(error, match=match):
         build(params)
+
+
+def _fp16_run(build: Callable[[mixprec.Precision, nn.Module], torch.optim.Optimizer]) -> list[Any]:
+    torch.manual_seed(0)
+    prec = mixprec.Precision("amp_fp16")
+    model = prec.prepare(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
+    opt = build(prec, model)
+    scales = []
+    for step in range(4):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+        with prec.autocast():
+            loss = model(x).float().pow(2).mean()
+        prec.backward(loss)
+        prec.clip_grad_norm_(model.parameters(), 0.05)
+        scales.append(prec.step(opt).applied)
+        opt.zero_grad()
+    return [*scales, *(p.detach().clone() for p in model.parameters())]
+
+
+def test_under_fp16_loss_scaling_it_clips_unscaled_gradients_as_torch_does() -> None:
+    ours = _fp16_run(lambda prec, m: prec.optimizer(m, optimizer=torch.optim.SGD, lr=0.1))
+    theirs = _fp16_run(lambda prec, m: prec.register(torch.optim.SGD(m.parameters(), lr=0.1)))
+    assert ours[:4] == theirs[:4] == [True] * 4
+    for a, b in zip(ours[4:], theirs[4:], strict=True):
+        assert torch.equal(a, b)

@@ -1,0 +1,174 @@
+"""`mixprec.optim.Mastered` on GPT-2 small's 148 tensors: its fp32 scratch against its budget,
+and its step time against the bare inner optimizer on fp32 parameters, in the same run.
+
+    OMP_NUM_THREADS=1 python bench/mastered_scratch.py [--steps 5] [--budgets 256M,64M,none]
+
+Memory, measured, not claimed, on a step after the first (the inner state exists):
+
+* scratch: for each inner step (one per chunk), the bytes of the distinct storages the
+  stepped shadows and their gradients point at (a step pre-hook on the inner
+  optimizer); the peak over the chunks, against ``scratch_bytes`` and against
+  ``8 * largest parameter`` (a parameter over the budget is a chunk of its own);
+* transient: the peak of every CPU allocation made during one step above what was
+  live when it began (``torch.profiler`` with ``profile_memory``: allocator events),
+  for the wrapper and for the bare inner optimizer (its own temporaries).
+
+Time: bf16 parameters with bf16 gradients and an ``exact`` master under ``Mastered``,
+against the same torch optimizer on fp32 copies with fp32 gradients; the two steps
+alternate ``--steps`` times after one warm-up each, and the ratio is the median of the
+per-pair ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from optim_step import gpt2_small_shapes  # bench/ is the script's directory
+from torch.profiler import ProfilerActivity, profile
+
+from mixprec.optim import Mastered
+
+MiB = 2**20
+INNER: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
+    "AdamW foreach": (torch.optim.AdamW, {"lr": 1e-3, "foreach": True}),
+    "SGD momentum foreach": (torch.optim.SGD, {"lr": 1e-2, "momentum": 0.9, "foreach": True}),
+}
+
+
+def _params(dtype: torch.dtype) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for shape in gpt2_small_shapes():
+        p = (torch.randn(shape, generator=gen) * 0.02).to(dtype).requires_grad_()
+        p.grad = (torch.randn(shape, generator=gen) * 1e-3).to(dtype)
+        out.append(p)
+    return out
+
+
+def chunk_scratch(opt: Mastered) -> list[int]:
+    """Filled, one entry per inner step, with the bytes the stepped shadows point at
+    outside the parameters' and gradients' own memory."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    owned = {t.untyped_storage().data_ptr() for p in params for t in (p, p.grad) if t is not None}
+    sizes: list[int] = []
+
+    def measure(inner: torch.optim.Optimizer, *_: object) -> None:
+        seen: dict[int, int] = {}
+        for group in inner.param_groups:
+            for s in group["params"]:
+                if s.grad is not None:
+                    for t in (s, s.grad):
+                        ptr = t.untyped_storage().data_ptr()
+                        if ptr not in owned:
+                            seen[ptr] = t.untyped_storage().nbytes()
+        sizes.append(sum(seen.values()))
+
+    opt.inner.register_step_pre_hook(measure)
+    return sizes
+
+
+def transient_peak(step: Callable[[], object]) -> int:
+    """Peak bytes allocated during `step` above what was live when it began (the
+    allocator's events, in time order; frees of older blocks count too)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    kineto = prof.profiler.kineto_results  # type: ignore[union-attr]
+    events = sorted((e.start_ns(), e.nbytes()) for e in kineto.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def _paired(ours: Callable[[], object], ref: Callable[[], object], steps: int) -> tuple[float, float, float]:
+    ours()
+    ref()
+    t_ours, t_ref = [], []
+    for _ in range(steps):
+        for fn, times in ((ref, t_ref), (ours, t_ours)):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    ratios = [a / b for a, b in zip(t_ours, t_ref, strict=True)]
+    return statistics.median(t_ours), statistics.median(t_ref), statistics.median(ratios)
+
+
+def _budget(text: str) -> int | None:
+    text = text.strip().lower()
+    if text == "none":
+        return None
+    scale = {"k": 2**10, "m": MiB, "g": 2**30}.get(text[-1], 1)
+    return int(float(text.rstrip("kmg")) * scale)
+
+
+def _cpu() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--budgets", default="256M,64M,none")
+    args = parser.parse_args()
+    budgets = [_budget(b) for b in args.budgets.split(",")]
+    shapes = gpt2_small_shapes()
+    numel = sum(torch.Size(s).numel() for s in shapes)
+    largest = max(torch.Size(s).numel() for s in shapes)
+    print(f"# Mastered on GPT-2 small: {len(shapes)} tensors, {numel:,} parameters")
+    print(f"CPU: {_cpu()}; torch {torch.__version__}; threads {torch.get_num_threads()}")
+    print(f"largest parameter: {largest:,} elements ({8 * largest / MiB:.1f} MiB of scratch)\n")
+    print("| inner | scratch_bytes | chunks | peak scratch MiB | peak / budget | "
+          "transient MiB (wrapper) | transient MiB (bare) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, (cls, kwargs) in INNER.items():
+        ref_params = _params(torch.float32)
+        ref = cls(ref_params, **kwargs)
+        ref.step()
+        bare = transient_peak(ref.step)
+        del ref, ref_params
+        for budget in budgets:
+            params = _params(torch.bfloat16)
+            opt = Mastered(cls, params, master="exact", scratch_bytes=budget, **kwargs)
+            opt.step()  # the inner state is made
+            sizes = chunk_scratch(opt)
+            wrapper = transient_peak(opt.step)
+            peak = max(sizes)
+            shown = "none" if budget is None else f"{budget / MiB:.0f} MiB"
+            ratio = "-" if budget is None else f"{peak / budget:.2f}"
+            print(
+                f"| {name} | {shown} | {len(sizes)} | {peak / MiB:.1f} | {ratio} | "
+                f"{wrapper / MiB:.1f} | {bare / MiB:.1f} |",
+                flush=True,
+            )
+            del opt, params
+    print("\n| inner | scratch_bytes | Mastered ms | bare fp32 ms | ratio |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, (cls, kwargs) in INNER.items():
+        for budget in budgets[:1] + [None] * (None in budgets):
+            params = _params(torch.bfloat16)
+            ref_params = _params(torch.float32)
+            opt = Mastered(cls, params, master="exact", scratch_bytes=budget, **kwargs)
+            ref = cls(ref_params, **kwargs)
+            ours_s, ref_s, ratio = _paired(opt.step, ref.step, args.steps)
+            shown = "none" if budget is None else f"{budget / MiB:.0f} MiB"
+            print(
+                f"| {name} | {shown} | {ours_s * 1e3:.0f} | {ref_s * 1e3:.0f} | {ratio:.2f} |",
+                flush=True,
+            )
+            del opt, ref, params, ref_params
+
+
+if __name__ == "__main__":
+    main()

@@ -140,27 +140,26 @@ def _scratch_per_chunk(opt: Mastered) -> list[int]:
     return sizes
 
 
-def test_a_scratch_budget_below_the_model_gives_the_bits_of_one_chunk() -> None:
-    budget = 8 * 24 * 16 + 8 * 16  # the largest parameter's values and gradients, and one more
-    ref, _, mine, whole = _pair("adam", scratch_bytes=None)
-    _, _, chunked_params, chunked = _pair("adam", scratch_bytes=budget)
-    sizes = _scratch_per_chunk(chunked)
-    for step in range(STEPS):
-        grads = _grads([tuple(p.shape) for p in ref], step)
-        for group, dtype in ((mine, torch.bfloat16), (chunked_params, torch.bfloat16)):
-            for p, g in zip(group, grads, strict=True):
-                p.grad = g.to(dtype)
-        whole.step()
-        chunked.step()
-    _assert_same_bits(chunked.master_weights(), [nn.Parameter(m) for m in whole.master_weights()])
-    assert len(sizes) == 2 * STEPS  # [(24, 16), (16,)] and the rest
+@pytest.mark.parametrize("name", sorted(INNER))
+def test_a_scratch_budget_below_the_model_changes_no_bit(name: str) -> None:
+    shapes = _shapes(INNER[name][0])
+    budget = 8 * max(torch.Size(s).numel() for s in shapes)  # the largest parameter's
+    ref, ref_opt, mine, opt = _pair(name, scratch_bytes=budget)
+    sizes = _scratch_per_chunk(opt)
+    _run(ref, ref_opt, mine, opt, range(STEPS))
+    _assert_same_bits(opt.master_weights(), ref)
+    assert len(sizes) >= 2 * STEPS  # each step in several chunks
     assert max(sizes) <= budget
-    big = Mastered(torch.optim.SGD, [nn.Parameter(torch.zeros(64, dtype=torch.bfloat16))], lr=0.1)
-    big_sizes = _scratch_per_chunk(big)
-    big.param_groups[0]["params"][0].grad = torch.ones(64, dtype=torch.bfloat16)
-    big._scratch_bytes = 16  # a parameter over the budget is a chunk of its own
-    big.step()
-    assert big_sizes == [8 * 64]
+
+
+def test_a_parameter_over_the_budget_is_a_chunk_of_its_own() -> None:
+    params = [nn.Parameter(torch.zeros(n, dtype=torch.bfloat16)) for n in (64, 2, 2)]
+    opt = Mastered(torch.optim.SGD, params, lr=0.1, scratch_bytes=40)
+    sizes = _scratch_per_chunk(opt)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert sizes == [8 * 64, 8 * 4]
 
 
 def _reload(opt: Mastered, params: list[nn.Parameter]) -> tuple[Mastered, list[nn.Parameter]]:

@@ -195,7 +195,7 @@ class Mastered(torch.optim.Optimizer):
                 for p in chunk:
                     shadow = self._shadows[p]
                     shadow.grad = None
-                    shadow.set_(_parked(p.shape, p.device))
+                    _point(shadow, _parked(p.shape, p.device))
         return loss
 
     def _chunks(self, params: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
@@ -219,9 +219,9 @@ class Mastered(torch.optim.Optimizer):
         grad = p.grad
         assert grad is not None
         if p.dtype == torch.float32:
-            shadow.set_(p.detach())  # its own master: stepped in place
+            _point(shadow, p.detach())  # its own master: stepped in place
         else:
-            shadow.set_(self._decode(p, self._master_state(p)))
+            _point(shadow, self._decode(p, self._master_state(p)))
         shadow.grad = grad if grad.dtype == torch.float32 else grad.to(torch.float32)
 
     def _store(self, p: torch.Tensor) -> None:
@@ -456,6 +456,11 @@ def _parked(shape: torch.Size, device: torch.device) -> torch.Tensor:
     """An fp32 tensor of `shape` over one element (zero strides): a shadow between steps."""
     one = torch.zeros(1, device=device).untyped_storage()
     return torch.empty(0, device=device).set_(one, 0, tuple(shape), (0,) * len(shape))
+
+
+def _point(shadow: torch.Tensor, t: torch.Tensor) -> None:
+    """Make `shadow` a view of `t`'s memory (``shadow.set_(t)``)."""
+    shadow.set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
 
 
 def _written(p: torch.Tensor) -> tuple[int, int]:

@@ -379,3 +379,52 @@ def test_under_fp16_loss_scaling_it_clips_unscaled_gradients_as_torch_does() -> 
     assert ours[:4] == theirs[:4] == [True] * 4
     for a, b in zip(ours[4:], theirs[4:], strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:gradients were changed in place")  # the injected inf
+def test_an_inf_in_the_other_optimizer_skips_it_too() -> None:
+    torch.manual_seed(0)
+    prec = mixprec.Precision("bf16_master")
+    model = prec.prepare(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
+    sgd = prec.optimizer(model[0].parameters(), optimizer=torch.optim.SGD, lr=0.1, momentum=0.9)
+    adamw = prec.optimizer(model[2].parameters(), lr=1e-2)
+    for inject in (False, True):
+        with prec.autocast():
+            loss = model(torch.randn(4, 8)).float().pow(2).mean()
+        prec.backward(loss)
+        if inject:
+            model[2].weight.grad[0, 0] = float("inf")
+        masters, state = sgd.master_weights(), sgd.state_dict()["state"]
+        report = prec.step([sgd, adamw])
+        assert report.applied is not inject
+        for opt in (sgd, adamw):
+            opt.zero_grad()
+    for a, b in zip(sgd.master_weights(), masters, strict=True):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    after = sgd.state_dict()["state"]
+    assert all(torch.equal(after[i][k], v) for i, e in state.items() for k, v in e.items())
+
+
+def test_a_master_the_plan_does_not_keep_is_refused_at_the_step() -> None:
+    prec = mixprec.Precision("bf16_master")
+    model = prec.prepare(nn.Linear(4, 4))
+    opt = prec.register(Mastered(torch.optim.SGD, model.parameters(), master="none", lr=0.1))
+    with prec.autocast():
+        loss = model(torch.randn(2, 4)).float().sum()
+    prec.backward(loss)
+    with pytest.raises(mixprec.PrecisionError, match="with no master"):
+        prec.step(opt)
+
+
+def test_a_torch_run_continues_bitwise_from_its_state_dict_and_fp32_weights() -> None:
+    cls, kwargs = INNER["sgd_momentum"]
+    ref = [nn.Parameter(t.clone()) for t in _start(SHAPES)]
+    ref_opt = cls(ref, **kwargs)
+    twin = [nn.Parameter(t.clone()) for t in _start(SHAPES)]
+    _run(ref, ref_opt, twin, cls(twin, **kwargs), range(2))  # torch's own fp32 run
+    mine = [nn.Parameter(p.detach().to(torch.bfloat16)) for p in ref]
+    opt = Mastered(cls, mine, **kwargs)
+    opt.load_state_dict(ref_opt.state_dict())  # torch's momentum buffers
+    opt.load_master_weights([p.detach() for p in ref])  # and its fp32 weights
+    _run(ref, ref_opt, mine, opt, range(2, 5))
+    _assert_same_bits(opt.master_weights(), ref)

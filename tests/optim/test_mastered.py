@@ -428,3 +428,18 @@ def test_a_torch_run_continues_bitwise_from_its_state_dict_and_fp32_weights() ->
     opt.load_master_weights([p.detach() for p in ref])  # and its fp32 weights
     _run(ref, ref_opt, mine, opt, range(2, 5))
     _assert_same_bits(opt.master_weights(), ref)
+
+
+@pytest.mark.slow
+def test_the_compiled_codec_gives_the_same_bits() -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    ref, ref_opt, mine, opt = _pair("adam", compile_codec=True)
+    mine.append(nn.Parameter(torch.ones(3)))  # an fp32 parameter: its own master
+    ref.append(nn.Parameter(torch.ones(3)))
+    opt.add_param_group({"params": mine[-1:]})
+    ref_opt.add_param_group({"params": ref[-1:]})
+    _run(ref, ref_opt, mine, opt, range(STEPS))
+    _assert_same_bits(opt.master_weights(), ref)
+    assert counters["stats"]["unique_graphs"] >= 2  # decode and encode were compiled

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import mixprec
 from mixprec import Precision
 
 
@@ -111,7 +112,6 @@ def test_a_group_cannot_ask_for_other_formats_than_the_policy_s() -> None:
 def test_a_model_made_only_of_fp32_islands_gets_its_optimizer() -> None:
     """Found by review: a LayerNorm alone under bf16_master was refused as "built
     before prepare", although prepare had kept it fp32 by design."""
-    import mixprec
 
     prec = mixprec.Precision("bf16_master")
     for model in (torch.nn.LayerNorm(8), torch.nn.Sequential(torch.nn.LayerNorm(8))):
@@ -120,3 +120,24 @@ def test_a_model_made_only_of_fp32_islands_gets_its_optimizer() -> None:
         assert opt.formats() == [("none", "fp32")] * 2  # fp32 params are their own master
     with pytest.raises(mixprec.PrecisionError, match=r"before prec\.prepare"):
         mixprec.Precision("bf16_master").optimizer(torch.nn.Linear(2, 2))  # still caught
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [("SGD", {"lr": 0.1, "momentum": 0.9}), ("Lion", {"lr": 1e-3}), ("Adam", {"amsgrad": True})],
+)
+def test_a_mixprec_optimizer_class_is_built_with_the_policys_formats(
+    name: str, kwargs: dict[str, object]
+) -> None:
+    """prec.optimizer(optimizer=mixprec.optim.SGD) built Mastered around it (a torch-style
+    wrapper with fp32 inner state) instead of the class itself with the plan's formats."""
+    import mixprec.optim
+
+    cls = getattr(mixprec.optim, name)
+    prec = Precision(mixprec.preset("bf16_master").replace(moments="int8"))
+    model = prec.prepare(nn.Linear(256, 64))
+    opt = prec.optimizer(model, optimizer=cls, **kwargs)
+    assert type(opt) is cls
+    assert set(opt.formats()) == {("exact", "int8"), ("exact", "fp32")}  # (a 64-bias: fp32)
+    model(torch.randn(8, 256).bfloat16()).float().square().mean().backward()
+    assert prec.step(opt).applied

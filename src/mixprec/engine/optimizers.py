@@ -96,24 +96,27 @@ def build_optimizer(
     kwargs: dict[str, Any],
 ) -> torch.optim.Optimizer:
     """The optimizer `Precision.optimizer` builds over `groups` (`implied_param_groups`):
-    `mixprec.optim.AdamW` with the plan's moments when `optimizer` is None or that class,
-    else `mixprec.optim.Mastered` over the torch optimizer class `optimizer`.
+    a mixprec optimizer class (`mixprec.optim.AdamW` when `optimizer` is None, or
+    `Adam`, `SGD`, `Lion`) with the plan's moments, else `mixprec.optim.Mastered` over
+    the torch optimizer class `optimizer`.
 
     Raises:
         TypeError: `optimizer` is not a ``torch.optim.Optimizer`` subclass.
         ValueError: the plan's moments are not ``fp32`` and `optimizer` is a torch class
             (its state is its own, fp32 as on fp32 parameters).
     """
-    from mixprec.optim import AdamW, Mastered
+    from mixprec.optim import AdamW, Mastered, RuleOptimizer
 
-    if optimizer is None or optimizer is AdamW:
-        return AdamW(groups, moments=plan.moments.name, **kwargs)
+    optimizer = AdamW if optimizer is None else optimizer
+    if isinstance(optimizer, type) and issubclass(optimizer, RuleOptimizer):
+        return optimizer(groups, moments=plan.moments.name, **kwargs)
     if plan.moments.name != "fp32":
         raise ValueError(
             f"prec.optimizer: policy {plan.policy_name!r} keeps {plan.moments.name!r} "
             f"moments, which {getattr(optimizer, '__name__', optimizer)} cannot (a torch "
-            "optimizer keeps its own state in fp32); use optimizer=mixprec.optim.AdamW, or "
-            "a policy with moments='fp32' (policy.replace(moments='fp32'))"
+            "optimizer keeps its own state in fp32); use a mixprec optimizer "
+            "(mixprec.optim.AdamW, Adam, SGD, Lion), or a policy with moments='fp32' "
+            "(policy.replace(moments='fp32'))"
         )
     return Mastered(optimizer, groups, **kwargs)
 

@@ -109,7 +109,9 @@ def build_optimizer(
 
     optimizer = AdamW if optimizer is None else optimizer
     if isinstance(optimizer, type) and issubclass(optimizer, RuleOptimizer):
-        return optimizer(groups, moments=plan.moments.name, **kwargs)
+        # (each subclass takes torch's signature plus master= and moments=)
+        build: Any = optimizer
+        return cast(torch.optim.Optimizer, build(groups, moments=plan.moments.name, **kwargs))
     if plan.moments.name != "fp32":
         raise ValueError(
             f"prec.optimizer: policy {plan.policy_name!r} keeps {plan.moments.name!r} "

@@ -90,13 +90,16 @@ class OptimizerFacts:
 
     Attributes:
         name: its class or ``_target_`` (``"torch.optim.AdamW"``).
-        adam_like: keeps Adam-style moments (Adam, AdamW, FusedAdam, ...).
+        state: the state it keeps beside each parameter, by state key
+            (``("exp_avg", "exp_avg_sq")`` for Adam, ``("momentum_buffer",)`` for SGD
+            with momentum, ``()`` for plain SGD, which keeps none); None when the
+            optimizer is not recognised: the optimizer-state rule then judges nothing.
         groups: what it keeps per parameter group.
         note: how master/moments were determined, when not obvious.
     """
 
     name: str
-    adam_like: bool
+    state: tuple[str, ...] | None
     groups: tuple[GroupFacts, ...]
     note: str = ""
 

@@ -244,8 +244,9 @@ class Policy:
             )
             found.append(
                 f"policy {self.name!r}: parameters stored in {dtype_name(self.param_dtype)} "
-                f"with no master: AdamW updates are rounded to {dtype_name(self.param_dtype)} "
-                f"every step and small ones are lost, and moments are stored in {self.moments}; "
+                "with no master: every update (AdamW's, SGD's, Lion's, any optimizer's) is "
+                f"rounded to {dtype_name(self.param_dtype)} and small ones are lost, and the "
+                f"optimizer's state (moments, momentum) is stored in {self.moments}; "
                 f"use master={exact.name!r} (bitwise fp32 at {exact.bytes_per_element} extra "
                 "bytes/param) unless you have measured that this is acceptable"
             )

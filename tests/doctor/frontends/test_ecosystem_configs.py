@@ -37,7 +37,8 @@ EXPECTED: list[tuple[str, str, dict[str, str]]] = [
     # constructed
     ("hf", "optimizer-state-16bit.yaml", {OS16: E}),
     ("hf", "optimizer-state-16bit-short.yaml", {OS16: W}),
-    ("hf", "fp16-without-loss-scaling.yaml", {"fp16-without-loss-scaling": E}),
+    # optim: sgd over fp16 weights rounds every update (a short run: a warning)
+    ("hf", "fp16-without-loss-scaling.yaml", {"fp16-without-loss-scaling": E, OS16: W}),
     ("hf", "clean_amp_bf16.yaml", {}),
     ("hf", "clean_amp_fp16.yaml", {}),
     ("hf", "clean_lora_bf16.yaml", {}),
@@ -162,4 +163,4 @@ def test_every_hf_optimizer_finding_says_it_was_judged_as_written(tmp_path: Path
             if f.rule == OS16:
                 seen += 1
                 assert "judged as written" in f.evidence.get("optimizer_note", ""), path.name
-    assert seen == 15  # 12 vendored/constructed fixtures and the 3 above
+    assert seen == 16  # 13 vendored/constructed fixtures and the 3 above

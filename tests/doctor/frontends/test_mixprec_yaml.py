@@ -24,8 +24,8 @@ def test_mixprec_fixture_triggers_exactly_its_rule(
 
 
 def test_mixprec_values_are_validated_with_valid_options(tmp_path: Path) -> None:
-    bad_opt = "precision:\n  preset: fp32\noptimizer:\n  name: lion\n"
-    with pytest.raises(ValueError, match=r"unknown optimizer 'lion'; valid: .*torch.optim.adamw"):
+    bad_opt = "precision:\n  preset: fp32\noptimizer:\n  name: lamb\n"
+    with pytest.raises(ValueError, match=r"unknown optimizer 'lamb'; valid: .*torch.optim.adamw"):
         check_file(write(tmp_path, bad_opt))
     bad_key = "precision:\n  preset: fp32\n  compute_dtyp: bf16\n"
     with pytest.raises(ValueError, match="unknown policy keys"):

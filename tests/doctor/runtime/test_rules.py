@@ -197,3 +197,22 @@ def test_other_compute_dtypes_judge_values_below_the_subnormal(severity: str) ->
         underflow_threshold=0.01,
     )
     assert f is not None and f.severity == severity and f.evidence["fraction"] == 0.02
+
+
+def test_vanishing_updates_fix_names_the_master_for_the_optimizer_at_hand() -> None:
+    """Found in issue 34: the fix told every optimizer to use mixprec.optim.AdamW."""
+    common = {
+        "step": 0,
+        "where": "w",
+        "dtype": torch.bfloat16,
+        "param_dtypes": ["bf16"],
+        "master_updates": None,
+        "threshold": 0.05,
+        "worst_fraction": 1.0,
+    }
+    stats = UpdateStats(intended=10, vanished=10)
+    sgd = vanishing_updates(stats, optimizer="torch.optim.SGD", **common)  # type: ignore[arg-type]
+    assert sgd is not None and "mixprec.optim.SGD(params, ..., master='exact')" in sgd.fix
+    assert "AdamW" not in sgd.fix
+    muon = vanishing_updates(stats, optimizer="torch.optim.Muon", **common)  # type: ignore[arg-type]
+    assert muon is not None and "mixprec.optim.Mastered(torch.optim.Muon" in muon.fix

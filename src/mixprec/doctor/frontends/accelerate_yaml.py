@@ -246,7 +246,7 @@ def facts_from_accelerate(doc: ConfigDoc, *, device: DeviceCaps | None = None) -
         param_note = f"DeepSpeed casts the model to {amp_dtype}"
         optimizer = OptimizerFacts(
             name="the script's optimizer under DeepSpeed",
-            adam_like=True,
+            state=("exp_avg", "exp_avg_sq"),
             groups=(GroupFacts(param_dtype=amp_dtype, master="fp32", moments="fp32"),),
             note="DeepSpeed's bf16/fp16 optimizers keep an fp32 master partition and fp32 moments",
         )
@@ -269,7 +269,7 @@ def facts_from_accelerate(doc: ConfigDoc, *, device: DeviceCaps | None = None) -
         param_note = f"{env}: every torch.float tensor on the TPU is bf16"
         optimizer = OptimizerFacts(
             name="the script's optimizer",
-            adam_like=True,
+            state=("exp_avg", "exp_avg_sq"),
             groups=(GroupFacts(param_dtype="bf16", master="none", moments="bf16"),),
             note=(
                 f"{env} makes the weights and any optimizer state bf16 on the TPU; the launch "

@@ -51,7 +51,13 @@ from typing import TYPE_CHECKING, Any
 from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
 from mixprec.doctor.frontends.document import ConfigDoc
 from mixprec.doctor.frontends.frontend import FrontEnd
-from mixprec.doctor.frontends.hf_trainer import HF_OPTIMIZERS, flag, hf_optimizer_facts, turned_on
+from mixprec.doctor.frontends.hf_trainer import (
+    HF_OPTIMIZERS,
+    flag,
+    hf_optimizer_facts,
+    optim_args,
+    turned_on,
+)
 from mixprec.doctor.frontends.optimizers import config_bool
 from mixprec.doctor.frontends.values import config_int, config_str, config_value
 
@@ -85,9 +91,11 @@ AXOLOTL_MARKERS: frozenset[str] = frozenset(
 DEFAULT_OPTIMIZER = "adamw_torch_fused"
 
 _ADAPTERS = ("lora", "qlora")
+_ADAM = ("exp_avg", "exp_avg_sq")
 
-#: axolotl's own optimizers -> (Adam-like, master, moments; ``"param"``: the parameters'
-#: dtype), from the class each name builds (``_configure_custom_optimizer``):
+#: axolotl's own optimizers -> (state kept per parameter, None when unknown; master;
+#: moments, ``"param"``: the parameters' dtype), from the class each name builds
+#: (``_configure_custom_optimizer``):
 #: ``optimi_adamw``: ``optimi.AdamW``, Kahan summation on by default for 16-bit
 #: parameters (``kahan_sum``); ``ao_adamw_*``: torchao's ``AdamWFp8``/``AdamW8bit``/
 #: ``AdamW4bit`` (``bf16_stochastic_round`` off by default; the 8/4-bit names are in
@@ -96,30 +104,20 @@ _ADAPTERS = ("lora", "qlora")
 #: ``exp_avg_sq`` ``zeros_like(p)``); ``came_pytorch``: ``CAME`` (state built from the fp32
 #: copy of a 16-bit gradient, the update added to the weight); ``flash_adam[w]``:
 #: flashoptim (``master_weight_bits`` 24 and int8 moments by default); the SGD/Lion ones
-#: keep no Adam moments.
-AXOLOTL_OPTIMIZERS: dict[str, tuple[bool, str, str]] = {
-    "optimi_adamw": (True, "kahan", "param"),
-    "ao_adamw_fp8": (True, "none", "fp8"),
-    "ao_adamw_8bit": (True, "none", "int8"),
-    "ao_adamw_4bit": (True, "none", "int4"),
-    "adopt_adamw": (True, "none", "param"),
-    "came_pytorch": (True, "none", "fp32"),
-    "flash_adamw": (True, "remainder8", "int8"),
-    "flash_adam": (True, "remainder8", "int8"),
-    **{name: (False, "none", "none") for name in ("flash_sgd", "flash_sgdw", "flash_lion")},
+#: are not judged.
+AXOLOTL_OPTIMIZERS: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
+    "optimi_adamw": (_ADAM, "kahan", "param"),
+    "ao_adamw_fp8": (_ADAM, "none", "fp8"),
+    "ao_adamw_8bit": (_ADAM, "none", "int8"),
+    "ao_adamw_4bit": (_ADAM, "none", "int4"),
+    "adopt_adamw": (_ADAM, "none", "param"),
+    "came_pytorch": (_ADAM, "none", "fp32"),
+    "flash_adamw": (_ADAM, "remainder8", "int8"),
+    "flash_adam": (_ADAM, "remainder8", "int8"),
+    # flashoptim's SGD and Lion: their state depends on options not read here
+    **{name: (None, "none", "none") for name in ("flash_sgd", "flash_sgdw", "flash_lion")},
 }
 _UNHANDLED = ("ao_adamw_8bit", "ao_adamw_4bit")
-
-
-def _optim_args(doc: ConfigDoc) -> dict[str, str]:
-    """``optim_args`` as axolotl passes them (a mapping, or ``"k1=v1,k2=v2"``), lowercased."""
-    raw = doc.get("optim_args")
-    if isinstance(raw, Mapping):
-        return {str(k): str(v).strip().lower() for k, v in raw.items()}
-    if isinstance(raw, str):
-        pairs = (item.split("=", 1) for item in raw.replace(" ", "").split(",") if "=" in item)
-        return {k: v.lower() for k, v in pairs}
-    return {}
 
 
 def _custom_group(name: str, trainable: str, args: Mapping[str, str]) -> tuple[str, str]:
@@ -239,13 +237,13 @@ def facts_from_axolotl(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
         param_dtype, loss_scaling = None, None
         notes = [f"deepspeed {ds_path}: the JSON decides; lint it with --format deepspeed"]
     elif optim in AXOLOTL_OPTIMIZERS:
-        master, moments = _custom_group(optim, trainable, _optim_args(doc))
+        master, moments = _custom_group(optim, trainable, optim_args(doc))
         opt_note = f"axolotl builds {optim} itself (_configure_custom_optimizer)"
         if optim in _UNHANDLED:
             opt_note += "; axolotl 067b021 has no builder branch for it ('Unhandled optimizer')"
         optimizer = OptimizerFacts(
             name=optim,
-            adam_like=AXOLOTL_OPTIMIZERS[optim][0],
+            state=AXOLOTL_OPTIMIZERS[optim][0],
             groups=(
                 GroupFacts(
                     param_dtype=trainable,
@@ -258,7 +256,9 @@ def facts_from_axolotl(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> T
         )
     elif optim in HF_OPTIMIZERS:
         unset = "" if raw_optim is not None else f"optimizer unset: {DEFAULT_OPTIMIZER}"
-        optimizer = hf_optimizer_facts(optim, trainable, peft=peft, note=unset)
+        optimizer = hf_optimizer_facts(
+            optim, trainable, peft=peft, note=unset, args=optim_args(doc)
+        )
 
     reduce_dtype: str | None = None
     reduce_note = ""

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
 from mixprec.doctor.frontends.document import ConfigDoc
 from mixprec.doctor.frontends.frontend import FrontEnd
-from mixprec.doctor.frontends.optimizers import config_bool, config_dtype
+from mixprec.doctor.frontends.optimizers import config_bool, config_dtype, torch_state
 from mixprec.doctor.frontends.values import config_str, config_value
 
 if TYPE_CHECKING:  # a device is probed only when asked for
@@ -152,17 +152,20 @@ def _optimizer(
     params = doc.mapping("optimizer.params") or {}
     torch_adam = config_bool(doc, "optimizer.params.torch_adam", params.get("torch_adam"), False)
     name = f"DeepSpeed {kind}" + (" (torch_adam: torch.optim)" if torch_adam else "")
+    state: tuple[str, ...] = ("exp_avg", "exp_avg_sq")
     if kind.lower() in OTHER_TYPES:
-        return OptimizerFacts(
-            name=name,
-            adam_like=False,
-            groups=(GroupFacts(param_dtype=storage, master=master, moments="none"),),
+        state = (
+            torch_state("SGD", params)
+            if kind.lower() == "sgd"
+            else ("sum",)
+            if kind.lower() == "adagrad"
+            else ("exp_avg",)
         )
-    if kind.lower() not in ADAM_TYPES:
+    elif kind.lower() not in ADAM_TYPES:
         return None
     return OptimizerFacts(
         name=name,
-        adam_like=True,
+        state=state,
         groups=(GroupFacts(param_dtype=storage, master=master, moments=moments),),
         note=note,
     )

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
 from mixprec.doctor.frontends.document import ConfigDoc
 from mixprec.doctor.frontends.frontend import FrontEnd
-from mixprec.doctor.frontends.optimizers import config_bool, config_dtype
+from mixprec.doctor.frontends.optimizers import config_bool, config_dtype, torch_state
 from mixprec.doctor.frontends.values import config_int, config_str, config_value
 
 if TYPE_CHECKING:  # a device is probed only when asked for
@@ -55,6 +55,7 @@ __all__ = [
     "facts_from_hf",
     "flag",
     "hf_optimizer_facts",
+    "optim_args",
     "turned_on",
 ]
 
@@ -75,11 +76,17 @@ HF_MARKERS: frozenset[str] = frozenset(
 #: transformers' default ``optim`` (``adamw_torch_fused`` on recent torch): torch AdamW.
 DEFAULT_OPTIM = "adamw_torch"
 
-#: ``optim`` name -> (Adam-like, moments: ``"param"`` for the parameters' dtype).
-#: All keep no master of their own.
-HF_OPTIMIZERS: dict[str, tuple[bool, str]] = {
+_ADAM = ("exp_avg", "exp_avg_sq")
+
+#: ``optim`` name -> (state kept per parameter, its format: ``"param"`` for the
+#: parameters' dtype), from transformers' ``trainer_optimizer.py``. None keeps a master
+#: of its own. ``sgd`` keeps a momentum buffer when ``optim_args`` sets a momentum
+#: (`hf_optimizer_facts`); transformers' ``Adafactor`` keeps its factored second moment
+#: in fp32 and writes each update into the 16-bit weight; bitsandbytes' Lion keeps its
+#: momentum in fp32 (``*_32bit``) or int8.
+HF_OPTIMIZERS: dict[str, tuple[tuple[str, ...], str]] = {
     **{
-        name: (True, "param")
+        name: (_ADAM, "param")
         for name in (
             "adamw_torch",
             "adamw_torch_fused",
@@ -90,12 +97,17 @@ HF_OPTIMIZERS: dict[str, tuple[bool, str]] = {
         )
     },
     **{
-        name: (True, "int8")
+        name: (_ADAM, "int8")
         for name in ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adamw_torch_8bit")
     },
-    **{name: (True, "fp32") for name in ("paged_adamw_32bit", "paged_adamw", "adamw_bnb")},
-    "adamw_torch_4bit": (True, "int4"),
-    **{name: (False, "none") for name in ("sgd", "adagrad", "rmsprop")},
+    **{name: (_ADAM, "fp32") for name in ("paged_adamw_32bit", "paged_adamw", "adamw_bnb")},
+    "adamw_torch_4bit": (_ADAM, "int4"),
+    "sgd": ((), "param"),
+    "adagrad": (("sum",), "param"),
+    "rmsprop": (("square_avg",), "param"),
+    "adafactor": (("exp_avg_sq_row", "exp_avg_sq_col"), "fp32"),
+    **{name: (("exp_avg",), "fp32") for name in ("lion_32bit", "paged_lion_32bit")},
+    **{name: (("exp_avg",), "int8") for name in ("lion_8bit", "paged_lion_8bit")},
 }
 
 #: The "judged as written" note of a 16-bit group without a master, by (deepspeed, fsdp)
@@ -161,17 +173,34 @@ def turned_on(value: Any) -> bool:
     return value is not None
 
 
-def hf_optimizer_facts(name: str, trainable: str, *, peft: bool, note: str) -> OptimizerFacts:
+def hf_optimizer_facts(
+    name: str, trainable: str, *, peft: bool, note: str, args: Mapping[str, str] | None = None
+) -> OptimizerFacts:
     """What an `HF_OPTIMIZERS` optimizer keeps for parameters stored in `trainable` (no
-    master; moments in the parameters' dtype or the table's format); axolotl shares it."""
-    adam_like, moments = HF_OPTIMIZERS[name]
+    master; state in the parameters' dtype or the table's format), with `args` its
+    ``optim_args`` (``momentum`` gives ``sgd`` a momentum buffer); axolotl shares it."""
+    state, moments = HF_OPTIMIZERS[name]
+    if name == "sgd":
+        state = torch_state("SGD", args or {})
     group = GroupFacts(
         param_dtype=trainable,
         master="none",
-        moments=trainable if moments == "param" else moments,
+        moments=("none" if not state else trainable if moments == "param" else moments),
         label="adapters" if peft else "all parameters",
     )
-    return OptimizerFacts(name=name, adam_like=adam_like, groups=(group,), note=note)
+    return OptimizerFacts(name=name, state=state, groups=(group,), note=note)
+
+
+def optim_args(doc: ConfigDoc) -> dict[str, str]:
+    """``optim_args`` as transformers parses them (``"k1=v1,k2=v2"``; axolotl also
+    takes a mapping), values lowercased."""
+    raw = doc.get("optim_args")
+    if isinstance(raw, Mapping):
+        return {str(k): str(v).strip().lower() for k, v in raw.items()}
+    if isinstance(raw, str):
+        pairs = (item.split("=", 1) for item in raw.replace(" ", "").split(",") if "=" in item)
+        return {k: v.lower() for k, v in pairs}
+    return {}
 
 
 def facts_from_hf(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> TrainingFacts:
@@ -220,7 +249,7 @@ def facts_from_hf(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Traini
     if deepspeed and amp:
         optimizer = OptimizerFacts(
             name=f"{optim} under DeepSpeed",
-            adam_like=optim in HF_OPTIMIZERS and HF_OPTIMIZERS[optim][0],
+            state=HF_OPTIMIZERS[optim][0] if optim in HF_OPTIMIZERS else None,
             groups=(GroupFacts(param_dtype=trainable, master="fp32", moments="fp32"),),
             note="DeepSpeed's bf16/fp16 optimizers keep an fp32 master partition",
         )
@@ -230,7 +259,9 @@ def facts_from_hf(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Traini
             notes.append(f"optim unset: the HF Trainer's default is {DEFAULT_OPTIM}")
         if trainable != "fp32":  # every 16-bit group: say what a launcher may change
             notes.append(_AS_WRITTEN[(deepspeed, fsdp and not deepspeed)])
-        optimizer = hf_optimizer_facts(optim, trainable, peft=peft, note="; ".join(notes))
+        optimizer = hf_optimizer_facts(
+            optim, trainable, peft=peft, note="; ".join(notes), args=optim_args(doc)
+        )
 
     compute = "bf16" if bf16 else "fp16" if fp16 else storage
     changed_by = ""

@@ -34,11 +34,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
+from mixprec.doctor.facts import TrainingFacts
 from mixprec.doctor.frontends.document import ConfigDoc
 from mixprec.doctor.frontends.fp8_recipes import megatron_fp8
 from mixprec.doctor.frontends.frontend import FrontEnd
-from mixprec.doctor.frontends.optimizers import TORCH_ADAM_TARGETS, TORCH_OTHER_TARGETS
+from mixprec.doctor.frontends.optimizers import torch_optimizer_facts
 from mixprec.doctor.frontends.values import config_int, config_str, config_value
 
 if TYPE_CHECKING:  # a device is probed only when asked for
@@ -89,13 +89,6 @@ LEGACY_PRECISION: dict[str, str] = {
     "32": "32-true",
     "16": "16-mixed",
     "bf16": "bf16-mixed",
-}
-
-_MOMENTS = {
-    "fp32": "fp32",
-    "fp64": "fp32",
-    "bf16": "bf16",
-    "fp16": "fp16",
 }
 
 
@@ -176,21 +169,10 @@ def facts_from_lightning(doc: ConfigDoc, *, device: DeviceCaps | None = None) ->
 
     name = _optimizer_name(doc)
     optimizer = None
-    if name in TORCH_ADAM_TARGETS and param_dtype is not None:
-        optimizer = OptimizerFacts(
-            name=name,
-            adam_like=True,
-            groups=(
-                GroupFacts(param_dtype=param_dtype, master="none", moments=_MOMENTS[param_dtype]),
-            ),
-            note=f"{name} keeps its moments in the parameters' dtype",
-        )
-    elif name in TORCH_OTHER_TARGETS and param_dtype is not None:
-        optimizer = OptimizerFacts(
-            name=name,
-            adam_like=False,
-            groups=(GroupFacts(param_dtype=param_dtype, master="none", moments="none"),),
-        )
+    if name is not None and param_dtype is not None:
+        has_args = isinstance(doc.get("optimizer"), Mapping)
+        init_args = doc.mapping("optimizer.init_args") if has_args else None
+        optimizer = torch_optimizer_facts(name, param_dtype, init_args or {})
 
     fp8 = precision.startswith("transformer-engine")
     fp8_scaling = "Transformer Engine's recipe (delayed scaling)" if fp8 else None

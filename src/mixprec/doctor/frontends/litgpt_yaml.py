@@ -47,7 +47,7 @@ from mixprec.doctor.facts import GroupFacts, OptimizerFacts, TrainingFacts
 from mixprec.doctor.frontends.document import ConfigDoc
 from mixprec.doctor.frontends.frontend import FrontEnd
 from mixprec.doctor.frontends.lightning_yaml import LEGACY_PRECISION, PRECISION
-from mixprec.doctor.frontends.optimizers import TORCH_ADAM_TARGETS, TORCH_OTHER_TARGETS
+from mixprec.doctor.frontends.optimizers import torch_optimizer_facts
 from mixprec.floats import is_16bit_name
 
 if TYPE_CHECKING:  # a device is probed only when asked for
@@ -179,24 +179,16 @@ def facts_from_litgpt(doc: ConfigDoc, *, device: DeviceCaps | None = None) -> Tr
     if quantize is not None:
         optimizer = OptimizerFacts(
             name=_PAGED_ADAMW,
-            adam_like=True,
+            state=("exp_avg", "exp_avg_sq"),
             groups=(GroupFacts(param_dtype=storage, master="none", moments="fp32", label=label),),
             note=f"quantize {quantize}: LitGPT trains with PagedAdamW (32-bit state, no master)",
         )
-    elif name in TORCH_ADAM_TARGETS:
-        moments = storage if is_16bit_name(storage) else "fp32"
-        optimizer = OptimizerFacts(
-            name=name,
-            adam_like=True,
-            groups=(GroupFacts(param_dtype=storage, master="none", moments=moments, label=label),),
-            note=f"{name} keeps its moments in the parameters' dtype and no master",
+    elif name is not None:
+        init_args = (
+            doc.get("optimizer.init_args") if isinstance(doc.get("optimizer"), Mapping) else None
         )
-    elif name in TORCH_OTHER_TARGETS:
-        optimizer = OptimizerFacts(
-            name=name,
-            adam_like=False,
-            groups=(GroupFacts(param_dtype=storage, master="none", moments="none", label=label),),
-        )
+        options = init_args if isinstance(init_args, Mapping) else {}
+        optimizer = torch_optimizer_facts(name, storage, options, label=label)
 
     steps = doc.get("train.max_steps")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)):

@@ -25,6 +25,7 @@ from mixprec.doctor.facts import (
 )
 from mixprec.doctor.findings import Finding, sort_findings
 from mixprec.doctor.frontends.frontend import DeviceArg, resolve_device
+from mixprec.doctor.frontends.optimizers import LION_TARGETS, TORCH_STATE, torch_state
 from mixprec.doctor.rules import run_static_rules
 from mixprec.dtypes import dtype_name, is_16bit, is_fp8
 from mixprec.engine import Precision
@@ -35,7 +36,6 @@ from mixprec.policy import Policy, preset
 
 __all__ = [
     "PEFT_MAX_TRAINABLE_FRACTION",
-    "TORCH_ADAM_CLASSES",
     "check",
     "facts_from_objects",
     "optimizer_facts",
@@ -45,10 +45,7 @@ __all__ = [
 #: frozen, is taken as adapter (PEFT/LoRA) training.
 PEFT_MAX_TRAINABLE_FRACTION = 0.1
 
-#: torch.optim classes that keep Adam moments in the parameters' dtype.
-TORCH_ADAM_CLASSES: frozenset[str] = frozenset(
-    {"Adam", "AdamW", "NAdam", "RAdam", "Adamax", "SparseAdam"}
-)
+_ADAM = ("exp_avg", "exp_avg_sq")
 
 
 def _dominant_dtype(params: Iterable[torch.Tensor]) -> torch.dtype | None:
@@ -97,25 +94,38 @@ def _split_by_dtype(
 
 
 def optimizer_facts(optimizer: torch.optim.Optimizer) -> OptimizerFacts:
-    """What `optimizer` keeps per parameter group (master, moment format).
+    """What `optimizer` keeps per parameter group (state, master, moment format).
 
-    Recognizes `mixprec.optim` optimizers (each group's ``master``/``moments``),
-    torch.optim's Adam family (no master, moments in the parameters' dtype),
-    Transformer Engine's FusedAdam, torch-optimi (Kahan summation) and torchao's
-    AdamW variants by their module and attributes, without importing them.
+    Recognizes `mixprec.optim` optimizers (each group's rule, ``master`` and
+    ``moments``), ``mixprec.optim.Mastered`` (its master around an unmodified torch
+    optimizer, whose state is fp32), torch.optim's optimizers (no master, state in the
+    parameters' dtype, read from the state once a step made it), Lion from lion-pytorch
+    and bitsandbytes, Transformer Engine's FusedAdam, torch-optimi (Kahan summation) and
+    torchao's AdamW variants by their module and attributes, without importing them.
+    Any other optimizer is not judged (`OptimizerFacts.state` None).
     """
     optimizer = unwrapped(optimizer)  # Accelerate's AcceleratedOptimizer: judge what it holds
     mod, cls = type(optimizer).__module__, type(optimizer).__name__
     name = _class_name(optimizer)
     groups: list[GroupFacts] = []
-    adam_like = True
+    state: tuple[str, ...] | None = _ADAM
     note = ""
+    inner = getattr(optimizer, "inner", None) if cls == "Mastered" else None
+    if mod.startswith("mixprec.optim") and isinstance(inner, torch.optim.Optimizer):
+        return _mastered_facts(optimizer, inner)
+    # lion-pytorch's and bitsandbytes' Lion, by the names their packages export
+    lion = LION_TARGETS.get(
+        f"{mod.split('.')[0]}.optim.{cls}", LION_TARGETS.get(f"{mod.split('.')[0]}.{cls}")
+    )
     for i, group in enumerate(optimizer.param_groups):
         params = list(group["params"])
         label = f"group {i}"
         if mod.startswith("mixprec.optim"):
+            rule_of = getattr(optimizer, "_rule_of", None)  # the rule decides the moments
+            slots = tuple(k for k, _ in rule_of(group).slots) if rule_of is not None else _ADAM
+            state = slots if i == 0 else tuple(dict.fromkeys((*(state or ()), *slots)))
             master = str(group.get("master", "none"))
-            moments = str(group.get("moments", "fp32"))
+            moments = str(group.get("moments", "fp32")) if slots else "none"
             format_of = getattr(optimizer, "format_of", None)
 
             def mixprec_master(
@@ -165,21 +175,67 @@ def optimizer_facts(optimizer: torch.optim.Optimizer) -> OptimizerFacts:
                     "int8" if "8bit" in cls else "int4" if "4bit" in cls else dtype_name(dt)
                 ),
             )
-        elif mod.startswith("torch.optim") and cls in TORCH_ADAM_CLASSES:
-            note = "torch.optim keeps its moments in the parameters' dtype and has no master"
+        elif lion is not None:
+            state = ("exp_avg",)
+            kept = "the parameters' dtype" if lion == "param" else lion
+            note = f"{name} keeps its momentum in {kept} and has no master"
+            groups += _split_by_dtype(
+                label,
+                params,
+                lambda dt, ps: "none",
+                lambda dt, ps, k=lion: dtype_name(dt) if k == "param" else k,
+            )
+        elif mod.startswith("torch.optim") and cls in TORCH_STATE:
+            note = "torch.optim keeps its state in the parameters' dtype and has no master"
+            keys = torch_state(cls, group)
+            state = keys if i == 0 else tuple(dict.fromkeys((*(state or ()), *keys)))
 
-            def state_moments(dt: torch.dtype, ps: list[torch.Tensor]) -> str:
+            def state_dtype(dt: torch.dtype, ps: list[torch.Tensor], k: Any = keys) -> str:
+                if not k:
+                    return "none"
                 for p in ps:
-                    exp_avg = optimizer.state.get(p, {}).get("exp_avg")
-                    if isinstance(exp_avg, torch.Tensor):
-                        return dtype_name(exp_avg.dtype)
+                    for value in optimizer.state.get(p, {}).values():
+                        if isinstance(value, torch.Tensor) and value.dim() > 0:
+                            return dtype_name(value.dtype)
                 return dtype_name(dt)
 
-            groups += _split_by_dtype(label, params, lambda dt, ps: "none", state_moments)
+            groups += _split_by_dtype(label, params, lambda dt, ps: "none", state_dtype)
         else:
-            adam_like = False
+            state = None
             groups += _split_by_dtype(label, params, lambda dt, ps: "none", lambda dt, ps: "none")
-    return OptimizerFacts(name=name, adam_like=adam_like, groups=tuple(groups), note=note)
+    return OptimizerFacts(name=name, state=state, groups=tuple(groups), note=note)
+
+
+def _mastered_facts(
+    optimizer: torch.optim.Optimizer, inner: torch.optim.Optimizer
+) -> OptimizerFacts:
+    """``mixprec.optim.Mastered``: each group's master over its 16-bit parameters (fp32
+    ones are their own), the inner torch optimizer's state in fp32 (it steps fp32
+    shadows)."""
+    inner_cls = type(inner).__name__
+    known = type(inner).__module__.startswith("torch.optim") and inner_cls in TORCH_STATE
+    state: tuple[str, ...] | None = None
+    if known:
+        state = tuple(
+            dict.fromkeys(k for g in inner.param_groups for k in torch_state(inner_cls, g))
+        )
+    groups: list[GroupFacts] = []
+    for i, group in enumerate(optimizer.param_groups):
+        master = str(group.get("master", "none"))
+        groups += _split_by_dtype(
+            f"group {i}",
+            list(group["params"]),
+            lambda dt, ps, m=master: (
+                "none" if dt == torch.float32 else resolve_mixprec_master(m, dt)
+            ),
+            lambda dt, ps: "fp32" if state != () else "none",
+        )
+    return OptimizerFacts(
+        name=f"mixprec.optim.Mastered({_class_name(inner)})",
+        state=state if state is not None else (),
+        groups=tuple(groups),
+        note="Mastered steps an unmodified torch optimizer on fp32 values decoded from the master",
+    )
 
 
 def _wrapper_facts(found: list[Reduction]) -> tuple[torch.dtype | None, str, str]:
@@ -294,7 +350,7 @@ def facts_from_objects(
             ]
         opt_facts = OptimizerFacts(
             name="mixprec.optim.AdamW",
-            adam_like=True,
+            state=_ADAM,
             groups=tuple(groups),
             note=f"as Precision({pol.name!r}).optimizer(model) would build it",
         )

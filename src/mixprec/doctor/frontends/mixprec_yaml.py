@@ -6,9 +6,12 @@ except inside ``precision``, which `mixprec.Policy.from_dict` validates)::
     precision:              # a Policy: preset + field overrides (Policy.from_dict)
       preset: bf16_master
     optimizer:
-      name: mixprec.optim.AdamW   # or torch.optim.AdamW, torch.optim.Adam, sgd
-      master: exact               # overrides precision.master
-      moments: fp32               # overrides precision.moments
+      name: mixprec.optim.AdamW   # adamw, adam, sgd, lion (mixprec's), or torch.optim.SGD,
+                                  # torch.optim.AdamW, ... (torch's: no master)
+      args: {momentum: 0.9}       # its keyword arguments that decide its state
+                                  # (momentum, nesterov, amsgrad)
+      master: exact               # overrides precision.master (mixprec's optimizers)
+      moments: fp32               # overrides precision.moments (mixprec's optimizers)
     distributed:
       reduce_dtype: fp32          # overrides precision.reduce_dtype
     training:
@@ -36,6 +39,12 @@ from mixprec.doctor.facts import (
 )
 from mixprec.doctor.frontends.document import ConfigDoc
 from mixprec.doctor.frontends.frontend import FrontEnd
+from mixprec.doctor.frontends.optimizers import (
+    MIXPREC_TARGETS,
+    TORCH_TARGETS,
+    mixprec_state,
+    torch_optimizer_facts,
+)
 from mixprec.floats import canonical_name, is_16bit_name
 
 if TYPE_CHECKING:
@@ -67,15 +76,15 @@ FP8_SCALINGS: tuple[str, ...] = (
     "none",
 )
 
-#: Optimizer names a mixprec config may use, and what each keeps.
+#: Optimizer names a mixprec config may use (lowercased), and the class each names: a
+#: short name is mixprec's own (as ``mixprec compare --optimizer`` takes it), a
+#: ``torch.optim`` name torch's, which keeps its state in the parameters' dtype and has
+#: no master.
 OPTIMIZER_NAMES: dict[str, str] = {
-    "mixprec.optim.adamw": "mixprec",
-    "mixprec": "mixprec",
-    "adamw": "mixprec",
-    "torch.optim.adamw": "torch-adam",
-    "torch.optim.adam": "torch-adam",
-    "sgd": "sgd",
-    "torch.optim.sgd": "sgd",
+    "mixprec": "mixprec.optim.AdamW",
+    **{name.lower(): name for name in MIXPREC_TARGETS},
+    **{name.rsplit(".", 1)[-1].lower(): name for name in MIXPREC_TARGETS},
+    **{name.lower(): name for name in TORCH_TARGETS if name.count(".") == 2},
 }
 
 #: Class names of common norm layers, matched against ``fp32_modules`` patterns.
@@ -172,14 +181,16 @@ def _optimizer(doc: ConfigDoc, pol: Policy, master: str) -> OptimizerFacts:
 
     section = doc.mapping("optimizer") or {}
     raw_name = str(section.get("name", "mixprec.optim.AdamW"))
-    kind = OPTIMIZER_NAMES.get(raw_name.strip().lower())
-    if kind is None:
+    name = OPTIMIZER_NAMES.get(raw_name.strip().lower())
+    if name is None:
         raise ValueError(
             f"{doc.loc('optimizer.name')}: unknown optimizer {raw_name!r}; valid: "
             f"{', '.join(sorted(OPTIMIZER_NAMES))}"
         )
+    options = doc.mapping("optimizer.args") or {}
     storage = canonical_name(pol.param_dtype)
-    if kind == "mixprec":
+    if name in MIXPREC_TARGETS:
+        state = mixprec_state(MIXPREC_TARGETS[name], options)
         try:
             if "master" in section:
                 raw_master = str(section["master"])
@@ -191,18 +202,11 @@ def _optimizer(doc: ConfigDoc, pol: Policy, master: str) -> OptimizerFacts:
             )
         except ValueError as exc:
             raise ValueError(f"{doc.loc('optimizer')}: {exc}") from exc
-        group = GroupFacts(param_dtype=storage, master=master, moments=moments)
-        return OptimizerFacts(name="mixprec.optim.AdamW", adam_like=True, groups=(group,))
-    if kind == "torch-adam":
-        group = GroupFacts(param_dtype=storage, master="none", moments=storage)
-        return OptimizerFacts(
-            name=raw_name,
-            adam_like=True,
-            groups=(group,),
-            note="torch.optim keeps its moments in the parameters' dtype and has no master",
-        )
-    group = GroupFacts(param_dtype=storage, master="none", moments="none")
-    return OptimizerFacts(name=raw_name, adam_like=False, groups=(group,))
+        group = GroupFacts(param_dtype=storage, master=master, moments=moments if state else "none")
+        return OptimizerFacts(name=name, state=state, groups=(group,))
+    facts = torch_optimizer_facts(name, storage, options)
+    assert facts is not None  # every torch name of OPTIMIZER_NAMES is one
+    return facts
 
 
 def _norms_covered(pol: Policy) -> tuple[bool, tuple[str, ...]]:

@@ -1,9 +1,12 @@
 """What other tools' optimizer classes keep, read from a config's ``_target_`` entry.
 
-Shared by the config front ends: torch.optim's Adam family, Transformer Engine's
-``FusedAdam``, flashoptim, torchao and torch-optimi AdamW variants and
-``mixprec.optim.AdamW`` are recognised by their dotted names (allowlists below;
-nothing is imported), and their keyword arguments are read into `OptimizerFacts`.
+Shared by the config front ends: torch.optim's optimizers (the Adam family, SGD,
+Adagrad, RMSprop, Muon, Adafactor, ...), Lion (lion-pytorch, bitsandbytes),
+Transformer Engine's ``FusedAdam``, flashoptim, torchao and torch-optimi AdamW
+variants and ``mixprec.optim``'s ``AdamW``, ``Adam``, ``SGD`` and ``Lion`` are
+recognised by their dotted names (allowlists below; nothing is imported), and their
+keyword arguments are read into `OptimizerFacts`: what state they keep per
+parameter (`OptimizerFacts.state`), their master and their moment format.
 """
 
 from __future__ import annotations
@@ -20,34 +23,56 @@ from mixprec.formats.registry import DEFAULT_MASTER, DEFAULT_MOMENTS
 
 __all__ = [
     "FLASHOPTIM_TARGETS",
+    "LION_TARGETS",
     "MIXPREC_TARGETS",
     "OPTIMI_TARGETS",
     "TE_FUSED_ADAM_TARGETS",
     "TORCHAO_TARGETS",
-    "TORCH_ADAM_TARGETS",
-    "TORCH_OTHER_TARGETS",
+    "TORCH_STATE",
+    "TORCH_TARGETS",
     "config_bool",
     "config_dtype",
+    "mixprec_state",
     "optimizer_facts",
     "state_format",
+    "torch_optimizer_facts",
+    "torch_state",
 ]
 
-#: torch.optim Adam family: no master, moments in the parameters' dtype.
-TORCH_ADAM_TARGETS: frozenset[str] = frozenset(
-    {
-        "torch.optim.Adam",
-        "torch.optim.AdamW",
-        "torch.optim.adam.Adam",
-        "torch.optim.adamw.AdamW",
-        "torch.optim.NAdam",
-        "torch.optim.RAdam",
-        "torch.optim.Adamax",
-    }
-)
-#: Other torch.optim optimizers (no Adam moments).
-TORCH_OTHER_TARGETS: frozenset[str] = frozenset(
-    {"torch.optim.SGD", "torch.optim.sgd.SGD", "torch.optim.Adagrad", "torch.optim.RMSprop"}
-)
+#: torch.optim optimizers by class name, with the state each keeps per parameter under
+#: its default options (`torch_state` adds what options turn on). All keep it in the
+#: parameters' dtype and have no master.
+TORCH_STATE: dict[str, tuple[str, ...]] = {
+    "Adam": ("exp_avg", "exp_avg_sq"),
+    "AdamW": ("exp_avg", "exp_avg_sq"),
+    "NAdam": ("exp_avg", "exp_avg_sq"),
+    "RAdam": ("exp_avg", "exp_avg_sq"),
+    "Adamax": ("exp_avg", "exp_inf"),
+    "SparseAdam": ("exp_avg", "exp_avg_sq"),
+    "SGD": (),
+    "Adagrad": ("sum",),
+    "RMSprop": ("square_avg",),
+    "Adadelta": ("square_avg", "acc_delta"),
+    "Muon": ("momentum_buffer",),
+    "Adafactor": ("row_var", "col_var"),
+}
+#: Their dotted names as configs spell them (``torch.optim.SGD``, ``torch.optim.sgd.SGD``).
+TORCH_TARGETS: dict[str, str] = {
+    **{f"torch.optim.{cls}": cls for cls in TORCH_STATE},
+    **{f"torch.optim.{cls.lower()}.{cls}": cls for cls in TORCH_STATE},
+}
+#: Lion implementations outside mixprec, with the format of their one momentum
+#: (``param``: the parameters' dtype); none keeps a master.
+LION_TARGETS: dict[str, str] = {
+    "lion_pytorch.Lion": "param",
+    "lion_pytorch.lion_pytorch.Lion": "param",
+    "bitsandbytes.optim.Lion": "fp32",
+    "bitsandbytes.optim.Lion32bit": "fp32",
+    "bitsandbytes.optim.PagedLion": "fp32",
+    "bitsandbytes.optim.PagedLion32bit": "fp32",
+    "bitsandbytes.optim.Lion8bit": "int8",
+    "bitsandbytes.optim.PagedLion8bit": "int8",
+}
 #: Transformer Engine's fused Adam.
 TE_FUSED_ADAM_TARGETS: frozenset[str] = frozenset(
     {
@@ -66,10 +91,74 @@ TORCHAO_TARGETS: dict[str, str] = {
 }
 #: torch-optimi optimizers (Kahan summation for 16-bit params by default).
 OPTIMI_TARGETS: frozenset[str] = frozenset({"optimi.AdamW", "optimi.Adam", "optimi.StableAdamW"})
-#: mixprec's own AdamW.
-MIXPREC_TARGETS: frozenset[str] = frozenset({"mixprec.optim.AdamW"})
+#: mixprec's own optimizers by dotted name: the class, whose options decide its rule.
+MIXPREC_TARGETS: dict[str, str] = {
+    f"mixprec.optim.{cls}": cls for cls in ("AdamW", "Adam", "SGD", "Lion")
+}
+
+_ADAM = ("exp_avg", "exp_avg_sq")
 
 _PRECISION_RANK = {"fp32": 3, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0}
+
+
+def torch_state(cls: str, options: Mapping[str, Any]) -> tuple[str, ...]:
+    """The state torch.optim's `cls` keeps per parameter with `options` (its keyword
+    arguments; absent ones take torch's defaults)."""
+    state = TORCH_STATE[cls]
+    if cls == "SGD" and _positive(options.get("momentum")):
+        state = ("momentum_buffer",)
+    if cls in ("Adam", "AdamW") and options.get("amsgrad") is True:
+        state = (*state, "max_exp_avg_sq")
+    if cls == "RMSprop":
+        state += ("momentum_buffer",) if _positive(options.get("momentum")) else ()
+        state += ("grad_avg",) if options.get("centered") is True else ()
+    return state
+
+
+def mixprec_state(cls: str, options: Mapping[str, Any]) -> tuple[str, ...]:
+    """The moments `mixprec.optim`'s `cls` keeps per parameter with `options`: the slots
+    of the rule the options pick (`mixprec.optim.rules.RULES`; a test pins the two)."""
+    if cls == "SGD":
+        return ("momentum_buffer",) if _positive(options.get("momentum")) else ()
+    if cls == "Lion":
+        return ("exp_avg",)
+    amsgrad = ("max_exp_avg_sq",) if options.get("amsgrad") is True else ()
+    return ("exp_avg", "exp_avg_sq", *amsgrad)
+
+
+def _positive(value: Any) -> bool:
+    """A momentum turned on (a number above zero; a value left to the run counts as on)."""
+    if isinstance(value, bool) or value is None:
+        return False
+    if isinstance(value, int | float):
+        return value > 0
+    if isinstance(value, str):
+        try:
+            return float(value) > 0
+        except ValueError:
+            return True
+    return True
+
+
+def torch_optimizer_facts(
+    target: str, storage: str, options: Mapping[str, Any], *, label: str = "all parameters"
+) -> OptimizerFacts | None:
+    """What a torch.optim optimizer (`TORCH_TARGETS`) or another library's Lion
+    (`LION_TARGETS`) keeps for parameters stored in `storage`: no master, its state in
+    the parameters' dtype (a Lion's in its own format); None for any other name."""
+    if target in TORCH_TARGETS:
+        state = torch_state(TORCH_TARGETS[target], options)
+        moments = storage if state else "none"
+        note = "torch.optim keeps its state in the parameters' dtype and has no master"
+    elif target in LION_TARGETS:
+        state = ("exp_avg",)
+        kept = LION_TARGETS[target]
+        moments = storage if kept == "param" else kept
+        note = f"{target} keeps its momentum in {moments} and has no master"
+    else:
+        return None
+    group = GroupFacts(param_dtype=storage, master="none", moments=moments, label=label)
+    return OptimizerFacts(name=target, state=state, groups=(group,), note=note)
 
 
 def config_dtype(doc: ConfigDoc, path: str, value: Any) -> str | None:
@@ -130,15 +219,9 @@ def optimizer_facts(
     def group(master: str, moments: str) -> tuple[GroupFacts, ...]:
         return (GroupFacts(param_dtype=storage, master=master, moments=moments),)
 
-    if target in TORCH_ADAM_TARGETS:
-        return OptimizerFacts(
-            name=target,
-            adam_like=True,
-            groups=group("none", param),
-            note="torch.optim keeps its moments in the parameters' dtype and has no master",
-        )
-    if target in TORCH_OTHER_TARGETS:
-        return OptimizerFacts(name=target, adam_like=False, groups=group("none", "none"))
+    plain = torch_optimizer_facts(target, storage, kw)
+    if plain is not None:
+        return plain
     if target in TE_FUSED_ADAM_TARGETS:
         master_on = config_bool(doc, prefix + "master_weights", kw.get("master_weights"), False)
         master = "none"
@@ -160,7 +243,7 @@ def optimizer_facts(
         moments = min(formats, key=lambda f: _PRECISION_RANK.get(f, 3))
         return OptimizerFacts(
             name=target,
-            adam_like=True,
+            state=_ADAM,
             groups=group(master, moments),
             note=f"master_weights={master_on}, exp_avg/exp_avg_sq in {'/'.join(formats)}",
         )
@@ -172,7 +255,7 @@ def optimizer_facts(
         quantize = config_bool(doc, prefix + "quantize", kw.get("quantize"), True)
         return OptimizerFacts(
             name=target,
-            adam_like=True,
+            state=_ADAM,
             groups=group(master, "int8" if quantize else param),
             note=f"master_weight_bits={bits}",
         )
@@ -183,7 +266,7 @@ def optimizer_facts(
         moments = TORCHAO_TARGETS[target]
         return OptimizerFacts(
             name=target,
-            adam_like=True,
+            state=_ADAM,
             groups=group("stochastic" if sr else "none", param if moments == "param" else moments),
         )
     if target in OPTIMI_TARGETS:
@@ -195,11 +278,13 @@ def optimizer_facts(
         )
         return OptimizerFacts(
             name=target,
-            adam_like=True,
+            state=_ADAM,
             groups=group("kahan" if on else "none", param),
             note="kahan_sum defaults to on for 16-bit parameters" if kahan is None else "",
         )
     if target in MIXPREC_TARGETS:
+        cls = MIXPREC_TARGETS[target]
+        state = mixprec_state(cls, kw)
         named_master = config_str(doc, prefix + "master", "a master name (exact, fp32...)")
         named_moments = config_str(doc, prefix + "moments", "a format (fp32, bf16, int8)")
         if "master" not in kw:
@@ -209,10 +294,12 @@ def optimizer_facts(
         if named_master is None or named_moments is None:
             return OptimizerFacts(
                 name=target,
-                adam_like=True,
+                state=state,
                 groups=(),
-                note="master/moments not stated and mixprec.optim.AdamW's defaults unknown",
+                note=f"master/moments not stated and mixprec.optim.{cls}'s defaults unknown",
             )
         resolved = resolve_mixprec_master(named_master, storage)
-        return OptimizerFacts(name=target, adam_like=True, groups=group(resolved, named_moments))
+        return OptimizerFacts(
+            name=target, state=state, groups=group(resolved, named_moments if state else "none")
+        )
     return None  # not on an allowlist: not judged

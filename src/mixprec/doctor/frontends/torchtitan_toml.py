@@ -173,7 +173,7 @@ def facts_from_torchtitan(doc: ConfigDoc, *, device: DeviceCaps | None = None) -
     if name in ADAM_OPTIMIZERS:
         optimizer = OptimizerFacts(
             name=f"torch.optim.{name}",
-            adam_like=True,
+            state=("exp_avg", "exp_avg_sq"),
             groups=(GroupFacts(param_dtype=storage, master="none", moments=_MOMENTS[storage]),),
             note=f"torchtitan's {name} keeps its moments in the parameters' dtype",
         )

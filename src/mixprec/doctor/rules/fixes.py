@@ -16,7 +16,9 @@ __all__ = [
     "compute_in",
     "fp8_fix",
     "fp8_speed_fix",
+    "master_fix",
     "master_unneeded_fix",
+    "mixprec_counterpart",
     "moments_fix",
     "reduce_fix",
     "scaler_unneeded_fix",
@@ -34,16 +36,12 @@ _STORAGE: dict[Dialect, str] = {
     ),
     "torchtitan": (
         'keep [training] dtype = "float32" (the default): FSDP2 then computes in '
-        "mixed_precision_param (bf16) over fp32 sharded weights, and AdamW's state is fp32"
+        "mixed_precision_param (bf16) over fp32 sharded weights, and the optimizer's state "
+        "is fp32"
     ),
     "lightning": (
-        "set trainer.precision: bf16-mixed (fp32 weights and AdamW state, bf16 autocast) "
+        "set trainer.precision: bf16-mixed (fp32 weights and optimizer state, bf16 autocast) "
         "instead of a *-true precision"
-    ),
-    "mixprec": (
-        "use precision preset bf16_master (bf16 storage, master: exact = bitwise fp32 for "
-        "2 extra bytes/param, moments: fp32) with optimizer mixprec.optim.AdamW, or keep "
-        "parameters in fp32 (preset amp_bf16)"
     ),
     "hf": (
         "load the model in float32 (torch_dtype: float32, or leave it unset: TRL's default) "
@@ -70,20 +68,85 @@ _STORAGE: dict[Dialect, str] = {
         "adapters (adapter: lora)"
     ),
     "litgpt": (
-        "set precision: bf16-mixed (fp32 weights, adapters and AdamW state, bf16 autocast) "
+        "set precision: bf16-mixed (fp32 weights, adapters and optimizer state, bf16 "
+        "autocast) "
         "instead of bf16-true; with quantize (LitGPT allows only *-true there) use 32-true, "
         "which keeps the LoRA adapters in fp32"
     ),
 }
-_STORAGE_LIVE = (
-    "optimize with mixprec.optim.AdamW(params, master='exact', moments='fp32') (what "
-    "Precision('bf16_master').optimizer(model) builds), or keep the parameters in fp32 "
-    "and compute in bf16 under autocast (Precision('amp_bf16'))"
+_EXACT = "an exact master: bitwise the fp32 update for 2 extra bytes/param"
+_FP32_LIVE = (
+    "or keep the parameters in fp32 and compute in bf16 under autocast (Precision('amp_bf16'))"
 )
 
 
+def mixprec_counterpart(name: str) -> str | None:
+    """The `mixprec.optim` class with the update rule of the optimizer named `name`
+    (``torch.optim.SGD``, ``sgd``, ``bitsandbytes.optim.Lion8bit``, ``adamw_torch``):
+    ``AdamW``, ``Adam``, ``SGD`` or ``Lion``; None for one mixprec has no rule for
+    (Muon, Adafactor, RMSprop, ...: `mixprec.optim.Mastered` wraps those)."""
+    last = name.rsplit(".", 1)[-1].lower()
+    if "lion" in last:
+        return "Lion"
+    if last == "sgd" or last.startswith("sgd_"):
+        return "SGD"
+    if "adamw" in last or last == "fusedadam":  # TE's FusedAdam: adam_w_mode=True
+        return "AdamW"
+    if "adam" in last and last not in ("nadam", "radam", "adamax", "sparseadam"):
+        return "Adam"
+    return None
+
+
+def master_fix(name: str) -> str:
+    """How to give the optimizer named `name` a full-precision master in mixprec's API:
+    mixprec's class with the same rule, else ``Mastered`` around the torch class."""
+    cls = mixprec_counterpart(name)
+    if cls == "AdamW":
+        return (
+            "optimize with mixprec.optim.AdamW(params, master='exact', moments='fp32') (what "
+            "Precision('bf16_master').optimizer(model) builds)"
+        )
+    if cls is not None:
+        return (
+            f"optimize with mixprec.optim.{cls}(params, ..., master='exact') (the same rule "
+            f"and arguments over {_EXACT})"
+        )
+    torch_cls = name if name.startswith("torch.optim.") else "<the torch optimizer class>"
+    return (
+        f"wrap the torch optimizer: mixprec.optim.Mastered({torch_cls}, params, "
+        f"master='exact', ...) steps it unmodified on fp32 values decoded from {_EXACT}"
+    )
+
+
+def _mixprec_storage(name: str) -> str:
+    """The mixprec config's fix: preset bf16_master, and mixprec's optimizer of the rule."""
+    cls = mixprec_counterpart(name) or "AdamW"
+    return (
+        "use precision preset bf16_master (bf16 storage, master: exact = bitwise fp32 for "
+        f"2 extra bytes/param, optimizer state in fp32) with optimizer.name: {cls.lower()} "
+        f"(mixprec.optim.{cls}), or keep parameters in fp32 (preset amp_bf16)"
+    )
+
+
+def _nemo_storage(name: str) -> str:
+    """The NeMo recipe's fix: TE's FusedAdam with remainders for the Adam family, else
+    mixprec's optimizer of the rule (or ``Mastered``) as the ``_target_``."""
+    cls = mixprec_counterpart(name)
+    if cls in ("AdamW", "Adam") or (cls is None and "adam" in name.lower()):
+        return _STORAGE["nemo"]
+    target = f"mixprec.optim.{cls}" if cls is not None else "mixprec.optim.Mastered"
+    return (
+        f"keep bf16 storage with a master: optimizer._target_: {target} with master: exact "
+        "(bitwise fp32 updates for 2 extra bytes/param); or store parameters in fp32 "
+        "(model.torch_dtype: float32) and compute in bf16 through "
+        "distributed.mp_policy.param_dtype: bfloat16"
+    )
+
+
 def storage_fix(facts: TrainingFacts) -> str:
-    """`optimizer-state-16bit`: a full-precision master, or fp32 storage."""
+    """`optimizer-state-16bit`: a full-precision master for the optimizer at hand (its
+    mixprec counterpart, or ``Mastered``), or fp32 storage."""
+    name = facts.optimizer.name if facts.optimizer is not None else "AdamW"
     if facts.peft and facts.dialect == "hf":
         return (
             "for QLoRA, TRL casts the trainable adapter weights of a quantized model to bf16 "
@@ -95,7 +158,11 @@ def storage_fix(facts: TrainingFacts) -> str:
             "remove peft_autocast_adapter_dtype: false: PEFT then keeps the adapter weights "
             "(and the optimizer's state) in fp32"
         )
-    return _STORAGE.get(facts.dialect, _STORAGE_LIVE)
+    if facts.dialect == "mixprec":
+        return _mixprec_storage(name)
+    if facts.dialect == "nemo":
+        return _nemo_storage(name)
+    return _STORAGE.get(facts.dialect, f"{master_fix(name)}, {_FP32_LIVE}")
 
 
 _MOMENTS: dict[Dialect, str] = {
@@ -233,8 +300,8 @@ _MASTER: dict[Dialect, str] = {
         "parameters in bf16 (model.torch_dtype: bfloat16) if memory is the goal"
     ),
     "live": (
-        "drop the master (mixprec.optim.AdamW(master='none')), or store the parameters in "
-        "bf16 if memory is the goal"
+        "drop the master (master='none' in the mixprec optimizer), or store the parameters "
+        "in bf16 if memory is the goal"
     ),
 }
 

@@ -23,19 +23,25 @@ __all__ = ["master_without_16bit_params", "norm_in_16bit", "optimizer_state_16bi
 
 
 def optimizer_state_16bit(facts: TrainingFacts) -> list[Finding]:
-    """Adam-family optimizer without a (full-precision) master over 16-bit parameters.
+    """An optimizer without a (full-precision) master over 16-bit parameters.
 
-    Error for full-parameter training; warning when only adapters train or the run
-    is short (at most `SHORT_RUN_STEPS`). With a master but 16-bit moments: info.
+    Every recognised optimizer (`OptimizerFacts.state` not None): Adam's moments,
+    SGD's momentum buffer, Lion's momentum, or no state at all (plain SGD, which still
+    rounds each update to the parameter's format). Error for full-parameter
+    training; warning when only adapters train or the run is short (at most
+    `SHORT_RUN_STEPS`). With a master but 16-bit state: info.
     """
     opt = facts.optimizer
-    if opt is None or not opt.adam_like:
+    if opt is None or opt.state is None:
         return []
+    state = ", ".join(opt.state)
+    kept = "is" if len(opt.state) == 1 else "are"
     half = [g for g in opt.groups if is_16bit_name(g.param_dtype)]
     lossy = [g for g in half if g.master not in FULL_PRECISION_MASTERS]
     where = facts.locate("optimizer", "param_dtype")
     base: dict[str, Any] = {
         "optimizer": opt.name,
+        "state": list(opt.state),
         "param_dtype": dtype_label(half[0].param_dtype) if half else dtype_label(facts.param_dtype),
         "param_dtype_source": facts.param_dtype_note or "stated",
         "peft": facts.peft,
@@ -57,11 +63,17 @@ def optimizer_state_16bit(facts: TrainingFacts) -> list[Finding]:
         moments = sorted({g.moments for g in lossy})
         masters = sorted({g.master for g in lossy})
         assumed = f" ({facts.param_dtype_note})" if facts.param_dtype_note else ""
+        stored = [m for m in moments if m != "none"]
         message = (
             f"{opt.name} updates {dtype_label(dt)} parameters{assumed} with no full-precision "
             f"master (master: {', '.join(masters)}): every update is rounded to "
             f"{dtype_label(dt)}, so updates below {info.min_update_at_one:.3g} of a weight are "
-            f"lost, and its moments are stored in {', '.join(moments)}"
+            "lost, "
+            + (
+                f"and its {state} {kept} stored in {', '.join(stored)}"
+                if opt.state and stored
+                else "even though it keeps no state of its own"
+            )
         )
         if severity == "warning":
             message += f"; a warning rather than an error because {' and '.join(why)}"
@@ -98,10 +110,9 @@ def optimizer_state_16bit(facts: TrainingFacts) -> list[Finding]:
             where=where,
             message=(
                 f"{opt.name} keeps updates at about fp32 precision (master: "
-                f"{coarse[0].master}) but stores its moments in {', '.join(moments)}: "
-                "16-bit moments are "
-                "usually fine, but they lose small changes of the second moment late in long "
-                "runs"
+                f"{coarse[0].master}) but stores its {state} in {', '.join(moments)}: "
+                "16-bit optimizer state is usually fine, but it loses small changes of a "
+                "running average (a second moment most) late in long runs"
             ),
             evidence={
                 **base,

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from mixprec.doctor.findings import Finding, Severity
+from mixprec.doctor.rules.fixes import master_fix
 from mixprec.doctor.runtime.hunter import NonfiniteHit
 from mixprec.doctor.runtime.measure import (
     GradientStats,
@@ -252,6 +253,7 @@ def vanishing_updates(
     param_dtypes: list[str],
     master_updates: UpdateStats | None,
     threshold: float,
+    optimizer: str = "torch.optim.AdamW",
 ) -> Finding | None:
     """Non-zero updates that left 16-bit parameters (without a master) unchanged.
 
@@ -264,6 +266,8 @@ def vanishing_updates(
         param_dtypes: dtypes of the parameters measured.
         master_updates: the same count for parameters with a master (evidence only).
         threshold: the share that is reported.
+        optimizer: the name of the optimizer that stepped the worst parameter
+            (``torch.optim.SGD``): the fix names the master for it.
     """
     frac = updates.fraction
     if updates.intended == 0 or frac < threshold:
@@ -293,8 +297,8 @@ def vanishing_updates(
         ),
         evidence=evidence,
         fix=(
-            "keep a master: mixprec.optim.AdamW(master='exact') (Precision('bf16_master')), "
-            "or store these parameters in fp32; a larger learning rate only hides it"
+            f"keep a master: {master_fix(optimizer)}; or store these parameters in fp32 "
+            "(a larger learning rate only hides it)"
         ),
     )
 

@@ -60,6 +60,13 @@ def _master_weights(opt: torch.optim.Optimizer) -> list[torch.Tensor] | None:
     return [v.detach() for v in values if isinstance(v, torch.Tensor)]
 
 
+def _optimizer_name(opt: torch.optim.Optimizer) -> str:
+    """``torch.optim.SGD`` for torch's (whatever submodule defines it), else module.class."""
+    cls = type(unwrapped(opt))
+    top = "torch.optim" if cls.__module__.startswith("torch.optim") else cls.__module__
+    return f"{top}.{cls.__name__}"
+
+
 class UpdateObserver:
     """A `StepObserver` that compares 16-bit parameters before and after each sampled
     step.
@@ -202,6 +209,7 @@ class UpdateObserver:
             param_dtypes=sorted(dtypes),
             master_updates=master_updates,
             threshold=self._thresholds.vanishing_threshold,
+            optimizer=_optimizer_name(entry.optimizer),
         )
         if finding is not None:
             self._ledger.record(step, updates.fraction, finding)

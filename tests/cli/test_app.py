@@ -37,6 +37,8 @@ PINNED: dict[str, set[str]] = {
         "--activations",
         "--device",
         "--grad-accum-dtype",
+        "--optimizer",
+        "--optimizer-args",
         "--json",
     },
     "compare": {

@@ -311,3 +311,56 @@ def test_budget_from_a_config_says_the_sequence_it_sized(
     argv = ["budget", "--config", str(config), "--policy", "bf16_master", "--seq-len", "64"]
     assert main(argv) == 0
     assert "sequences of 64 tokens (--seq-len)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "args", "policy", "rule", "per_param"),
+    [
+        # bf16 params 2 + bf16 grads 2 + exact master 2 + fp32 momentum 4 (issue 34's example)
+        ("sgd", "momentum=0.9", "bf16_master", "sgd_momentum", (2, 2, 2, 4)),
+        ("sgd", None, "bf16_master", "sgd", (2, 2, 2, 0)),
+        ("adam", "amsgrad=true", "bf16_master", "adam_amsgrad", (2, 2, 2, 12)),
+        ("lion", "betas=(0.9,0.99)", "fp32", "lion", (4, 4, 0, 4)),
+        ("adamw", None, "fp32", "adamw", (4, 4, 0, 8)),
+    ],
+)
+def test_budget_counts_the_moments_of_the_optimizers_rule(
+    capsys: pytest.CaptureFixture[str],
+    optimizer: str,
+    args: str | None,
+    policy: str,
+    rule: str,
+    per_param: tuple[int, int, int, int],
+) -> None:
+    n = 1 << 20
+    argv = ["budget", "--params", str(n), "--policy", policy, "--optimizer", optimizer]
+    argv += ["--optimizer-args", args] if args else []
+    assert main([*argv, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    got = tuple(d["per_rank"][c] for c in ("params", "grads", "master", "moments"))
+    assert d["rule"] == rule and got == tuple(b * n for b in per_param)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"optimizer: {optimizer}(") and f"rule {rule}" in out
+    row = _table(out, "Bytes per parameter")[policy]
+    assert [row[c] for c in ("params", "grads", "master", "moments")] == [
+        f"{b:.2f}" if b else "0" for b in per_param
+    ]
+    assert row["total"] == f"{sum(per_param):.2f}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--optimizer", "muon"], "unknown optimizer 'muon'; valid: adamw, adam, sgd, lion"),
+        (["--optimizer-args", "momentum"], "'momentum' is not KEY=VALUE"),
+        (["--optimizer", "sgd", "--optimizer-args", "nesterov=true"], "Nesterov momentum"),
+        (["--optimizer", "sgd", "--optimizer-args", "moments=int8"], "the policy decides"),
+    ],
+)
+def test_budget_bad_optimizer_input_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    assert main(["budget", "--params", "1e6", *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from mixprec.cli.common import UsageError, emit_json, load_mapping, table
 
-__all__ = ["add_parser", "parse_count"]
+__all__ = ["add_parser", "parse_count", "parse_optimizer_args"]
 
 
 def add_parser(sub: Any) -> None:
@@ -49,8 +50,51 @@ def add_parser(sub: Any) -> None:
         help="sum 16-bit gradients over micro-batches in fp32 (Policy.grad_accum_dtype) in "
         "every policy: counts the sums as grad_accum",
     )
+    p.add_argument(
+        "--optimizer",
+        default="adamw",
+        help="the mixprec optimizer trained with (adamw, adam, sgd, lion): its update rule "
+        "decides the moments counted (default adamw)",
+    )
+    p.add_argument(
+        "--optimizer-args",
+        default=None,
+        metavar="K=V,...",
+        help="its keyword arguments, e.g. momentum=0.9,nesterov=true or amsgrad=true",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=run)
+
+
+_ARG_SPLIT = re.compile(r",(?=\s*[A-Za-z_]\w*\s*=)")
+
+
+def parse_optimizer_args(text: str | None) -> dict[str, Any]:
+    """``momentum=0.9,nesterov=true,betas=(0.9,0.99)`` -> keyword arguments: Python
+    literals (numbers, tuples, ``True``), ``true``/``false`` as booleans, else the
+    text. A piece without ``=`` is a `UsageError` naming it."""
+    import ast
+
+    out: dict[str, Any] = {}
+    if not text or not text.strip():
+        return out
+    for piece in _ARG_SPLIT.split(text.strip()):
+        key, eq, raw = piece.partition("=")
+        if not eq or not key.strip().isidentifier():
+            raise UsageError(
+                f"mixprec budget: --optimizer-args {piece.strip()!r} is not KEY=VALUE "
+                "(e.g. momentum=0.9,nesterov=true)"
+            )
+        value = raw.strip()
+        words = {"true": True, "false": False, "none": None}
+        if value.lower() in words:
+            out[key.strip()] = words[value.lower()]
+            continue
+        try:
+            out[key.strip()] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value
+    return out
 
 
 _MAX_COUNT = 1e15  # a thousand times today's largest models
@@ -81,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from mixprec.dtypes import parse_dtype
-    from mixprec.memory import TransformerShape, estimate
+    from mixprec.memory import TransformerShape, estimate, optimizer_rule
     from mixprec.policy import PRESET_NAMES, preset
 
     if sum(x is not None for x in (args.params, args.config, args.model)) != 1:
@@ -104,6 +148,12 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch)):
         if value is not None and value < 1:
             raise UsageError(f"mixprec budget: {flag} must be >= 1, got {value}")
+    optimizer_args = parse_optimizer_args(args.optimizer_args)
+    try:
+        optimizer_rule(args.optimizer, optimizer_args)  # refused here, once: one line
+    except ValueError as exc:
+        given = f" --optimizer-args {args.optimizer_args}" if args.optimizer_args else ""
+        raise UsageError(f"mixprec budget: --optimizer {args.optimizer}{given}: {exc}") from None
     names = (
         list(PRESET_NAMES) if args.policy == "all" else [n.strip() for n in args.policy.split(",")]
     )
@@ -146,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
             sharding=sharding,
             activation_values=activations,
             device_type=args.device,
+            optimizer=args.optimizer,
+            optimizer_args=optimizer_args,
         )
         for n in policies
     ]
@@ -153,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
         payload = [r.to_dict() for r in results]
         emit_json(payload if len(payload) > 1 else payload[0])
         return 0
+    print(_optimizer_line(args.optimizer, optimizer_args, results[0].rule))
     print(_budget_table(results, args.world_size))
     if isinstance(source, TransformerShape):
         given = "--seq-len" if args.seq_len is not None else "the config's longest sequence"
@@ -161,6 +214,20 @@ def run(args: argparse.Namespace) -> int:
             f"{source.micro_batch} per rank; --seq-len and --micro-batch size them"
         )
     return 0
+
+
+def _optimizer_line(name: str, args: dict[str, Any], rule: str) -> str:
+    """What the moments column counts: the optimizer, its rule and the rule's moments."""
+    from mixprec.optim.rules import RULES
+
+    given = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    slots = [key for key, _ in RULES[rule].slots]
+    kept = (
+        f"keeps {', '.join(slots)} per parameter, in each policy's moment format"
+        if slots
+        else "keeps no moments"
+    )
+    return f"optimizer: {name}({given}), rule {rule}: {kept}"
 
 
 def _load_model(spec: str) -> Any:
@@ -200,6 +267,9 @@ _NO_ACTIVATIONS = (
     "saved for backward by one rank's micro-batch) with --params, or --config FILE "
     "[--seq-len S --micro-batch B] to size them from the model"
 )
+
+#: The components of training state (`MemoryBreakdown.state_bytes_per_param`).
+_STATE = ("params", "fp32_islands", "grads", "grad_accum", "master", "moments")
 
 #: Table headers of components whose name is too wide for a column (said under the table).
 _HEADER = {
@@ -244,6 +314,18 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
             rows.append(row + ([f"{r.state_bytes_per_param:.2f}"] if per_rank else []))
         return table(headers, rows)
 
+    def per_param() -> str:
+        """Training state per parameter by component, on `state_bytes_per_param`'s basis."""
+        shown = [c for c in _STATE if c != "grad_accum" or grad_accum]
+        rows = []
+        for r in results:
+            held = r.bytes if r.sharding == "fsdp" else r.per_rank
+            n = r.params or 1
+            # nothing held is "0", as "0 B" above: a figure never rounds to 0.00
+            cells = [f"{getattr(held, c) / n:.2f}" if getattr(held, c) else "0" for c in shown]
+            rows.append([r.policy, *cells, f"{r.state_bytes_per_param:.2f}"])
+        return table(["policy", *[_HEADER.get(c, c) for c in shown], "total"], rows)
+
     if world_size == 1:
         lines = [f"{first.params:,} parameters, one rank", "", "Per rank:", memory(True)]
     else:
@@ -279,6 +361,7 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
             ]
             lines += ["", "Communication per step (each rank's buffer; all ranks):"]
             lines.append(table(headers, rows))
+    lines += ["", "Bytes per parameter (training state of one model copy):", per_param()]
     notes = sorted({n for r in results for n in r.notes if not n.startswith("activations not")})
     if not all(r.activations_estimated for r in results):
         notes.append(_NO_ACTIVATIONS)

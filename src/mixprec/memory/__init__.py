@@ -38,6 +38,7 @@ from mixprec.memory.measurement import (
     optimizer_state_nbytes,
     training_state_bytes,
 )
+from mixprec.memory.optimizer_rule import OPTIMIZER_NAMES, optimizer_rule
 from mixprec.memory.state_layout import INT8_BLOCK_SIZE, INT8_MIN_NUMEL, state_nbytes
 from mixprec.memory.transformer import TransformerShape
 from mixprec.memory.transients import LiveBytes
@@ -49,6 +50,7 @@ __all__ = [
     "INT8_MIN_NUMEL",
     "MASTER_STATE_KEYS",
     "MOMENT_STATE_KEYS",
+    "OPTIMIZER_NAMES",
     "Components",
     "FakeForward",
     "Fp8Memory",
@@ -62,6 +64,7 @@ __all__ = [
     "fp8_layer_transients",
     "fp8_transient_windows",
     "measure",
+    "optimizer_rule",
     "optimizer_state_bytes",
     "optimizer_state_nbytes",
     "saved_activation_bytes",

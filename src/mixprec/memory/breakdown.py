@@ -155,6 +155,9 @@ class MemoryBreakdown:
         notes: assumptions worth reading next to the numbers.
         fp8: under an FP8 policy, what its linear layers add (`Fp8Memory`); None
             without FP8.
+        rule: the update rule whose state an estimate counts (``adamw``,
+            ``sgd_momentum``, ``lion``, ...: `mixprec.optim.rules.RULES`, picked by
+            the optimizer and its arguments); None for a measurement.
     """
 
     policy: str
@@ -168,6 +171,7 @@ class MemoryBreakdown:
     activations_estimated: bool = True
     notes: tuple[str, ...] = ()
     fp8: Fp8Memory | None = None
+    rule: str | None = None
 
     @property
     def all_ranks(self) -> Components:
@@ -194,6 +198,7 @@ class MemoryBreakdown:
         (``bytes`` is the same, under its earlier name)."""
         return {
             "policy": self.policy,
+            "rule": self.rule,
             "params": self.params,
             "world_size": self.world_size,
             "sharding": self.sharding,

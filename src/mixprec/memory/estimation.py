@@ -9,7 +9,7 @@ measures the same components on a real step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -28,8 +28,10 @@ from mixprec.memory.fp8 import (
     resolve_emulate,
     transformer_fp8_layers,
 )
+from mixprec.memory.optimizer_rule import optimizer_rule
 from mixprec.memory.state_layout import int8_eligible, state_nbytes
 from mixprec.memory.transformer import TransformerShape
+from mixprec.optim.rules import RULES
 from mixprec.optim.sharding import dim0_row_counts
 from mixprec.policy import Policy, preset
 
@@ -62,19 +64,28 @@ def _storage(t: _Tensor, pol: Policy, numel: int) -> Components:
     return Components(params=size, grads=grads, grad_accum=accum)
 
 
-def _state(t: _Tensor, pol: Policy, numel: int, *, int8: bool) -> Components:
+#: The moments an update rule keeps: ``(state key, kind)`` pairs (`Rule.slots`).
+Slots = tuple[tuple[str, str], ...]
+
+
+def _state(t: _Tensor, pol: Policy, numel: int, *, int8: bool, slots: Slots) -> Components:
     if not t.trainable:  # optimizers make state at a parameter's first step: never here
         return Components()
     dtype = torch.float32 if t.island else pol.param_dtype
     master = "none" if dtype == torch.float32 else pol.master
     st = state_nbytes(
-        numel, param_dtype=dtype, master=master, moments=pol.moments, quantizable=int8
+        numel,
+        param_dtype=dtype,
+        master=master,
+        moments=pol.moments,
+        quantizable=int8,
+        slots=slots,
     )
     return Components(master=st["master"], moments=st["moments"])
 
 
 def _tensor_bytes(
-    t: _Tensor, pol: Policy, world_size: int, sharded: bool
+    t: _Tensor, pol: Policy, world_size: int, sharded: bool, slots: Slots
 ) -> tuple[Components, Components]:
     """(rank 0's bytes, the sum over ranks) of one tensor's params, grads and state.
 
@@ -87,7 +98,7 @@ def _tensor_bytes(
     """
     if not sharded:
         one = _storage(t, pol, t.numel) + _state(
-            t, pol, t.numel, int8=t.aggregate or int8_eligible(t.shape)
+            t, pol, t.numel, int8=t.aggregate or int8_eligible(t.shape), slots=slots
         )
         return one, _times(one, world_size)
     rows = t.shape[0] if t.shape else 1
@@ -95,10 +106,10 @@ def _tensor_bytes(
     int8 = t.aggregate or int8_eligible(t.shape, parts=world_size)
     shares = dim0_row_counts(rows, world_size)  # rank 0 holds the most
     storage = _storage(t, pol, max(shares) * row)
-    rank0 = storage + _state(t, pol, max(shares) * row, int8=int8)
+    rank0 = storage + _state(t, pol, max(shares) * row, int8=int8, slots=slots)
     total = _times(storage, world_size)
     for share, ranks in shares.items():
-        total = total + _times(_state(t, pol, share * row, int8=int8), ranks)
+        total = total + _times(_state(t, pol, share * row, int8=int8, slots=slots), ranks)
     return rank0, total
 
 
@@ -113,6 +124,8 @@ def estimate(
     targets: Any = None,
     activation_values: float | None = None,
     device_type: str = "cpu",
+    optimizer: str = "adamw",
+    optimizer_args: Mapping[str, Any] | None = None,
 ) -> MemoryBreakdown:
     """Predict memory by component and communication per step for `policy`.
 
@@ -134,6 +147,12 @@ def estimate(
         device_type: the device type autocast would run on; under an FP8 policy it
             also picks the GEMM path the cast temporaries are replayed for (emulated
             on every device but ``cuda``; see `mixprec.memory.fp8.resolve_emulate`).
+        optimizer, optimizer_args: the `mixprec.optim` optimizer the run steps with
+            (``adamw``, ``adam``, ``sgd``, ``lion``) and its keyword arguments: they
+            pick its update rule, whose moments (`mixprec.optim.rules.Rule.slots`:
+            two for AdamW, three with ``amsgrad``, one for SGD with ``momentum`` and for
+            Lion, none for plain SGD) are counted in the policy's moment format
+            (`mixprec.memory.optimizer_rule`). `MemoryBreakdown.rule` names it.
 
     Under ``Policy.grad_accum_dtype=torch.float32`` ``grad_accum`` counts the fp32 sums
     of the 16-bit parameters' gradients that a step accumulating several micro-batches
@@ -146,11 +165,14 @@ def estimate(
     `TransformerShape`; `MemoryBreakdown.fp8` says which path and which layer.
 
     Raises:
-        ValueError: a bad `world_size` or `sharding`; ``grad_accum_dtype`` under FSDP2.
+        ValueError: a bad `world_size` or `sharding`; ``grad_accum_dtype`` under FSDP2;
+            an unknown `optimizer`, or arguments it refuses.
         PrecisionError: a module an FP8 policy's `Precision.prepare` converted, with a
             policy `prepare` would refuse on it (one without fp8, or another recipe).
     """
     pol = preset(policy)
+    rule = optimizer_rule(optimizer, optimizer_args)
+    slots = RULES[rule].slots
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if sharding not in ("none", "fsdp", "ddp"):
@@ -253,7 +275,7 @@ def estimate(
     rank0 = Components(buffers=buffer_bytes, activations=act_rank, fp8_cast_temporaries=casts)
     whole = _times(rank0, world_size)  # buffers are not sharded: every rank holds them
     for t in tensors:
-        one, every = _tensor_bytes(t, pol, world_size, sharded)
+        one, every = _tensor_bytes(t, pol, world_size, sharded, slots)
         rank0, whole = rank0 + one, whole + every
 
     # Each rank's collective buffers per step (the sum over ranks is W times this).
@@ -292,6 +314,7 @@ def estimate(
         activations_estimated=act_known,
         notes=tuple(notes),
         fp8=fp8,
+        rule=rule,
     )
 
 

@@ -16,11 +16,12 @@ import torch
 from torch import nn
 
 from mixprec.engine.fp8 import is_float8_linear
-from mixprec.formats import master_state_keys, moment_state_keys
+from mixprec.formats import master_state_keys, moment_specs, moment_state_keys
 from mixprec.islands import island_param_names
 from mixprec.memory.activations import count_saved, storage_key
 from mixprec.memory.breakdown import Components, Fp8Memory, MemoryBreakdown
 from mixprec.memory.fp8 import fp8_transient_windows, measured_transients
+from mixprec.optim.rules import RULES
 from mixprec.policy import Policy, preset
 
 __all__ = [
@@ -35,9 +36,18 @@ __all__ = [
 #: State keys holding master-weight information (from the format registry).
 MASTER_STATE_KEYS: frozenset[str] = master_state_keys()
 
-#: State keys holding moments: mixprec's formats (from the registry) and torch's own
-#: optimizers' names (`mixprec.formats.registry.TORCH_MOMENT_KEYS`).
-MOMENT_STATE_KEYS: frozenset[str] = moment_state_keys()
+
+def _moment_keys() -> frozenset[str]:
+    """State keys holding moments: those of every rule's slots (`RULES`) in every
+    registered moment format (``max_exp_avg_sq_u8``, ``momentum_buffer_i8``, ...), and
+    torch's own optimizers' names (`mixprec.formats.registry.TORCH_MOMENT_KEYS`)."""
+    slots = {slot for rule in RULES.values() for slot in rule.slots}
+    keys = {t.name for spec in moment_specs() for t in spec.state_for(tuple(slots))}
+    return moment_state_keys() | keys
+
+
+#: State keys holding moments (`_moment_keys`, as the formats registered at import).
+MOMENT_STATE_KEYS: frozenset[str] = _moment_keys()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -76,19 +86,14 @@ class _Counter:
         return total
 
 
-def _category(key: object) -> str:
-    if key in master_state_keys():  # read at call time: formats may be registered later
-        return "master"
-    if key in moment_state_keys():
-        return "moments"
-    return "other"
-
-
 def _state_bytes(optimizer: torch.optim.Optimizer, counter: _Counter) -> dict[str, int]:
+    # The keys are read at call time: formats may be registered later.
+    masters, moments = master_state_keys(), _moment_keys()
     out = {"master": 0, "moments": 0, "other": 0}
     for state in optimizer.state.values():
         for key, value in state.items():
-            out[_category(key)] += counter.bytes_of([value])
+            category = "master" if key in masters else "moments" if key in moments else "other"
+            out[category] += counter.bytes_of([value])
     return out
 
 

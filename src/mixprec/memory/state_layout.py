@@ -1,4 +1,4 @@
-"""Bytes `mixprec.optim.AdamW` keeps per parameter tensor, from the formats' registry.
+"""Bytes a `mixprec.optim` optimizer keeps per parameter tensor, from the formats' registry.
 
 This is the analytic side of optimizer state: `estimate` reads it, and `measure`
 walks the real state tensors instead (`mixprec.memory.measurement`), so the two are
@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from mixprec.formats import master_spec, moment_format, moment_spec
+from mixprec.formats.spec import ADAM_MOMENTS
 from mixprec.optim.sharding import int8_shards_fit
 
 __all__ = ["INT8_BLOCK_SIZE", "INT8_MIN_NUMEL", "int8_eligible", "state_nbytes"]
@@ -30,8 +31,13 @@ def state_nbytes(
     block_size: int = INT8_BLOCK_SIZE,
     min_int8_numel: int = INT8_MIN_NUMEL,
     quantizable: bool | None = None,
+    slots: tuple[tuple[str, str], ...] = ADAM_MOMENTS,
 ) -> dict[str, int]:
-    """Bytes `mixprec.optim.AdamW` keeps for one parameter tensor, by category.
+    """Bytes a `mixprec.optim` optimizer keeps for one parameter tensor, by category.
+
+    `slots` are the moments its update rule keeps (`mixprec.optim.rules.Rule.slots`:
+    AdamW's two by default, one for SGD with momentum and Lion, three with AMSGrad,
+    none for plain SGD), each stored in the `moments` format.
 
     The bytes come from the formats' declared layouts (`mixprec.formats` specs),
     not from the tensors the optimizer makes, so `estimate` and `measure` are two
@@ -47,7 +53,7 @@ def state_nbytes(
             quantizable = numel >= min_int8_numel and numel % block_size == 0
         if not quantizable:  # the optimizer keeps fp32 moments for such tensors
             spec = moment_spec("fp32")
-    moment_bytes = spec.nbytes(numel, block_size=block_size)
+    moment_bytes = spec.nbytes(numel, block_size=block_size, slots=slots)
     del param_dtype  # the layout does not depend on it beyond the master choice
     return {"master": master_bytes, "moments": moment_bytes}
 

@@ -16,7 +16,7 @@ from mixprec.doctor import Finding, check, check_file
 from mixprec.doctor.frontends.optimizers import mixprec_state
 from mixprec.optim.rules import RULES
 
-from .frontends.cases import write
+from .frontends.cases import NEMO_BASE, write
 
 OS16 = "optimizer-state-16bit"
 
@@ -209,3 +209,13 @@ def test_lightning_torch_sgd_with_momentum_under_bf16_true(tmp_path: Path) -> No
     assert f.severity == "error" and f.evidence["optimizer"] == "torch.optim.SGD"
     assert f.evidence["state"] == ["momentum_buffer"] and f.evidence["moments"] == "bf16"
     assert "AdamW" not in f.fix and "optimizer state" in f.fix
+
+
+def test_nemo_recipe_with_torch_sgd_is_told_mixprecs_sgd_not_fused_adam(tmp_path: Path) -> None:
+    recipe = NEMO_BASE + "optimizer:\n  _target_: torch.optim.SGD\n  lr: 0.1\n  momentum: 0.9\n"
+    f = _only(check_file(write(tmp_path, recipe)))
+    assert f.evidence["state"] == ["momentum_buffer"] and f.evidence["moments"] == "bf16"
+    assert "optimizer._target_: mixprec.optim.SGD with master: exact" in f.fix
+    assert "FusedAdam" not in f.fix
+    adam = NEMO_BASE + "optimizer:\n  _target_: torch.optim.AdamW\n  lr: 0.001\n"
+    assert "FusedAdam" in _only(check_file(write(tmp_path, adam, "a.yaml"))).fix

@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"mixprec budget: {flag} must be >= 1, got {value}")
     optimizer_args = parse_optimizer_args(args.optimizer_args)
     try:
-        optimizer_rule(args.optimizer, optimizer_args)  # refused here, once: one line
+        rule = optimizer_rule(args.optimizer, optimizer_args)  # refused here: one line
     except ValueError as exc:
         given = f" --optimizer-args {args.optimizer_args}" if args.optimizer_args else ""
         raise UsageError(f"mixprec budget: --optimizer {args.optimizer}{given}: {exc}") from None
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         payload = [r.to_dict() for r in results]
         emit_json(payload if len(payload) > 1 else payload[0])
         return 0
-    print(_optimizer_line(args.optimizer, optimizer_args, results[0].rule))
+    print(_optimizer_line(args.optimizer, optimizer_args, rule))
     print(_budget_table(results, args.world_size))
     if isinstance(source, TransformerShape):
         given = "--seq-len" if args.seq_len is not None else "the config's longest sequence"

@@ -107,3 +107,21 @@ def test_bad_optimizer_names_and_arguments_are_refused_with_the_fix() -> None:
         optimizer_rule("lion", {"moments": "bf16"})
     with pytest.raises(ValueError, match=r"[Nn]esterov"):
         optimizer_rule("sgd", {"nesterov": True})  # torch's own check: needs a momentum
+
+
+def test_a_wrappers_inner_optimizer_state_is_counted() -> None:
+    """``mixprec.optim.Mastered`` keeps the masters in its own state and the torch
+    optimizer it steps (``inner``) keeps that optimizer's state: both are counted."""
+    n = 1 << 12
+    p = torch.zeros(n, requires_grad=True)
+    p.grad = torch.ones_like(p)
+    inner = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+    inner.step()
+
+    class Wrapper(torch.optim.Optimizer):  # what Mastered exposes, by attribute
+        def __init__(self) -> None:
+            super().__init__([torch.zeros(1)], {})
+            self.inner = inner
+
+    got = optimizer_state_bytes(Wrapper())
+    assert got["moments"] == 4 * n  # the momentum buffer, fp32

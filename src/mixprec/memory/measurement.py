@@ -90,7 +90,13 @@ def _state_bytes(optimizer: torch.optim.Optimizer, counter: _Counter) -> dict[st
     # The keys are read at call time: formats may be registered later.
     masters, moments = master_state_keys(), _moment_keys()
     out = {"master": 0, "moments": 0, "other": 0}
-    for state in optimizer.state.values():
+    # A wrapper (`mixprec.optim.Mastered`) holds the masters; the torch optimizer it
+    # steps (its ``inner``) holds that optimizer's own state.
+    inner = getattr(optimizer, "inner", None)
+    states = list(optimizer.state.values())
+    if isinstance(inner, torch.optim.Optimizer) and inner is not optimizer:
+        states += list(inner.state.values())
+    for state in states:
         for key, value in state.items():
             category = "master" if key in masters else "moments" if key in moments else "other"
             out[category] += counter.bytes_of([value])
@@ -102,7 +108,8 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
 
     Works for any `torch.optim.Optimizer`: keys in `MASTER_STATE_KEYS` are
     ``master``, keys in `MOMENT_STATE_KEYS` are ``moments``, and everything else
-    (step counters, RNG state, unknown keys) is ``other``.
+    (step counters, RNG state, unknown keys) is ``other``. An optimizer with an
+    ``inner`` optimizer (``mixprec.optim.Mastered``) counts the inner one's state too.
 
     Returns:
         ``{"master": ..., "moments": ..., "other": ..., "total": ...}``.

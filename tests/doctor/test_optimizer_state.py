@@ -219,3 +219,18 @@ def test_nemo_recipe_with_torch_sgd_is_told_mixprecs_sgd_not_fused_adam(tmp_path
     assert "FusedAdam" not in f.fix
     adam = NEMO_BASE + "optimizer:\n  _target_: torch.optim.AdamW\n  lr: 0.001\n"
     assert "FusedAdam" in _only(check_file(write(tmp_path, adam, "a.yaml"))).fix
+
+
+def test_a_config_naming_a_torch_optimizer_without_a_mixprec_rule_is_told_mastered(
+    tmp_path: Path,
+) -> None:
+    """Found in review: a mixprec config with torch.optim.Muon was told to use
+    mixprec.optim.AdamW (the fallback), a NeMo one a Mastered ``_target_`` it cannot
+    spell (Mastered takes the class)."""
+    muon = "precision:\n  preset: bf16_pure\noptimizer:\n  name: torch.optim.Muon\n"
+    f = _only(check_file(write(tmp_path, muon)))
+    assert "mixprec.optim.Mastered(torch.optim.Muon, params" in f.fix and "AdamW" not in f.fix
+    nemo = NEMO_BASE + "optimizer:\n  _target_: torch.optim.Adafactor\n  lr: 0.01\n"
+    g = _only(check_file(write(tmp_path, nemo, "n.yaml")))
+    assert "mixprec.optim.Mastered(torch.optim.Adafactor, params" in g.fix
+    assert "_target_: mixprec.optim.Mastered" not in g.fix and "FusedAdam" not in g.fix

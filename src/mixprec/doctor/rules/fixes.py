@@ -111,6 +111,28 @@ def master_fix(name: str) -> str:
             f"optimize with mixprec.optim.{cls}(params, ..., master='exact') (the same rule "
             f"and arguments over {_EXACT})"
         )
+    return _mastered(name)
+
+
+def _mixprec_storage(name: str) -> str:
+    """The mixprec config's fix: preset bf16_master, and mixprec's optimizer of the rule
+    (a torch optimizer without one is wrapped in ``Mastered`` in code: the config names
+    only mixprec's own classes)."""
+    cls = mixprec_counterpart(name)
+    with_optimizer = (
+        f"with optimizer.name: {cls.lower()} (mixprec.optim.{cls})"
+        if cls is not None
+        else f"and, in the training script, {_mastered(name)}"
+    )
+    return (
+        "use precision preset bf16_master (bf16 storage, master: exact = bitwise fp32 for "
+        f"2 extra bytes/param, optimizer state in fp32) {with_optimizer}, or keep "
+        "parameters in fp32 (preset amp_bf16)"
+    )
+
+
+def _mastered(name: str) -> str:
+    """``Mastered`` around the torch optimizer `name` (it takes the class, in code)."""
     torch_cls = name if name.startswith("torch.optim.") else "<the torch optimizer class>"
     return (
         f"wrap the torch optimizer: mixprec.optim.Mastered({torch_cls}, params, "
@@ -118,26 +140,20 @@ def master_fix(name: str) -> str:
     )
 
 
-def _mixprec_storage(name: str) -> str:
-    """The mixprec config's fix: preset bf16_master, and mixprec's optimizer of the rule."""
-    cls = mixprec_counterpart(name) or "AdamW"
-    return (
-        "use precision preset bf16_master (bf16 storage, master: exact = bitwise fp32 for "
-        f"2 extra bytes/param, optimizer state in fp32) with optimizer.name: {cls.lower()} "
-        f"(mixprec.optim.{cls}), or keep parameters in fp32 (preset amp_bf16)"
-    )
-
-
 def _nemo_storage(name: str) -> str:
     """The NeMo recipe's fix: TE's FusedAdam with remainders for the Adam family, else
-    mixprec's optimizer of the rule (or ``Mastered``) as the ``_target_``."""
+    mixprec's optimizer of the rule as the ``_target_`` (or ``Mastered``, in code)."""
     cls = mixprec_counterpart(name)
     if cls in ("AdamW", "Adam") or (cls is None and "adam" in name.lower()):
         return _STORAGE["nemo"]
-    target = f"mixprec.optim.{cls}" if cls is not None else "mixprec.optim.Mastered"
+    master = (
+        f"optimizer._target_: mixprec.optim.{cls} with master: exact (bitwise fp32 updates "
+        "for 2 extra bytes/param)"
+        if cls is not None
+        else _mastered(name)
+    )
     return (
-        f"keep bf16 storage with a master: optimizer._target_: {target} with master: exact "
-        "(bitwise fp32 updates for 2 extra bytes/param); or store parameters in fp32 "
+        f"keep bf16 storage with a master: {master}; or store parameters in fp32 "
         "(model.torch_dtype: float32) and compute in bf16 through "
         "distributed.mp_policy.param_dtype: bfloat16"
     )

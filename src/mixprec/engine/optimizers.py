@@ -3,11 +3,11 @@
 `implied_param_groups` gives `Precision.optimizer` the user's param groups
 exactly (same groups, same order, so per-group schedulers and torch checkpoints
 fit), each with the plan's master unless the group names one; `build_optimizer`
-makes `mixprec.optim.AdamW` over them, or `mixprec.optim.Mastered` for a torch
-optimizer class, which apply it to the 16-bit parameters, fp32 ones (islands) being
-their own master. `check_optimizers`
-refuses, before any update, an optimizer that would train 16-bit weights
-without the master the plan asks for.
+makes a mixprec optimizer over them (`mixprec.optim.AdamW` by default, or `Adam`,
+`SGD`, `Lion`), or `mixprec.optim.Mastered` for a torch optimizer class, which apply
+it to the 16-bit parameters, fp32 ones (islands) being their own master.
+`check_optimizers` refuses, before any update, an optimizer that would train 16-bit
+weights without the master the plan asks for.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def refuse_other_formats(plan: PrecisionPlan, asked: dict[str, Any], *, where: s
             raise ValueError(
                 f"prec.optimizer: {where} asks for {key}={asked[key]!r}, but the policy "
                 f"{plan.policy_name!r} decides {key} ({planned!r}); change the policy (e.g. "
-                f"policy.replace({key}=...)), or build mixprec.optim.AdamW yourself and "
+                f"policy.replace({key}=...)), or build the mixprec optimizer yourself and "
                 "prec.register(it)"
             )
 
@@ -172,8 +172,9 @@ def check_optimizers(plan: PrecisionPlan, optimizers: Iterable[torch.optim.Optim
                     f"policy {name!r} keeps a {master!r} master for "
                     f"{dtype_name(p.dtype)} parameters, which {type(opt).__name__} cannot "
                     "do (it updates 16-bit weights directly and keeps its state in their "
-                    "dtype); build the optimizer with prec.optimizer(model) or "
-                    f"mixprec.optim.AdamW(..., master={master!r})"
+                    "dtype); build the optimizer with prec.optimizer(model, optimizer=...): "
+                    "a mixprec class (AdamW, Adam, SGD, Lion) or a torch class, which it "
+                    f"wraps in mixprec.optim.Mastered(..., master={master!r})"
                 )
             kept, _moments = format_of(p)
             if kept == "none":

@@ -301,10 +301,11 @@ class Precision:
         **kwargs: Any,
     ) -> torch.optim.Optimizer:
         """The optimizer the plan implies, registered with this run: `mixprec.optim.AdamW`
-        (moments in the plan's format), or for a torch optimizer class ``optimizer=``
-        (``torch.optim.SGD``, ``Muon``) `mixprec.optim.Mastered` over it (its state is
-        its own, fp32). The param groups are the user's, exactly (a model means one
-        group); 16-bit parameters get the plan's master, fp32 ones are their own master.
+        or the mixprec class ``optimizer=`` names (``Adam``, ``SGD``, ``Lion``), moments
+        in the plan's format; for a torch optimizer class (``torch.optim.Muon``)
+        `mixprec.optim.Mastered` over it (its state is its own, fp32). The param groups
+        are the user's, exactly (a model means one group); 16-bit parameters get the
+        plan's master, fp32 ones are their own master.
         ``lr`` (None: the optimizer's default) and other keyword arguments go to it.
 
         Raises:
@@ -327,7 +328,7 @@ class Precision:
         `prepare` and when its number of param groups changes. Parameters must be
         stored as the plan says (16-bit ones in its storage dtype; fp32 ones are
         islands), and a 16-bit parameter under a plan with a master must be kept by a
-        `mixprec.optim.AdamW` group with that master: an optimizer built before
+        mixprec optimizer (or `Mastered`) with that master: an optimizer built before
         `prepare` (fp32 params then, no master), `torch.optim.AdamW` (no master,
         moments in the param's dtype) or a model cast after the optimizer was built
         would otherwise train 16-bit weights silently without one.

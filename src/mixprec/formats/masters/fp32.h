@@ -1,6 +1,6 @@
 // Master format `fp32`: its per-element codec in the native CPU kernel, the C++ of
 // fp32.py's decode and encode (bitwise the same; tests/optim/test_native.py). A part
-// of optim/native/adamw_cpu.cpp, included inside its namespace after its helpers
+// of optim/native/step_cpu.cpp, included inside its namespace after its helpers
 // (Args, load_p, fbits, f2bf, ...): not a standalone header.
 template <>
 struct MasterCodec<M_FP32> {

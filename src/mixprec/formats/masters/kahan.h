@@ -1,6 +1,6 @@
 // Master format `kahan`: its per-element codec in the native CPU kernel, the C++ of
 // kahan.py's decode and encode (bitwise the same; tests/optim/test_native.py). A part
-// of optim/native/adamw_cpu.cpp, included inside its namespace after its helpers
+// of optim/native/step_cpu.cpp, included inside its namespace after its helpers
 // (Args, load_p, fbits, f2bf, ...): not a standalone header.
 // (The kernel also has a 16-lane AVX-512 loop for this master with fp32 moments,
 // kahan_fp32_avx512, which falls back to encode below for its rare lanes.)

@@ -17,26 +17,27 @@ from typing import TYPE_CHECKING
 import torch
 
 from mixprec.formats import master_spec, moment_spec
+from mixprec.optim.rules import RULES, rule
 
 if TYPE_CHECKING:
     from mixprec.optim.kernels import StepFamily
     from mixprec.optim.step_batch import StepBatch
 
-#: The update rules the kernel implements (`mixprec.optim.rules`).
-NATIVE_RULES = frozenset({"adamw"})
+#: The update rules the kernel implements (`mixprec.optim.rules`): every one.
+NATIVE_RULES = frozenset(RULES)
 
 #: Largest int8 block the kernel handles (its per-block buffers live on the stack).
 MAX_BLOCK = 4096
 #: Must equal ``mixprec_abi_version()`` in the source.
-ABI_VERSION = 8
-#: A group whose step moves at least this many bytes (`streams_params`) writes the
-#: fp32 master's bf16 parameters with streaming stores: twice the 32 MiB L3 of the
+ABI_VERSION = 9
+#: An AdamW group whose step moves at least this many bytes (`streams_params`) writes
+#: the fp32 master's bf16 parameters with streaming stores: twice the 32 MiB L3 of the
 #: AMD EPYC measured in docs/benchmarks.md, so the parameters of a model whose step
 #: fits in the cache stay there for the next forward pass.
 STREAM_MIN_BYTES = 64 * 2**20
 
 
-SOURCE = Path(__file__).with_name("adamw_cpu.cpp")
+SOURCE = Path(__file__).with_name("step_cpu.cpp")
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -56,22 +57,23 @@ class BuildInfo:
 
 
 class NativeLibrary:
-    """The loaded kernel; `step_many` runs one AdamW step over a `StepBatch`."""
+    """The loaded kernel; `step_many` runs one step of a rule over a `StepBatch`."""
 
     def __init__(self, info: BuildInfo) -> None:
         self.info = info
         lib = ctypes.CDLL(str(info.path))
         if lib.mixprec_abi_version() != ABI_VERSION:
             raise NativeUnavailableError(f"{info.path} has ABI {lib.mixprec_abi_version()}")
-        fn = lib.mixprec_adamw_multi
+        fn = lib.mixprec_step_multi
         fn.restype = ctypes.c_int
         fn.argtypes = [
+            ctypes.c_int,  # rule (`Rule.code`)
             ctypes.c_int,  # master
             ctypes.c_int,  # moments
             ctypes.c_int,  # maximize
             ctypes.c_int64,  # count
             ctypes.c_void_p,  # table (int64[TABLE_COLUMNS * count], column after column)
-            ctypes.c_void_p,  # hyper (double[5])
+            ctypes.c_void_p,  # hyper (double[5], `Rule.read`)
             ctypes.c_int64,  # block
             ctypes.c_int,  # threads
             ctypes.c_int,  # stream (`streams_params`)
@@ -87,7 +89,7 @@ class NativeLibrary:
             return False
         master, moments = family.master.spec.name, family.moments.spec.name
         codes = master_spec(master).kernel_code, moment_spec(moments).kernel_code
-        return None not in codes and self._lib.mixprec_covers(*codes) == 1
+        return None not in codes and self._lib.mixprec_covers(family.rule.code, *codes) == 1
 
     @staticmethod
     def accepts(param: torch.Tensor, grad: torch.Tensor, *, master: str) -> bool:
@@ -118,12 +120,13 @@ class NativeLibrary:
         )
 
     def step_many(self, batch: StepBatch, hyper: Sequence[float]) -> None:
-        """One AdamW step over `batch` (see `mixprec.optim.kernels.adamw_step_`), in one call.
+        """One step of the batch's rule over `batch` (see `mixprec.optim.kernels.step_`),
+        in one call.
 
         Each parameter's step counter (a float64 0-d tensor) is incremented and its
-        per-step scalars computed in the kernel, as `mixprec.optim.functional.adamw_scalars`
-        computes them; the rounding key is made from the seeds and offsets. `hyper` is
-        ``(lr, beta1, beta2, eps, weight_decay)``. Every tensor must be contiguous on
+        per-step scalars computed in the kernel, as `Rule.scalars` computes them; the
+        rounding key is made from the seeds and offsets. `hyper` is the rule's
+        (`Rule.read`). Every tensor must be contiguous on
         the CPU (`accepts` says which qualify); nothing is written unless every
         parameter is accepted.
         """
@@ -146,19 +149,19 @@ class NativeLibrary:
         master, moments = family.master.spec.name, family.moments.spec.name
         count = len(params)
         if count == 0:
-            raise ValueError("native AdamW step: no parameters to prepare")
-        codes = _family(master, moments)
+            raise ValueError("native step: no parameters to prepare")
+        codes = _family(family.rule.name, master, moments)
         n_master, n_moments = len(codes.master_dtypes), len(codes.moment_dtypes)
         if len(master_state) != count * n_master or len(moment_state) != count * n_moments:
-            raise ValueError("native AdamW step: state lists do not match the formats")
+            raise ValueError("native step: state lists do not match the formats")
         if len(grads) != count or len(steps) != count or len(offsets) != count:
             raise ValueError(
-                f"native AdamW step: {count} parameters need as many gradients, step counters "
+                f"native step: {count} parameters need as many gradients, step counters "
                 f"and offsets (got {len(grads)}, {len(steps)}, {len(offsets)})"
             )
         if len(seeds) != (count if codes.uses_noise else 0):
             raise ValueError(
-                f"native AdamW step: master {master!r} needs "
+                f"native step: master {master!r} needs "
                 f"{count if codes.uses_noise else 0} seeds, got {len(seeds)}"
             )
         if (
@@ -166,7 +169,7 @@ class NativeLibrary:
             or list(map(_DTYPE, steps)) != [torch.float64] * count
         ):
             raise ValueError(
-                "native AdamW step: each state['step'] must be a float64 tensor holding one "
+                "native step: each state['step'] must be a float64 tensor holding one "
                 "value, e.g. torch.tensor(0.0, dtype=torch.float64) (got "
                 f"{sorted({type(s).__name__ + ' ' + str(getattr(s, 'dtype', '')) for s in steps})})"
             )
@@ -174,24 +177,24 @@ class NativeLibrary:
         # checked here, with C-level loops (this runs for every tensor on every step).
         everything = (*params, *grads, *master_state, *moment_state, *steps, *seeds)
         if not (all(map(_IS_CPU, everything)) and all(map(torch.Tensor.is_contiguous, everything))):
-            raise ValueError("native AdamW step needs contiguous CPU tensors")
+            raise ValueError("native step needs contiguous CPU tensors")
         if seeds and list(map(_DTYPE, seeds)) != [torch.int64] * count:
-            raise ValueError("native AdamW step: rounding seeds must be int64")
+            raise ValueError("native step: rounding seeds must be int64")
         if list(map(torch.Tensor.numel, (*steps, *seeds))) != [1] * (count + len(seeds)):
-            raise ValueError("native AdamW step: step counters and seeds must hold one value each")
+            raise ValueError("native step: step counters and seeds must hold one value each")
         if (
             list(map(_DTYPE, master_state)) != list(codes.master_dtypes) * count
             or list(map(_DTYPE, moment_state)) != list(codes.moment_dtypes) * count
         ):
             raise ValueError(
-                f"native AdamW step: state dtypes differ from the formats' "
+                f"native step: state dtypes differ from the formats' "
                 f"({master!r}: {codes.master_dtypes}, {moments!r}: {codes.moment_dtypes})"
             )
         dtype_code = _DTYPE_CODES.get
         param_codes = [c for c in map(dtype_code, map(_DTYPE, params)) if c is not None]
         grad_codes = [c for c in map(dtype_code, map(_DTYPE, grads)) if c is not None]
         if len(param_codes) != count or len(grad_codes) != count:
-            raise ValueError("native AdamW step: parameters and gradients must be fp32 or bf16")
+            raise ValueError("native step: parameters and gradients must be fp32 or bf16")
         # One int64 table, column after column (see TABLE_COLUMNS and the C source).
         data = torch.Tensor.data_ptr
         absent = [0] * count
@@ -208,7 +211,7 @@ class NativeLibrary:
             ),
             *(
                 list(map(data, moment_state[k::n_moments])) if k < n_moments else absent
-                for k in (0, 1, 2, 3)
+                for k in range(MOMENT_COLUMNS)
             ),
             list(map(data, steps)),
             list(map(data, seeds)) if seeds else absent,
@@ -222,17 +225,20 @@ class NativeLibrary:
         ]
         columns += [
             list(map(numel, moment_state[k::n_moments])) if k < n_moments else absent
-            for k in (0, 1, 2, 3)
+            for k in range(MOMENT_COLUMNS)
         ]
         columns.append(list(map(numel, grads)))
         # What the kernel writes (parameters, state, step counters) must not share memory:
         # two parameters' state made one (`state[q]['exp_avg'] = state[p]['exp_avg']`)
         # would be updated from two threads at once.
+        col = TABLE_COLUMNS.index
+        states = slice(col("s0"), col("step"))
+        state_sizes = slice(col("s0_numel"), col("grad_numel"))
         written = [
             pointer
             for pointers, sizes in zip(
-                (columns[4], *columns[6:12], columns[12]),
-                (columns[2], *columns[14:20], [1] * count),
+                (columns[col("param")], *columns[states], columns[col("step")]),
+                (columns[col("numel")], *columns[state_sizes], [1] * count),
                 strict=True,
             )
             for pointer, size in zip(pointers, sizes, strict=True)
@@ -240,7 +246,7 @@ class NativeLibrary:
         ]
         if len(set(written)) != len(written):
             raise ValueError(
-                "native AdamW step: two parameters' state tensors (or a state tensor and a "
+                "native step: two parameters' state tensors (or a state tensor and a "
                 "parameter) share memory, e.g. after state[q]['exp_avg'] = "
                 "state[p]['exp_avg']: each would be updated from two threads at once; give "
                 "each parameter state tensors of its own (.clone())"
@@ -248,9 +254,12 @@ class NativeLibrary:
         # array.array fills the table in C (a ctypes array from Python ints costs
         # about 90 ns an entry: 2 us a parameter).
         table = array.array("q", itertools.chain.from_iterable(columns))
-        stream = codes.streams and sum(columns[2]) * codes.moved_bytes >= STREAM_MIN_BYTES
+        stream = (
+            codes.streams and sum(columns[col("numel")]) * codes.moved_bytes >= STREAM_MIN_BYTES
+        )
         return NativeTable(
             self,
+            rule=family.rule.name,
             master=master,
             moments=moments,
             maximize=family.maximize,
@@ -279,6 +288,7 @@ class NativeTable:
         self,
         library: NativeLibrary,
         *,
+        rule: str,
         master: str,
         moments: str,
         maximize: bool,
@@ -289,8 +299,8 @@ class NativeTable:
         retained: tuple[torch.Tensor, ...] = (),
     ) -> None:
         self._retained = retained
-        self.names = (master, moments, block_size)
-        codes = _family(master, moments)
+        self.names = (rule, master, moments, block_size)
+        codes = _family(rule, master, moments)
         self.count = count
         self.table = table
         start = TABLE_COLUMNS.index("grad") * count
@@ -300,13 +310,13 @@ class NativeTable:
         self.grad_dtypes = slice(start, start + count)
         #: The C function and its arguments before and after ``hyper``, ``threads``.
         self.fn = library._fn
-        self.head = (codes.master_code, codes.moments_code, int(maximize), count)
+        self.head = (codes.rule_code, codes.master_code, codes.moments_code, int(maximize), count)
         self.address = table.buffer_info()[0]
         self.block_size = block_size
         self.stream = int(stream)
 
     def run(self, hyper: Sequence[float]) -> None:
-        """One step; `hyper` is ``(lr, beta1, beta2, eps, weight_decay)``.
+        """One step; `hyper` is the rule's (`Rule.read`).
 
         Raises:
             ValueError: the kernel refused the table (nothing was written).
@@ -324,6 +334,8 @@ class NativeTable:
 
     def refused(self, rc: int) -> ValueError:
         """The error for the kernel's return code `rc` (nothing was written)."""
+        name, master, moments, block = self.names
+        hyper_names = [h for h in rule(name).hyper_names if h != "-"]
         why = {
             1: "a dtype combination it does not build",
             2: "a bad block size",
@@ -331,17 +343,16 @@ class NativeTable:
             "(was the parameter resized, e.g. by `p.data = ...`, after its state was made, "
             "or a state tensor emptied in place, e.g. by `set_()`?)",
             4: "a step counter that is not a whole number >= 0 (state['step'])",
-            5: "a hyperparameter out of range: need a finite lr >= 0, betas in [0, 1), a "
-            "finite eps > 0 and a finite weight_decay >= 0 (nothing was stepped)",
+            5: f"a hyperparameter out of range for {name} (its {', '.join(hyper_names)}: "
+            "finite values within the bounds its constructor checks; nothing was stepped)",
         }
-        master, moments, block = self.names
         return ValueError(
-            f"native AdamW step refused master={master!r} moments={moments!r} "
+            f"native step refused rule={name!r} master={master!r} moments={moments!r} "
             f"block {block} (code {rc}): {why.get(rc, 'unknown')}"
         )
 
 
-#: The kernel's ``hyper`` argument type: ``(lr, beta1, beta2, eps, weight_decay)``.
+#: The kernel's ``hyper`` argument type: the five values of `Rule.read`.
 HYPER = ctypes.c_double * 5
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -367,6 +378,8 @@ TABLE_COLUMNS = (
     "mo1",
     "mo2",
     "mo3",
+    "mo4",
+    "mo5",
     "step",
     "seed",
     "s0_numel",
@@ -375,12 +388,17 @@ TABLE_COLUMNS = (
     "mo1_numel",
     "mo2_numel",
     "mo3_numel",
+    "mo4_numel",
+    "mo5_numel",
     "grad_numel",
 )
+#: Moment pointer columns: up to three slots (AMSGrad), int8 codes and scale each.
+MOMENT_COLUMNS = 6
 
 
 @dataclass(frozen=True)
 class _FamilyCodes:
+    rule_code: int
     master_code: int
     moments_code: int
     master_dtypes: tuple[torch.dtype, ...]
@@ -391,26 +409,29 @@ class _FamilyCodes:
 
 
 @functools.cache
-def _family(master: str, moments: str) -> _FamilyCodes:
-    mspec, mospec = master_spec(master), moment_spec(moments)
+def _family(rule_name: str, master: str, moments: str) -> _FamilyCodes:
+    step_rule, mspec, mospec = rule(rule_name), master_spec(master), moment_spec(moments)
     return _FamilyCodes(
+        step_rule.code,
         _kernel_code(mspec.kernel_code, master),
         _kernel_code(mospec.kernel_code, moments),
         tuple(t.torch_dtype for t in mspec.state),
-        tuple(t.torch_dtype for t in mospec.state),
+        tuple(t.torch_dtype for t in mospec.state_for(step_rule.slots)),
         mspec.uses_noise,
-        # The fp32 master writes the parameter without reading it (the others
-        # decode it); the int8 moments' block loops do not stream.
-        mspec.name == "fp32" and not mospec.blockwise,
-        2 + 2 + mspec.bytes_per_element + mospec.nbytes(1),
+        # AdamW's fp32 master writes the parameter without reading it (the others
+        # decode it); the int8 moments' block loops and the other rules' staged
+        # loops do not stream.
+        step_rule.name == "adamw" and mspec.name == "fp32" and not mospec.blockwise,
+        2 + 2 + mspec.bytes_per_element + mospec.nbytes(1, slots=step_rule.slots),
     )
 
 
-def streams_params(*, master: str, moments: str, numel: int) -> bool:
+def streams_params(*, master: str, moments: str, numel: int, rule: str = "adamw") -> bool:
     """Whether `NativeLibrary.step_many` writes the parameters of a group of `numel`
     elements in all with streaming (non-temporal) stores.
 
-    Only the ``fp32`` master with dense moments writes its bf16 parameter without
+    Only AdamW's loop for the ``fp32`` master with dense moments streams (`rule`:
+    the other rules' staged loops do not): it writes its bf16 parameter without
     reading it; a plain store of such a line first reads it (a read for
     ownership: 2 bytes per element that nothing uses, 30 bytes moved per element
     instead of 28 with fp32 moments). Streaming stores skip that read but leave
@@ -420,8 +441,9 @@ def streams_params(*, master: str, moments: str, numel: int) -> bool:
 
     Raises:
         ValueError: `master` or `moments` is not a registered format.
+        KeyError: `rule` is not an update rule.
     """
-    codes = _family(master, moments)
+    codes = _family(rule, master, moments)
     return codes.streams and numel * codes.moved_bytes >= STREAM_MIN_BYTES
 
 

@@ -1,6 +1,6 @@
-"""Building the native kernel (`adamw_cpu.cpp`) with the system C++ compiler and
-caching it per machine: flags (with the formats' codes from the registry,
-`format_defines`), the cache key, the manifest that guards against loading a
+"""Building the native kernel (`step_cpu.cpp`) with the system C++ compiler and
+caching it per machine: flags (with the rules' and formats' codes from their
+registries, `format_defines`), the cache key, the manifest that guards against loading a
 truncated library, the file lock that lets processes starting together build
 once. `library()` returns the loaded `NativeLibrary`."""
 
@@ -24,6 +24,7 @@ from pathlib import Path
 import mixprec.formats
 from mixprec.formats import master_specs, moment_specs
 from mixprec.optim.native.binding import SOURCE, BuildInfo, NativeLibrary, NativeUnavailableError
+from mixprec.optim.rules import RULES
 from mixprec.userdirs import user_cache_dir
 
 _COMMON_FLAGS = (
@@ -52,11 +53,13 @@ FLAG_SETS: tuple[tuple[str, ...], ...] = tuple(
 
 
 def format_defines() -> tuple[str, ...]:
-    """The kernel's format codes, from the registry (their one source): one
+    """The kernel's rule and format codes, from their registries (their one source):
+    one ``-DMIXPREC_RULE_<NAME>=<code>`` per update rule (`Rule.code`) and one
     ``-DMIXPREC_MASTER_<NAME>=<code>`` or ``-DMIXPREC_MOMENTS_<NAME>=<code>`` per
     registered format with a ``kernel_code``, which the C++ enums are defined by."""
     kinds = (("MASTER", master_specs()), ("MOMENTS", moment_specs()))
-    return tuple(
+    rules = tuple(f"-DMIXPREC_RULE_{r.name.upper()}={r.code}" for r in RULES.values())
+    return rules + tuple(
         f"-DMIXPREC_{kind}_{spec.name.upper()}={spec.kernel_code}"
         for kind, specs in kinds
         for spec in specs
@@ -65,7 +68,7 @@ def format_defines() -> tuple[str, ...]:
 
 
 def flag_sets() -> tuple[tuple[str, ...], ...]:
-    """`FLAG_SETS`, each with the `format_defines`."""
+    """`FLAG_SETS`, each with the `format_defines` (rule and format codes)."""
     return tuple(flags + format_defines() for flags in FLAG_SETS)
 
 
@@ -204,7 +207,7 @@ def library() -> NativeLibrary:
     with _lock:
         compiler = _compiler()
         tried = flag_sets()
-        target = _writable_cache_dir() / f"adamw_cpu-{cache_key(compiler, tried)}.so"
+        target = _writable_cache_dir() / f"step_cpu-{cache_key(compiler, tried)}.so"
         # Processes starting together (torchrun ranks) wait for one build.
         with _file_lock(target.with_suffix(".lock")):
             if target.exists():

@@ -1,10 +1,11 @@
-// mixprec native CPU AdamW step: one pass over memory per step.
+// mixprec native CPU optimizer step (every rule of optim/rules.py): one pass over
+// memory per step.
 //
 // Built and loaded by mixprec.optim.native (g++ -O3 -march=native -fopenmp,
 // no fast-math, no FMA contraction). Every operation mirrors the eager
-// PyTorch formulation in mixprec.optim (functional.adamw_math, bits,
+// PyTorch formulation in mixprec.optim (rules.py Rule.math and Rule.scalars,
 // masters/*, moments/*) so results are bitwise identical to it for finite
-// values (tests/optim/test_native.py checks every family; NaN payloads, and
+// values (tests/optim/test_native*.py check every family; NaN payloads, and
 // int8 codes computed from NaN moments, may differ: callers never apply a
 // non-finite step). Plain C++ that GCC vectorizes, with two intrinsic paths
 // behind guards so it builds on any CPU the compiler targets: the streaming
@@ -16,8 +17,10 @@
 // Layout of the pointers (see mixprec/optim/native/binding.py):
 //   master state s0, s1: fp32 master | exact: remainder_hi, remainder_lo (int8)
 //                        | remainder8: remainder (int8) | kahan: compensation
-//   moments mo0..mo3:    dense: exp_avg, exp_avg_sq (fp32 or bf16)
-//                        | int8: m codes (int8), m absmax (f32), v codes (uint8), sqrt(v) max (f32)
+//   moments mo0..mo5:    dense: one tensor per slot of the rule (Rule.slots: AdamW
+//                        exp_avg, exp_avg_sq), fp32 or bf16
+//                        | int8: per slot its codes and per-block scale (signed slot:
+//                        int8 codes, absmax; square slot: uint8 codes, sqrt(v) max)
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -61,13 +64,21 @@ inline uint32_t mix32(uint32_t x) {
   return x;
 }
 
-// One tensor of a multi-tensor step: its pointers, its per-step scalars and key.
+// A master codec over a run of elements (the staged loops): decode into `out`,
+// encode from `in`.
+struct Args;
+using DecodeFn = void (*)(const Args&, int64_t, int64_t, float*);
+using EncodeFn = void (*)(const Args&, int64_t, int64_t, const float*);
+
+// One tensor of a multi-tensor step: its pointers, its per-step scalars and key, and
+// (staged loops) its master codec, null for an fp32 parameter without a master.
 struct Args {
   void* param; const void* grad;
   void* s0; void* s1;
-  void* mo0; void* mo1; void* mo2; void* mo3;
+  void* mo[6];
   float scalars[7];
   int64_t n; int64_t block; uint32_t key; float grad_sign; bool stream;
+  int gdt; DecodeFn decode; EncodeFn encode;
 };
 
 template <int PDT> inline float load_p(const void* p, int64_t i) {
@@ -137,11 +148,11 @@ inline void dense_loop(const Args& a, const Math& k, int64_t lo, int64_t hi, uin
     float g = load_p<GDT>(a.grad, i) * a.grad_sign;
     float m, v, u;
     if constexpr (MO == MO_FP32) {
-      m = static_cast<const float*>(a.mo0)[i];
-      v = static_cast<const float*>(a.mo1)[i];
+      m = static_cast<const float*>(a.mo[0])[i];
+      v = static_cast<const float*>(a.mo[1])[i];
     } else {
-      m = bf2f(static_cast<const uint16_t*>(a.mo0)[i]);
-      v = bf2f(static_cast<const uint16_t*>(a.mo1)[i]);
+      m = bf2f(static_cast<const uint16_t*>(a.mo[0])[i]);
+      v = bf2f(static_cast<const uint16_t*>(a.mo[1])[i]);
     }
     k.apply(p, g, m, v, u);
     if constexpr (TO_BUF) {
@@ -151,11 +162,11 @@ inline void dense_loop(const Args& a, const Math& k, int64_t lo, int64_t hi, uin
       encode_master<MASTER, PDT>(a, i, p);
     }
     if constexpr (MO == MO_FP32) {
-      static_cast<float*>(a.mo0)[i] = m;
-      static_cast<float*>(a.mo1)[i] = v;
+      static_cast<float*>(a.mo[0])[i] = m;
+      static_cast<float*>(a.mo[1])[i] = v;
     } else {
-      static_cast<uint16_t*>(a.mo0)[i] = f2bf(m);
-      static_cast<uint16_t*>(a.mo1)[i] = f2bf(v);
+      static_cast<uint16_t*>(a.mo[0])[i] = f2bf(m);
+      static_cast<uint16_t*>(a.mo[1])[i] = f2bf(v);
     }
   }
 }
@@ -207,8 +218,8 @@ template <int GDT>
 inline int64_t kahan_fp32_avx512(const Args& a, const Math& k, int64_t lo, int64_t hi) {
   uint16_t* const param = static_cast<uint16_t*>(a.param);
   uint16_t* const comp = static_cast<uint16_t*>(a.s0);
-  float* const m_ptr = static_cast<float*>(a.mo0);
-  float* const v_ptr = static_cast<float*>(a.mo1);
+  float* const m_ptr = static_cast<float*>(a.mo[0]);
+  float* const v_ptr = static_cast<float*>(a.mo[1]);
   const uint16_t* const grad16 = static_cast<const uint16_t*>(a.grad);
   const float* const grad32 = static_cast<const float*>(a.grad);
   int64_t i = lo;
@@ -304,10 +315,10 @@ void int8_range(const Args& args, int64_t block_lo, int64_t block_hi) {
   const Args a = args;  // a private copy: stores through the data pointers cannot alias it
   const Math k(a.scalars);
   const int64_t bs = a.block;
-  int8_t* const mq = static_cast<int8_t*>(a.mo0);
-  float* const mmax = static_cast<float*>(a.mo1);
-  uint8_t* const vq = static_cast<uint8_t*>(a.mo2);
-  float* const umax = static_cast<float*>(a.mo3);
+  int8_t* const mq = static_cast<int8_t*>(a.mo[0]);
+  float* const mmax = static_cast<float*>(a.mo[1]);
+  uint8_t* const vq = static_cast<uint8_t*>(a.mo[2]);
+  float* const umax = static_cast<float*>(a.mo[3]);
   const float inv127sq = static_cast<float>(1.0 / (127.0 * 127.0));
   const float inv255sq = static_cast<float>(1.0 / (255.0 * 255.0));
   float mloc[kMaxBlock];
@@ -364,6 +375,239 @@ void int8_range(const Args& args, int64_t block_lo, int64_t block_hi) {
   }
 }
 
+// -- Every other rule (rules.py): staged loops -------------------------------------
+//
+// AdamW keeps the fused loops above (one per master, moment format and gradient
+// dtype). The other rules share one loop per rule and moment layout: each run of
+// elements is decoded into fp32 arrays in L1 (the master through its codec, a bf16
+// gradient, bf16 or int8 moments), the rule's math runs over the arrays, and they
+// are encoded back. fp32 values that need no decoding (an fp32 parameter without a
+// master, an fp32 gradient, fp32 moments) are not copied: the math reads and writes
+// them where they are, so that case is one fused pass too. The master codecs are
+// reached through function pointers chosen once per tensor, which keeps the build
+// to one instantiation per rule and layout instead of one per rule and format.
+enum Rule {
+  R_ADAMW = MIXPREC_RULE_ADAMW, R_ADAMW_AMSGRAD = MIXPREC_RULE_ADAMW_AMSGRAD,
+  R_ADAM = MIXPREC_RULE_ADAM, R_ADAM_AMSGRAD = MIXPREC_RULE_ADAM_AMSGRAD,
+  R_SGD = MIXPREC_RULE_SGD, R_SGD_MOMENTUM = MIXPREC_RULE_SGD_MOMENTUM,
+  R_SGD_NESTEROV = MIXPREC_RULE_SGD_NESTEROV, R_LION = MIXPREC_RULE_LION
+};
+
+constexpr bool is_adam(int r) {
+  return r == R_ADAMW || r == R_ADAMW_AMSGRAD || r == R_ADAM || r == R_ADAM_AMSGRAD;
+}
+constexpr bool is_sgd(int r) { return r == R_SGD || r == R_SGD_MOMENTUM || r == R_SGD_NESTEROV; }
+
+// Rule.slots: how many moments a rule keeps; slot 0 is signed, the others square.
+constexpr int rule_slots(int r) {
+  return (r == R_ADAMW_AMSGRAD || r == R_ADAM_AMSGRAD) ? 3
+         : (r == R_ADAMW || r == R_ADAM)                ? 2
+         : r == R_SGD                                    ? 0
+                                                         : 1;
+}
+
+constexpr int64_t kStage = 512;  // elements per staged run (dense moments)
+
+// Rule.math of `RULE` over n elements, in its operation order (every product and
+// sum rounded on its own: -ffp-contract=off). p and the moments are updated in place;
+// g is the gradient before `sign` (maximize) is applied.
+template <int RULE>
+void rule_math(const float* sc, float sign, float* __restrict p, const float* __restrict g_in,
+               float* __restrict m0, float* __restrict m1, float* __restrict m2, int64_t n) {
+  const float s0 = sc[0], s1 = sc[1], s2 = sc[2], s3 = sc[3], s4 = sc[4], s5 = sc[5],
+              s6 = sc[6];
+#pragma GCC ivdep
+  for (int64_t i = 0; i < n; ++i) {
+    float g = g_in[i] * sign;
+    float x = p[i];
+    if constexpr (is_adam(RULE)) {
+      constexpr bool decoupled = RULE == R_ADAMW || RULE == R_ADAMW_AMSGRAD;
+      if constexpr (decoupled) x = x * s0;
+      else g = g + s0 * x;
+      const float m = m0[i] + s1 * (g - m0[i]);
+      const float v = m1[i] * s2 + (s3 * g) * g;
+      float denom;
+      if constexpr (rule_slots(RULE) == 3) {
+        const float old = m2[i];
+        const float vmax = (old != old || old > v) ? old : v;  // torch.maximum(old, v)
+        denom = std::sqrt(vmax) * s5 + s6;
+        m2[i] = vmax;
+      } else {
+        denom = std::sqrt(v) * s5 + s6;
+      }
+      m0[i] = m;
+      m1[i] = v;
+      x = x + (s4 * m) / denom;
+    } else if constexpr (is_sgd(RULE)) {
+      g = g + s0 * x;
+      if constexpr (RULE != R_SGD) {
+        const float buf = m0[i] * s1 + s2 * g;
+        m0[i] = buf;
+        g = RULE == R_SGD_NESTEROV ? g + s3 * buf : buf;
+      }
+      x = x + s4 * g;
+    } else {  // R_LION
+      const float m = m0[i];
+      const float c = m * s1 + s2 * g;
+      const float update = static_cast<float>((c > 0.0f) - (c < 0.0f));  // torch.sign
+      x = x * s0 + s5 * update;
+      m0[i] = m * s3 + s4 * g;
+    }
+    p[i] = x;
+  }
+}
+
+template <int MASTER, int PDT>
+void decode_run(const Args& a, int64_t lo, int64_t n, float* out) {
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) out[j] = decode_master<MASTER, PDT>(a, lo + j);
+}
+template <int MASTER, int PDT>
+void encode_run(const Args& a, int64_t lo, int64_t n, const float* in) {
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) encode_master<MASTER, PDT>(a, lo + j, in[j]);
+}
+
+inline void bf16_run(const void* src, int64_t lo, int64_t n, float* out) {
+  const uint16_t* s = static_cast<const uint16_t*>(src) + lo;
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) out[j] = bf2f(s[j]);
+}
+inline void bf16_store_run(void* dst, int64_t lo, int64_t n, const float* in) {
+  uint16_t* d = static_cast<uint16_t*>(dst) + lo;
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) d[j] = f2bf(in[j]);
+}
+
+// The value array of run [lo, lo + n): the parameter itself (fp32, no master) or
+// its decoding into buf.
+inline float* stage_value(const Args& a, int64_t lo, int64_t n, float* buf) {
+  if (a.decode == nullptr) return static_cast<float*>(a.param) + lo;
+  a.decode(a, lo, n, buf);
+  return buf;
+}
+inline const float* stage_grad(const Args& a, int64_t lo, int64_t n, float* buf) {
+  if (a.gdt == DT_F32) return static_cast<const float*>(a.grad) + lo;
+  bf16_run(a.grad, lo, n, buf);
+  return buf;
+}
+
+// Dense moments (fp32 in place, or bf16 staged), elements [lo, hi).
+template <int RULE, int MO>
+void staged_dense_range(const Args& args, int64_t lo, int64_t hi) {
+  const Args a = args;  // a private copy: stores through the data pointers cannot alias it
+  constexpr int slots = rule_slots(RULE);
+  alignas(64) float pbuf[kStage], gbuf[kStage], mbuf[slots > 0 ? slots : 1][kStage];
+  for (int64_t s = lo; s < hi; s += kStage) {
+    const int64_t n = hi - s < kStage ? hi - s : kStage;
+    float* const p = stage_value(a, s, n, pbuf);
+    const float* const g = stage_grad(a, s, n, gbuf);
+    float* m[3] = {nullptr, nullptr, nullptr};
+    for (int k = 0; k < slots; ++k) {
+      if constexpr (MO == MO_FP32) {
+        m[k] = static_cast<float*>(a.mo[k]) + s;
+      } else {
+        bf16_run(a.mo[k], s, n, mbuf[k]);
+        m[k] = mbuf[k];
+      }
+    }
+    rule_math<RULE>(a.scalars, a.grad_sign, p, g, m[0], m[1], m[2], n);
+    if (a.encode != nullptr) a.encode(a, s, n, p);
+    if constexpr (MO == MO_BF16)
+      for (int k = 0; k < slots; ++k) bf16_store_run(a.mo[k], s, n, mbuf[k]);
+  }
+}
+
+// moments/int8.py dequantize_signed / dequantize_sqrt of one block.
+inline void int8_decode_signed(const int8_t* q8, float absmax, int64_t n, float* out) {
+  const float ms = absmax * static_cast<float>(1.0 / (127.0 * 127.0));
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) {
+    const float q = static_cast<float>(q8[j]);
+    out[j] = (q * std::fabs(q)) * ms;
+  }
+}
+inline void int8_decode_square(const uint8_t* q8, float umax, int64_t n, float* out) {
+  const float us = umax * static_cast<float>(1.0 / (255.0 * 255.0));
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) {
+    const float q = static_cast<float>(q8[j]);
+    const float ub = (q * q) * us;
+    out[j] = ub * ub;
+  }
+}
+
+// moments/int8.py quantize_signed / quantize_sqrt of one block (int8_range's encoding;
+// the block maximum is taken on the bits, as there). x is overwritten (quantize_sqrt:
+// with sqrt(v)).
+inline void int8_encode_signed(float* x, int64_t n, int8_t* q8, float* absmax) {
+  uint32_t bits = 0;
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t b = fbits(x[j]) & 0x7FFFFFFFu;
+    bits = b > bits ? b : bits;
+  }
+  const float am = bitsf(bits);
+  const float f = (1.0f / (am > 0.0f ? am : 1.0f)) * (127.0f * 127.0f);
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) {
+    const float m = x[j];
+    const float q = std::rint(std::sqrt(std::fabs(m) * f));
+    q8[j] = static_cast<int8_t>(static_cast<int32_t>(m < 0.0f ? -q : q));
+  }
+  *absmax = am;
+}
+inline void int8_encode_square(float* x, int64_t n, uint8_t* q8, float* umax) {
+  uint32_t bits = 0;
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) {
+    float u = std::sqrt(x[j]);
+    u = u > kUMax ? kUMax : u;  // moments/int8.py U_MAX (NaN stays NaN)
+    x[j] = u;
+    const uint32_t b = fbits(u) & 0x7FFFFFFFu;
+    bits = b > bits ? b : bits;
+  }
+  const float au = bitsf(bits);
+  const float f = (1.0f / (au > 0.0f ? au : 1.0f)) * (255.0f * 255.0f);
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) {
+    const float u = x[j];
+    float q = std::rint(std::sqrt(u * f));
+    q = (q == 0.0f && u > 0.0f) ? 1.0f : q;
+    q8[j] = static_cast<uint8_t>(static_cast<int32_t>(q));
+  }
+  *umax = au;
+}
+
+// int8 moments: codes mo[2k], per-block scales mo[2k + 1] of slot k; blocks
+// [block_lo, block_hi).
+template <int RULE>
+void staged_int8_range(const Args& args, int64_t block_lo, int64_t block_hi) {
+  const Args a = args;  // a private copy: stores through the data pointers cannot alias it
+  constexpr int slots = rule_slots(RULE);
+  const int64_t bs = a.block;
+  alignas(64) float pbuf[kMaxBlock], gbuf[kMaxBlock], mbuf[slots > 0 ? slots : 1][kMaxBlock];
+  for (int64_t b = block_lo; b < block_hi; ++b) {
+    const int64_t base = b * bs;
+    float* const p = stage_value(a, base, bs, pbuf);
+    const float* const g = stage_grad(a, base, bs, gbuf);
+    float* m[3] = {nullptr, nullptr, nullptr};
+    for (int k = 0; k < slots; ++k) {
+      const float scale = static_cast<const float*>(a.mo[2 * k + 1])[b];
+      if (k == 0) int8_decode_signed(static_cast<const int8_t*>(a.mo[0]) + base, scale, bs, mbuf[0]);
+      else int8_decode_square(static_cast<const uint8_t*>(a.mo[2 * k]) + base, scale, bs, mbuf[k]);
+      m[k] = mbuf[k];
+    }
+    rule_math<RULE>(a.scalars, a.grad_sign, p, g, m[0], m[1], m[2], bs);
+    if (a.encode != nullptr) a.encode(a, base, bs, p);
+    for (int k = 0; k < slots; ++k) {
+      float* const scale = static_cast<float*>(a.mo[2 * k + 1]) + b;
+      if (k == 0) int8_encode_signed(mbuf[0], bs, static_cast<int8_t*>(a.mo[0]) + base, scale);
+      else int8_encode_square(mbuf[k], bs, static_cast<uint8_t*>(a.mo[2 * k]) + base, scale);
+    }
+  }
+}
+
 // Runs items [lo, hi) of one tensor: chunks of kChunk elements (dense moments) or
 // runs of int8 blocks.
 using RangeFn = void (*)(const Args&, int64_t, int64_t);
@@ -389,7 +633,7 @@ RangeFn lookup_grad(int mo, int gdt) {
   }
 }
 
-RangeFn lookup(int master, int pdt, int mo, int gdt) {
+RangeFn adamw_lookup(int master, int pdt, int mo, int gdt) {
   if (gdt != DT_F32 && gdt != DT_BF16) return nullptr;
   if (pdt == DT_F32) return master == M_NONE ? lookup_grad<M_NONE, DT_F32>(mo, gdt) : nullptr;
   if (pdt != DT_BF16) return nullptr;
@@ -404,6 +648,107 @@ RangeFn lookup(int master, int pdt, int mo, int gdt) {
   }
 }
 
+template <int RULE>
+RangeFn staged_for(int mo) {
+  switch (mo) {
+    case MO_FP32: return &staged_dense_range<RULE, MO_FP32>;
+    case MO_BF16: return &staged_dense_range<RULE, MO_BF16>;
+    case MO_INT8: return &staged_int8_range<RULE>;
+    default: return nullptr;
+  }
+}
+
+// The master codec of the staged loops for a parameter dtype; false: none.
+template <int PDT>
+bool codec_for(int master, DecodeFn& decode, EncodeFn& encode) {
+  switch (master) {
+#define MIXPREC_CODEC(M) \
+  case M: decode = &decode_run<M, PDT>; encode = &encode_run<M, PDT>; return true;
+    MIXPREC_CODEC(M_NONE) MIXPREC_CODEC(M_FP32) MIXPREC_CODEC(M_EXACT)
+    MIXPREC_CODEC(M_REM8) MIXPREC_CODEC(M_KAHAN) MIXPREC_CODEC(M_STOCH)
+#undef MIXPREC_CODEC
+    default: return false;
+  }
+}
+bool codec(int master, int pdt, DecodeFn& decode, EncodeFn& encode) {
+  decode = nullptr;
+  encode = nullptr;
+  if (pdt == DT_F32) return master == M_NONE;  // the parameter is the value: no codec
+  return pdt == DT_BF16 && codec_for<DT_BF16>(master, decode, encode);
+}
+
+// The loop for one tensor of `rule`, or null where this source has none.
+RangeFn lookup(int rule, int master, int pdt, int mo, int gdt) {
+  if (rule == R_ADAMW) return adamw_lookup(master, pdt, mo, gdt);
+  DecodeFn decode;
+  EncodeFn encode;
+  if ((gdt != DT_F32 && gdt != DT_BF16) || !codec(master, pdt, decode, encode)) return nullptr;
+  switch (rule) {
+    case R_ADAMW_AMSGRAD: return staged_for<R_ADAMW_AMSGRAD>(mo);
+    case R_ADAM: return staged_for<R_ADAM>(mo);
+    case R_ADAM_AMSGRAD: return staged_for<R_ADAM_AMSGRAD>(mo);
+    case R_SGD: return staged_for<R_SGD>(mo);
+    case R_SGD_MOMENTUM: return staged_for<R_SGD_MOMENTUM>(mo);
+    case R_SGD_NESTEROV: return staged_for<R_SGD_NESTEROV>(mo);
+    case R_LION: return staged_for<R_LION>(mo);
+    default: return nullptr;
+  }
+}
+
+inline bool finite(double x) { return std::isfinite(x); }
+
+// Rule.valid: whether hyper is in the range the rule's math is defined for.
+bool hyper_valid(int rule, const double* h) {
+  const double lr = h[0], wd = h[4];
+  if (is_adam(rule)) {  // lr, beta1, beta2, eps, weight_decay
+    const double b1 = h[1], b2 = h[2], eps = h[3];
+    return finite(lr) && finite(eps) && finite(wd) && lr >= 0.0 && b1 >= 0.0 && b1 < 1.0 &&
+           b2 >= 0.0 && b2 < 1.0 && eps > 0.0 && wd >= 0.0;
+  }
+  if (is_sgd(rule)) {  // lr, momentum, dampening, -, weight_decay
+    const double momentum = h[1], dampening = h[2];
+    return finite(lr) && finite(momentum) && finite(dampening) && finite(wd) && lr >= 0.0 &&
+           momentum >= 0.0 && wd >= 0.0;
+  }
+  const double b1 = h[1], b2 = h[2];  // R_LION: lr, beta1, beta2, -, weight_decay
+  return finite(lr) && finite(wd) && lr >= 0.0 && b1 >= 0.0 && b1 <= 1.0 && b2 >= 0.0 &&
+         b2 <= 1.0 && wd >= 0.0;
+}
+
+// Rule.scalars: computed in double from hyper and the step (1 for the first update),
+// then rounded to float.
+void rule_scalars(int rule, const double* h, double step, float* out) {
+  double s[7] = {0, 0, 0, 0, 0, 0, 0};
+  const double lr = h[0], wd = h[4];
+  if (is_adam(rule)) {
+    const double beta1 = h[1], beta2 = h[2], eps = h[3];
+    s[0] = (rule == R_ADAMW || rule == R_ADAMW_AMSGRAD) ? 1.0 - lr * wd : wd;
+    s[1] = 1.0 - beta1;
+    s[2] = beta2;
+    s[3] = 1.0 - beta2;
+    s[4] = -lr / (1.0 - std::pow(beta1, step));
+    s[5] = 1.0 / std::sqrt(1.0 - std::pow(beta2, step));
+    s[6] = eps;
+  } else if (is_sgd(rule)) {  // the first step makes the (zero) buffer the gradient
+    const double momentum = h[1], dampening = h[2];
+    const bool first = step == 1.0;
+    s[0] = wd;
+    s[1] = first ? 0.0 : momentum;
+    s[2] = first ? 1.0 : 1.0 - dampening;
+    s[3] = momentum;
+    s[4] = -lr;
+  } else {  // R_LION
+    const double beta1 = h[1], beta2 = h[2];
+    s[0] = 1.0 - lr * wd;
+    s[1] = beta1;
+    s[2] = 1.0 - beta1;
+    s[3] = beta2;
+    s[4] = 1.0 - beta2;
+    s[5] = -lr;
+  }
+  for (int k = 0; k < 7; ++k) out[k] = static_cast<float>(s[k]);
+}
+
 // rng.step_key: a per-(parameter, step) key from the parameter's seed and step count.
 inline uint32_t step_key(int64_t seed, double step) {
   const uint32_t t = static_cast<uint32_t>(static_cast<int64_t>(step));
@@ -412,22 +757,23 @@ inline uint32_t step_key(int64_t seed, double step) {
 
 }  // namespace
 
-// Whether this build has a case for the master and moment codes (the binding asks
-// before sending a format: one registered later with a code of its own has none).
-extern "C" int mixprec_covers(int master, int moments) {
-  return lookup(master, DT_BF16, moments, DT_BF16) != nullptr;
+// Whether this build has a case for the rule, master and moment codes (the binding
+// asks before sending a format: one registered later with a code of its own has none).
+extern "C" int mixprec_covers(int rule, int master, int moments) {
+  return lookup(rule, master, DT_BF16, moments, DT_BF16) != nullptr;
 }
 
 extern "C" {
 
 // ABI version: bump with any change of the signature below.
-int mixprec_abi_version() { return 8; }
+int mixprec_abi_version() { return 9; }
 
 // The columns of the table (native/binding.py TABLE_COLUMNS), count entries each.
 enum Column {
   C_PDT = 0, C_GDT, C_NUMEL, C_OFFSET, C_PARAM, C_GRAD, C_S0, C_S1,
-  C_MO0, C_MO1, C_MO2, C_MO3, C_STEP, C_SEED,
-  C_S0_NUMEL, C_S1_NUMEL, C_MO0_NUMEL, C_MO1_NUMEL, C_MO2_NUMEL, C_MO3_NUMEL, C_GRAD_NUMEL,
+  C_MO0, C_MO1, C_MO2, C_MO3, C_MO4, C_MO5, C_STEP, C_SEED,
+  C_S0_NUMEL, C_S1_NUMEL, C_MO0_NUMEL, C_MO1_NUMEL, C_MO2_NUMEL, C_MO3_NUMEL, C_MO4_NUMEL,
+  C_MO5_NUMEL, C_GRAD_NUMEL,
   C_COLUMNS
 };
 
@@ -437,48 +783,51 @@ inline bool step_valid(const int64_t* table, int64_t count, int64_t t) {
   return std::isfinite(step) && step >= 0.0 && step == std::floor(step);
 }
 
-// How many of the state columns s0, s1 (master) and mo0..mo3 (moments) a format uses.
+// How many of the state columns s0, s1 (master) and mo0..mo5 (moments) a family uses.
 inline int master_slots(int master) {
   return master == M_EXACT ? 2 : (master == M_FP32 || master == M_REM8 || master == M_KAHAN) ? 1 : 0;
 }
-inline int moment_slots(int moments) { return moments == MO_INT8 ? 4 : 2; }
+inline int moment_tensors(int rule, int moments) {
+  return rule_slots(rule) * (moments == MO_INT8 ? 2 : 1);
+}
 
 // Whether tensor t's gradient and state fit its parameter: each state tensor the formats
 // use has its parameter's element count (int8 scales: one value per block) and, when that
 // is not 0, memory (a tensor emptied in place by `set_()` has a null pointer and no
 // elements). Checked before any write.
-inline bool sizes_fit(const int64_t* table, int64_t count, int64_t t, int master, int moments,
-                      int64_t block) {
+inline bool sizes_fit(const int64_t* table, int64_t count, int64_t t, int rule, int master,
+                      int moments, int64_t block) {
   auto col = [&](int c) { return table[c * count + t]; };
   const int64_t n = col(C_NUMEL);
   const bool int8 = moments == MO_INT8;
   if (col(C_GRAD_NUMEL) != n) return false;
   if (n > 0 && (col(C_PARAM) == 0 || col(C_GRAD) == 0)) return false;
-  for (int k = 0; k < 6; ++k) {
-    const bool used = k < 2 ? k < master_slots(master) : k - 2 < moment_slots(moments);
+  for (int k = 0; k < 8; ++k) {
+    const bool used = k < 2 ? k < master_slots(master) : k - 2 < moment_tensors(rule, moments);
     if (!used) continue;  // the formats use no such tensor
     const int ptr_col = C_S0 + k;
-    const bool per_block = int8 && (ptr_col == C_MO1 || ptr_col == C_MO3);  // int8 scales
+    const bool per_block = int8 && k >= 2 && (k - 2) % 2 == 1;  // int8 scales
     const int64_t expected = per_block ? n / block : n;
     if (col(C_S0_NUMEL + k) != expected || (expected > 0 && col(ptr_col) == 0)) return false;
   }
   return true;
 }
 
-// One AdamW step over `count` tensors of one family (master and moment formats).
+// One step of `rule` (its Rule.code) over `count` tensors of one family (master and
+// moment formats).
 //
 // table[c * count + t] holds column c of tensor t: parameter and gradient dtypes
 // (DType), element count, the global offset of its first element (a shard's
 // position in the whole parameter), data pointers (0 where the formats use no
 // such tensor), its float64 step counter (incremented here) and its int64
 // rounding seed (stochastic master only). The per-step scalars are computed
-// from the step count exactly as functional.adamw_scalars computes them
-// (float64, then rounded to fp32). hyper: lr, beta1, beta2, eps, weight_decay.
+// from the step count exactly as Rule.scalars computes them (float64, then
+// rounded to fp32). hyper: the five values of Rule.read, in Rule.hyper_names order.
 //
-// stream != 0 (fp32 master, dense moments; the caller decides from the group's
-// size, native/binding.py STREAM_MIN_BYTES): the bf16 parameters are written
-// with non-temporal stores, which skip the read for ownership of a plain store
-// and leave the lines out of the cache.
+// stream != 0 (AdamW, fp32 master, dense moments; the caller decides from the
+// group's size, native/binding.py STREAM_MIN_BYTES): the bf16 parameters are
+// written with non-temporal stores, which skip the read for ownership of a plain
+// store and leave the lines out of the cache.
 //
 // A row whose gradient pointer is 0 (a parameter without a gradient this step) is
 // skipped: neither it nor its step counter is touched.
@@ -487,40 +836,35 @@ inline bool sizes_fit(const int64_t* table, int64_t count, int64_t t, int master
 // combination this source does not build; 2: a bad block size; 3: a state
 // tensor whose size does not fit its parameter; 4: a step counter that is not a
 // count (negative, fractional, NaN or infinite); 5: a hyperparameter out of range
-// (lr, weight_decay finite >= 0; betas in [0, 1); eps finite > 0).
-int mixprec_adamw_multi(int master, int moments, int maximize, int64_t count,
-                        const int64_t* table, const double* hyper, int64_t block, int threads,
-                        int stream) {
+// (Rule.valid: hyper_valid).
+int mixprec_step_multi(int rule, int master, int moments, int maximize, int64_t count,
+                       const int64_t* table, const double* hyper, int64_t block, int threads,
+                       int stream) {
   if (count <= 0) return 0;
   auto col = [&](int c, int64_t t) { return table[c * count + t]; };
   auto ptr = [&](int c, int64_t t) { return reinterpret_cast<void*>(col(c, t)); };
   const bool int8 = moments == MO_INT8;
+  if (lookup(rule, master, DT_BF16, moments, DT_BF16) == nullptr) return 1;
   if (int8 && (block < 1 || block > kMaxBlock)) return 2;
-  {
-    const double lr = hyper[0], b1 = hyper[1], b2 = hyper[2], eps = hyper[3], wd = hyper[4];
-    if (!(lr >= 0.0 && std::isfinite(lr) && b1 >= 0.0 && b1 < 1.0 && b2 >= 0.0 && b2 < 1.0 &&
-          eps > 0.0 && std::isfinite(eps) && wd >= 0.0 && std::isfinite(wd)))
-      return 5;
-  }
+  if (!hyper_valid(rule, hyper)) return 5;
   RangeFn* fns = new RangeFn[count];
   for (int64_t t = 0; t < count; ++t) {
     if (col(C_GRAD, t) == 0 && col(C_NUMEL, t) > 0) {  // no gradient this step: skipped
       fns[t] = nullptr;
       continue;
     }
-    fns[t] = lookup(master, static_cast<int>(col(C_PDT, t)), moments,
+    fns[t] = lookup(rule, master, static_cast<int>(col(C_PDT, t)), moments,
                     static_cast<int>(col(C_GDT, t)));
-    const int rc = fns[t] == nullptr                            ? 1
-                   : (int8 && col(C_NUMEL, t) % block != 0)       ? 2
-                   : !sizes_fit(table, count, t, master, moments, block) ? 3
-                   : !step_valid(table, count, t)                 ? 4
-                                                                  : 0;
+    const int rc = fns[t] == nullptr                                  ? 1
+                   : (int8 && col(C_NUMEL, t) % block != 0)             ? 2
+                   : !sizes_fit(table, count, t, rule, master, moments, block) ? 3
+                   : !step_valid(table, count, t)                       ? 4
+                                                                        : 0;
     if (rc != 0) {
       delete[] fns;
       return rc;
     }
   }
-  const double lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3], wd = hyper[4];
   Args* args = new Args[count];
   int64_t* first = new int64_t[count + 1];  // first work item of each tensor
   // Items: kChunk elements, or as many whole int8 blocks as fit in kChunk.
@@ -536,30 +880,21 @@ int mixprec_adamw_multi(int master, int moments, int maximize, int64_t count,
     double* const step_ptr = static_cast<double*>(ptr(C_STEP, t));
     const double step = *step_ptr + 1.0;
     *step_ptr = step;
-    const double bc1 = 1.0 - std::pow(beta1, step);
-    const double bc2 = 1.0 - std::pow(beta2, step);
     Args& a = args[t];
     a.param = ptr(C_PARAM, t);
     a.grad = ptr(C_GRAD, t);
     a.s0 = ptr(C_S0, t);
     a.s1 = ptr(C_S1, t);
-    a.mo0 = ptr(C_MO0, t);
-    a.mo1 = ptr(C_MO1, t);
-    a.mo2 = ptr(C_MO2, t);
-    a.mo3 = ptr(C_MO3, t);
-    a.scalars[0] = static_cast<float>(1.0 - lr * wd);
-    a.scalars[1] = static_cast<float>(1.0 - beta1);
-    a.scalars[2] = static_cast<float>(beta2);
-    a.scalars[3] = static_cast<float>(1.0 - beta2);
-    a.scalars[4] = static_cast<float>(-lr / bc1);
-    a.scalars[5] = static_cast<float>(1.0 / std::sqrt(bc2));
-    a.scalars[6] = static_cast<float>(eps);
+    for (int k = 0; k < 6; ++k) a.mo[k] = ptr(C_MO0 + k, t);
+    rule_scalars(rule, hyper, step, a.scalars);
     a.n = col(C_NUMEL, t);
     a.block = int8 ? block : 1;
     const int64_t* const seed = static_cast<const int64_t*>(ptr(C_SEED, t));
     a.key = seed ? step_key(*seed, step) + static_cast<uint32_t>(col(C_OFFSET, t)) : 0u;
     a.grad_sign = maximize ? -1.0f : 1.0f;
-    a.stream = stream != 0 && master == M_FP32 && !int8;
+    a.stream = stream != 0 && rule == R_ADAMW && master == M_FP32 && !int8;
+    a.gdt = static_cast<int>(col(C_GDT, t));
+    codec(master, static_cast<int>(col(C_PDT, t)), a.decode, a.encode);
     const int64_t units = int8 ? a.n / block : a.n;
     first[t + 1] = first[t] + (units + per_item - 1) / per_item;
   }

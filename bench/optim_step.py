@@ -32,6 +32,13 @@ the same window, so a neighbour's load shifts both. Columns:
 ``mixprec`` rows use ``fused=True``: on CPU the native kernel
 (`mixprec.optim.native`). ``--inductor`` adds the same combinations stepped
 through ``torch.compile`` (``MIXPREC_NATIVE=0``) for comparison.
+
+``--rule adamw,lion`` (or ``all``): each update rule's native step on one tensor of
+each ``--sizes`` and on GPT-2 small's tensors, fp32 params without a master and bf16
+params with the exact master, fp32 moments, against the fastest torch
+implementation of the same optimizer on fp32 params: ``fused=True`` AdamW, Adam
+and SGD, and for Lion a ``torch._foreach_*`` version of lion-pytorch's update
+(`ForeachLion`). Ratio: the median of paired per-step ratios (`_paired`).
 """
 
 from __future__ import annotations
@@ -50,7 +57,8 @@ import torch
 
 from mixprec import device_caps
 from mixprec.memory import training_state_bytes
-from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, native
+from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, SGD, Adam, AdamW, Lion, native
+from mixprec.optim.rules import RULES
 
 Factory = Callable[[torch.Tensor], torch.optim.Optimizer]
 
@@ -296,6 +304,97 @@ def run_model(name: str, combos: list[tuple[str, str]], steps: int) -> None:
         )
 
 
+class ForeachLion(torch.optim.Optimizer):
+    """Lion as lion-pytorch's ``update_fn`` (decay, ``lerp`` to beta1 and ``sign``, step,
+    ``lerp`` to beta2) with ``torch._foreach_*`` over the group: the peer a user of
+    Lion on CPU has (torch has no Lion)."""
+
+    def __init__(
+        self, params: Any, lr: float, betas: tuple[float, float], weight_decay: float
+    ) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            grads = [p.grad for p in params]
+            exp_avgs = [self.state[p].setdefault("exp_avg", torch.zeros_like(p)) for p in params]
+            lr, (beta1, beta2), wd = group["lr"], group["betas"], group["weight_decay"]
+            torch._foreach_mul_(params, 1.0 - lr * wd)
+            updates = torch._foreach_lerp(exp_avgs, grads, 1.0 - beta1)
+            torch._foreach_sign_(updates)
+            torch._foreach_add_(params, updates, alpha=-lr)
+            torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta2)
+
+
+#: Per rule: (mixprec optimizer, its peer on fp32 params), with the same hyperparameters.
+RULE_PAIRS: dict[str, tuple[Callable[..., torch.optim.Optimizer], Factory]] = {
+    "adamw": (
+        lambda ps, **kw: AdamW(ps, weight_decay=0.01, **kw),
+        lambda ps: torch.optim.AdamW(ps, weight_decay=0.01, fused=True),
+    ),
+    "adamw_amsgrad": (
+        lambda ps, **kw: AdamW(ps, weight_decay=0.01, amsgrad=True, **kw),
+        lambda ps: torch.optim.AdamW(ps, weight_decay=0.01, amsgrad=True, fused=True),
+    ),
+    "adam": (
+        lambda ps, **kw: Adam(ps, weight_decay=0.01, **kw),
+        lambda ps: torch.optim.Adam(ps, weight_decay=0.01, fused=True),
+    ),
+    "adam_amsgrad": (
+        lambda ps, **kw: Adam(ps, weight_decay=0.01, amsgrad=True, **kw),
+        lambda ps: torch.optim.Adam(ps, weight_decay=0.01, amsgrad=True, fused=True),
+    ),
+    "sgd": (
+        lambda ps, **kw: SGD(ps, lr=0.1, weight_decay=0.01, **kw),
+        lambda ps: torch.optim.SGD(ps, lr=0.1, weight_decay=0.01, fused=True),
+    ),
+    "sgd_momentum": (
+        lambda ps, **kw: SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01, **kw),
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01, fused=True),
+    ),
+    "sgd_nesterov": (
+        lambda ps, **kw: SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01, **kw),
+        lambda ps: torch.optim.SGD(
+            ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01, fused=True
+        ),
+    ),
+    "lion": (
+        lambda ps, **kw: Lion(ps, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.01, **kw),
+        lambda ps: ForeachLion(ps, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.01),
+    ),
+}
+
+
+def run_rules(rules: list[str], sizes: list[int], steps: int) -> None:
+    """The `--rule` table: each rule's native step against its torch peer (fp32 params)."""
+    gpt2 = gpt2_small_shapes()
+    cases = [(f"{n / 2**20:g}M", [(n,)]) for n in sizes] + [("gpt2-small", gpt2)]
+    print("| rule | tensors | peer | peer ms | none+fp32 ms | ratio | exact+fp32 ms | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for rule in rules:
+        ours_of, peer_of = RULE_PAIRS[rule]
+        for label, shapes in cases:
+            peer = peer_of(_model_params(shapes, torch.float32))
+            peer.step()  # makes its state
+            peer_ms = min(_timed(peer.step) for _ in range(steps)) * 1e3
+            cells = [rule, label, type(peer).__name__, f"{peer_ms:.1f}"]
+            for master, dtype in (("none", torch.float32), ("exact", torch.bfloat16)):
+                ours = ours_of(
+                    _model_params(shapes, dtype), master=master, moments="fp32", fused=True
+                )
+                ratio = _paired(ours.step, peer.step, steps)
+                assert set(ours.kernel_backends().values()) == {"native"}, ours.kernel_backends()
+                best = min(_timed(ours.step) for _ in range(2))
+                cells += [f"{best * 1e3:.1f}", f"{ratio:.2f}"]
+                del ours
+                gc.collect()
+            print("| " + " | ".join(cells) + " |", flush=True)
+            del peer
+            gc.collect()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="16M,64M")
@@ -312,6 +411,9 @@ def main() -> None:
         help="comma-separated combinations (or 'all') also run through torch.compile",
     )
     parser.add_argument("--model", choices=sorted(MODELS), help="a model's tensors instead")
+    parser.add_argument(
+        "--rule", default="", help="comma-separated update rules (or 'all') against torch's"
+    )
     args = parser.parse_args()
     all_combos: list[tuple[str, str]] = [(m, mo) for m in MASTER_KINDS for mo in MOMENT_KINDS]
 
@@ -321,6 +423,12 @@ def main() -> None:
         return [(c.split("+")[0], c.split("+")[1]) for c in text.split(",") if c]
 
     combos, inductor_combos = parse(args.combos), parse(args.inductor)
+    if args.rule:
+        caps = device_caps("cpu")
+        print(f"cpu: {caps.name}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+        rules = sorted(RULES) if args.rule == "all" else args.rule.split(",")
+        run_rules(rules, [_size(s) for s in args.sizes.split(",")], args.steps)
+        return
     if args.model:
         caps = device_caps("cpu")
         print(f"cpu: {caps.name}, torch {torch.__version__}, {torch.get_num_threads()} threads")

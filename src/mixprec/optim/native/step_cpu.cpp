@@ -457,13 +457,17 @@ void rule_math(const float* sc, float sign, float* __restrict p, const float* __
   }
 }
 
+// (A private copy of the Args: the codecs' int8 stores may alias anything else, so
+// through the caller's reference every iteration would reload its pointers.)
 template <int MASTER, int PDT>
-void decode_run(const Args& a, int64_t lo, int64_t n, float* out) {
+void decode_run(const Args& args, int64_t lo, int64_t n, float* out) {
+  const Args a = args;
 #pragma GCC ivdep
   for (int64_t j = 0; j < n; ++j) out[j] = decode_master<MASTER, PDT>(a, lo + j);
 }
 template <int MASTER, int PDT>
-void encode_run(const Args& a, int64_t lo, int64_t n, const float* in) {
+void encode_run(const Args& args, int64_t lo, int64_t n, const float* in) {
+  const Args a = args;
 #pragma GCC ivdep
   for (int64_t j = 0; j < n; ++j) encode_master<MASTER, PDT>(a, lo + j, in[j]);
 }

@@ -1,4 +1,5 @@
-"""The native CPU step: `adamw_cpu.cpp`, built with the system C++ compiler at first use.
+"""The native CPU step of every update rule: `step_cpu.cpp`, built with the system C++
+compiler at first use.
 
 Why it exists: on CPU, Inductor's code for the mixed formats is limited by
 computation, not memory (16-lane loops, int8 blocks read in two passes; see
@@ -11,11 +12,12 @@ its results are bitwise those of ``fused=False``; the tests check every family.
 Build: ``$CXX`` (else ``g++``, ``c++`` or ``clang++``) with ``-O3
 -march=native -fopenmp`` and IEEE-preserving flags (no fast-math, no FMA
 contraction), falling back to fewer flags where the compiler refuses some.
-The format codes come from the registry as ``-D`` defines (`build.format_defines`),
+The rule and format codes come from their registries as ``-D`` defines
+(`build.format_defines`),
 and each master's per-element codec from ``formats/masters/<name>.h``. The shared
 library is cached under `cache_dir` keyed by the source and those headers, the
 compiler, the flags (codes included) and the CPU, so a machine builds it once
-(about 5 s).
+(about 6 s of compiler time).
 Setting ``MIXPREC_NATIVE=0`` turns the kernel off (steps then use
 `torch.compile`, as on other devices).
 

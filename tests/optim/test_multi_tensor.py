@@ -159,8 +159,9 @@ def test_the_native_kernel_is_called_once_per_group_and_family(
     library = native.library()
     original = library._fn
 
-    def counting(*args: Any) -> int:  # the C function: (master, moments, maximize, count, ...)
-        calls.append(args[3])
+    # the C function: (rule, master, moments, maximize, count, ...)
+    def counting(*args: Any) -> int:
+        calls.append(args[4])
         return int(original(*args))
 
     monkeypatch.setattr(library, "_fn", counting)

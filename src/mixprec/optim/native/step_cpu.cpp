@@ -12,7 +12,8 @@
 // store of the fp32 master's bf16 parameter (stream_lines: __AVX512F__ /
 // __AVX__ / __SSE2__, else memcpy) and the Kahan master's loop with fp32
 // moments (kahan_fp32_avx512: __AVX512F__ and __AVX512BF16__, else the generic
-// loop).
+// loop), both AdamW's. AdamW has fused loops per master, moment format and
+// dtypes; the other rules share staged loops (below: "Every other rule").
 //
 // Layout of the pointers (see mixprec/optim/native/binding.py):
 //   master state s0, s1: fp32 master | exact: remainder_hi, remainder_lo (int8)

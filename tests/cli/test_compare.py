@@ -185,6 +185,12 @@ def test_with_no_candidate_within_the_budgets_fp32_stays_and_exits_0(
         (["--target-device", ""], "target_device '' is empty: give a device class"),
         (["--max-rel-loss-gap", "-1"], "max_rel_loss_gap must be a fraction in [0, 1)"),
         (["--max-rel-loss-gap", "5"], "max_rel_loss_gap must be a fraction in [0, 1) (0.005"),
+        (["--optimizer", "muon"], "optimizer 'muon' is not one of adamw, adam, sgd, lion"),
+        (["--optimizer", "sgd"], "optimizer sgd needs a learning rate"),
+        (["--optimizer", "sgd", "--optimizer-args", "lr=0.1,betas=(0.9,0.9)"], "'betas' is not"),
+        (["--optimizer-args", "lr=1e-3;eps=1"], "lr='1e-3;eps=1' is not a number"),
+        (["--optimizer-args", "master=exact"], "the policy decides the master"),
+        (["--optimizer-args", "eps=-1"], "optimizer adamw refuses its arguments (eps=-1)"),
     ],
 )
 def test_bad_decision_flags_exit_2_with_one_line(
@@ -248,3 +254,49 @@ def test_an_interrupted_rerun_is_what_report_and_policy_from_see(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "was judged under another contract than" in err and "did not finish" in err
+
+
+# ------------------------------------------- the optimizer (real runs, digits tiny)
+
+
+@pytest.mark.parametrize(
+    ("flags", "label", "cls"),
+    [
+        (
+            ["--optimizer", "sgd", "--optimizer-args", "momentum=0.9,lr=0.05"],
+            "sgd (momentum=0.9)",
+            "SGD",
+        ),
+        (["--optimizer", "lion"], "lion", "Lion"),
+        ([], "adamw", "AdamW"),
+    ],
+)
+def test_each_optimizer_gets_a_recommendation_and_bf16_pure_is_rejected_alike(
+    flags: list[str], label: str, cls: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 34: compare judges policies for the optimizer named. A policy storing bf16
+    without a master is refused on its update path for SGD and Lion as for AdamW."""
+    argv = ["compare", "--workload", "digits", "--size", "tiny", "--seeds", "1"]
+    argv += ["--max-seeds", "1", "--policies", "bf16_master,bf16_pure", "--out", str(tmp_path)]
+    code = main([*argv, "--quiet", *flags])
+    printed = capsys.readouterr().out
+    data = json.loads((tmp_path / "results.json").read_text())
+    decision = data["decision"]
+    assert code == 0 and decision["status"] in ("recommended", "stay"), decision
+    assert decision["recommended"] in ("fp32", "bf16_master") and decision["optimizer"] == label
+    pure = decision["policies"]["bf16_pure"]["verdict"]
+    assert pure["status"] == "rejected" and pure["gate"] == "update-path", pure
+    assert (
+        f"mixprec.optim.{cls} updates bf16 parameters with no full-precision master"
+        in (pure["reason"])
+    )
+    records = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*.json")]
+    assert {r["optimizer"] for r in records} == {label}
+    named = f"optimizer {label}"
+    assert named in (tmp_path / "report.md").read_text()
+    assert named in (tmp_path / "report.html").read_text()
+    last = printed.strip().splitlines()[-1]
+    assert last.startswith(f"recommended: {'stay on ' if decision['status'] == 'stay' else ''}")
+    assert (f"for {named}" in last) == (label != "adamw"), last
+    if label != "adamw":
+        assert printed.startswith("Measured on") and f"With {named}: Recommended" in printed

@@ -333,3 +333,66 @@ def test_a_yaml_recipe_trains_what_the_flags_train(
         main(["train", "--config", str(recipe), "--steps", "3", "--out", str(tmp_path / "o")]) == 0
     )
     assert len(_metrics(tmp_path / "o")) == 3
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--optimizer", "rmsprop"], "optimizer 'rmsprop' is not one of adamw, adam, sgd, lion"),
+        (["--optimizer", "sgd"], "optimizer sgd needs a learning rate"),
+        (["--optimizer-args", "momentum=0.9"], "'momentum' is not an argument of adamw"),
+        (["--optimizer", "lion", "--optimizer-args", "lr=fast"], "lr='fast' is not a number"),
+    ],
+)
+def test_bad_optimizer_flags_exit_2_with_one_line(
+    flags: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["train", *TINY, "--policy", "fp32", "--steps", "2", "--out", str(tmp_path / "r")]
+    assert expected in _one_line_exit_2([*argv, *flags], capsys)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_run_trains_its_optimizer_and_resume_refuses_another(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    sgd = ["--optimizer", "sgd", "--optimizer-args", "lr=0.05,momentum=0.9"]
+    argv = ["train", *TINY, "--policy", "bf16_master", "--steps", "4", "--out", str(run)]
+    assert main([*argv, *sgd, "--stop-after", "2", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["optimizer"] == "sgd (momentum=0.9)" and summary["settings"]["lr"] == 0.05
+    assert summary["recipe"]["optimizer_args"] == {"momentum": 0.9}
+    lion = ["--optimizer", "lion", "--optimizer-args", "lr=0.05"]
+    err = _one_line_exit_2(["train", "--out", str(run), "--resume", *lion], capsys)
+    assert "was trained with optimizer sgd (mixprec.optim.SGD), this run asks for lion" in err
+    # The run's own arguments do not fit another optimizer: refused as they are.
+    err = _one_line_exit_2(["train", "--out", str(run), "--resume", "--optimizer", "lion"], capsys)
+    assert "'momentum' is not an argument of lion" in err
+    resumed = ["train", "--out", str(run), "--resume", "--optimizer-args", "lr=0.05,momentum=0.8"]
+    err = _one_line_exit_2(resumed, capsys)
+    assert "optimizer (saved sgd (momentum=0.9), now sgd (momentum=0.8))" in err
+    assert main(["train", "--out", str(run), "--resume", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["step"] == 4 and summary["optimizer"] == "sgd (momentum=0.9)"
+
+
+def test_policy_from_trains_the_compared_optimizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "cmp"
+    folder.mkdir()
+    contract = Contract(
+        workload="digits",
+        size="tiny",
+        candidates=("bf16_master",),
+        optimizer="sgd",
+        optimizer_args="lr=0.05,momentum=0.9",
+    )
+    results = {"contract": contract.to_dict(), "decision": {"recommended": "bf16_master"}}
+    (folder / "results.json").write_text(json.dumps(results))
+    argv = ["train", "--policy-from", str(folder), "--steps", "2", "--json"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["optimizer"] == "sgd (momentum=0.9)" and summary["settings"]["lr"] == 0.05
+    err = _one_line_exit_2([*argv, "--optimizer", "adamw", "--out", str(tmp_path / "b")], capsys)
+    assert f"{folder} judged policies for optimizer sgd, not adamw" in err

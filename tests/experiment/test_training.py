@@ -185,7 +185,9 @@ def test_findings_are_printed_once_as_they_appear(tmp_path: Path) -> None:
     recipe = _recipe("bf16_pure", steps=20, lr=1e-6, min_lr=1e-7, probe_every=1)
     result = train(recipe, tmp_path, stream=stream)
     text = stream.getvalue()
-    assert "mixprec train: digits (tiny), policy bf16_pure, 20 steps, seed 0" in text
+    assert (
+        "mixprec train: digits (tiny), policy bf16_pure, optimizer adamw, 20 steps, seed 0" in text
+    )
     assert "doctor: error optimizer-state-16bit" in text  # static, before the first step
     assert text.count("doctor: error vanishing-updates") == 1  # seen at run time
     assert {f["rule"] for f in result.summary["doctor"]} == {

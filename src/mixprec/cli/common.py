@@ -8,7 +8,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["Handler", "Parser", "UsageError", "emit_json", "load_mapping", "table"]
+__all__ = [
+    "Handler",
+    "Parser",
+    "UsageError",
+    "add_optimizer_flags",
+    "emit_json",
+    "load_mapping",
+    "table",
+]
 
 #: A command: parsed arguments in, exit code out.
 Handler = Callable[[argparse.Namespace], int]
@@ -51,3 +59,21 @@ def load_mapping(path: str | Any, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected {what}, got {type(data).__name__}")
     return data
+
+
+def add_optimizer_flags(p: argparse.ArgumentParser) -> None:
+    """``--optimizer`` and ``--optimizer-args`` (`compare` and `train`)."""
+    p.add_argument(
+        "--optimizer",
+        default=None,
+        metavar="NAME",
+        help="the optimizer every run trains with: adamw (default), adam, sgd or lion "
+        "(mixprec.optim, with the policy's master and moments)",
+    )
+    p.add_argument(
+        "--optimizer-args",
+        default=None,
+        metavar="K=V[,K=V]",
+        help="its keyword arguments, e.g. lr=0.05,momentum=0.9 or betas=(0.9,0.95); lr, "
+        "weight_decay and betas are the run's training settings (sgd needs lr)",
+    )

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mixprec.cli.common import load_mapping
+from mixprec.cli.common import add_optimizer_flags, load_mapping
 from mixprec.cli.interrupt import INTERRUPTED
 from mixprec.cli.tracking import add_track_flags, check_track, tracker_from_args
 
@@ -59,6 +59,7 @@ def add_parser(sub: Any) -> None:
         "--min-lr", type=float, default=None, help="final learning rate of the cosine decay"
     )
     p.add_argument("--batch-size", type=int, default=None, help="examples per step")
+    add_optimizer_flags(p)
     p.add_argument(
         "--objective",
         default=None,
@@ -140,6 +141,8 @@ def _contract_from_args(args: argparse.Namespace) -> tuple[Any, str]:
         ("max_slowdown", "max_slowdown"),
         ("target_device", "target_device"),
         ("baseline_for_fp8", "baseline_for_fp8"),
+        ("optimizer", "optimizer"),
+        ("optimizer_args", "optimizer_args"),
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -186,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"mixprec compare: {contract.workload} ({contract.size or 'default size'}), "
             f"baseline {contract.baseline}, "
+            f"optimizer {contract.optimizer_label}, "
             f"candidates {', '.join(contract.candidates)}, {contract.seeds} seed(s) "
             f"(up to {contract.seed_limit}) -> {out}",
             file=stream,
@@ -220,12 +224,16 @@ def run(args: argparse.Namespace) -> int:
 
 def outcome(decision: Any) -> str:
     """The last line: ``recommended: X``, ``recommended: stay on fp32``, ``pending a run
-    on cuda (recommended: none)`` or ``recommended: none``."""
+    on cuda (recommended: none)`` or ``recommended: none``; with ``for optimizer sgd
+    (momentum=0.9)`` after it when the runs did not train with the default AdamW."""
     if decision.status == "stay":
-        return f"recommended: stay on {decision.recommended}"
-    if decision.status == "pending_target":
-        return f"recommended: none, pending a run on {decision.target_device}"
-    return f"recommended: {decision.recommended or 'none'}"
+        text = f"recommended: stay on {decision.recommended}"
+    elif decision.status == "pending_target":
+        text = f"recommended: none, pending a run on {decision.target_device}"
+    else:
+        text = f"recommended: {decision.recommended or 'none'}"
+    optimizer = decision.optimizer
+    return text if optimizer == "adamw" else f"{text} for optimizer {optimizer}"
 
 
 def out_folder(text: str) -> Path:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mixprec.cli.common import emit_json, load_mapping
+from mixprec.cli.common import add_optimizer_flags, emit_json, load_mapping
 from mixprec.cli.compare import out_folder
 from mixprec.cli.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 from mixprec.cli.interrupt import INTERRUPTED, TERMINATED, cooperative_sigterm
@@ -17,7 +17,17 @@ from mixprec.cli.tracking import add_track_flags, check_track, tracker_from_args
 __all__ = ["add_parser"]
 
 #: Flags that set a recipe field of the same name (flags win over --config).
-_FIELD_FLAGS = ("workload", "size", "policy", "steps", "seed", "save_every", "eval_every")
+_FIELD_FLAGS = (
+    "workload",
+    "size",
+    "policy",
+    "steps",
+    "seed",
+    "save_every",
+    "eval_every",
+    "optimizer",
+    "optimizer_args",
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -45,6 +55,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--steps", type=int, default=None, help="optimizer steps of the whole run")
     p.add_argument("--seed", type=int, default=None, help="initial weights and data order")
+    add_optimizer_flags(p)
     p.add_argument("--out", type=out_folder, default=Path("runs/train"), help="output folder")
     p.add_argument("--save-every", type=int, default=None, help="steps between checkpoints")
     p.add_argument(
@@ -164,6 +175,16 @@ def _take_recommendation(folder: Path, data: dict[str, Any], args: argparse.Name
             f"it, name it on the command line too: --workload {rec.workload}"
         )
     data["workload"] = rec.workload
+    optimizer = args.optimizer if args.optimizer is not None else data.get("optimizer")
+    if optimizer is not None and str(optimizer).strip().lower() != rec.optimizer:
+        raise ValueError(
+            f"{folder} judged policies for optimizer {rec.optimizer}, not {optimizer}: train "
+            f"with what was compared (--optimizer {rec.optimizer}), or pass --policy "
+            f"{rec.policy} instead of --policy-from to train {optimizer} with it"
+        )
+    data["optimizer"] = rec.optimizer
+    if rec.optimizer_args and args.optimizer_args is None:
+        data.setdefault("optimizer_args", dict(rec.optimizer_args))
     if args.size is None and "size" not in data and rec.size is not None:
         data["size"] = rec.size
     for key, value in rec.train.items():  # the recipe's own keys and the flags win
@@ -190,7 +211,17 @@ def _resume_hint(args: argparse.Namespace) -> str:
 def _child_argv(args: argparse.Namespace) -> list[str]:
     """The ``mixprec train`` arguments each rank of ``--nproc`` runs (all but --nproc)."""
     words = ["train"]
-    for flag in ("config", "workload", "size", "policy", "policy_from", "steps", "seed"):
+    for flag in (
+        "config",
+        "workload",
+        "size",
+        "policy",
+        "policy_from",
+        "steps",
+        "seed",
+        "optimizer",
+        "optimizer_args",
+    ):
         words += _flag(flag, getattr(args, flag))
     for flag in ("out", "save_every", "eval_every", "stop_after", "device", "strategy"):
         words += _flag(flag, getattr(args, flag))

@@ -292,6 +292,10 @@ class Recommendation:
     train: Mapping[str, object] = dataclasses.field(default_factory=dict)
     """The contract's overrides of the workload's `TrainSettings`, by field name (those
     it left unset are not listed)."""
+    optimizer: str = "adamw"
+    """The optimizer the runs trained with."""
+    optimizer_args: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    """Its own keyword arguments."""
 
 
 def recommendation(folder: str | Path) -> Recommendation:
@@ -346,12 +350,15 @@ def recommendation(folder: str | Path) -> Recommendation:
             or "no candidate passed the gates"
         )
     size = contract.get("size")
+    args = contract.get("optimizer_args")
     return Recommendation(
         policy=policy,
         why_none=why,
         workload=str(contract.get("workload", "")),
         size=size if isinstance(size, str) else None,
         train={k: contract[k] for k in TRAIN_KEYS if contract.get(k) is not None},
+        optimizer=str(contract.get("optimizer", "adamw")),
+        optimizer_args=dict(args) if isinstance(args, Mapping) else {},
     )
 
 

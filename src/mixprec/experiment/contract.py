@@ -17,6 +17,12 @@ from typing import Any
 
 from mixprec.experiment.gates import Gates
 from mixprec.experiment.hardware import DEVICE_TYPES
+from mixprec.experiment.optimizer import (
+    DEFAULT_OPTIMIZER,
+    check_optimizer,
+    optimizer_label,
+    parse_optimizer_args,
+)
 from mixprec.policy import preset
 from mixprec.workloads.settings import TrainSettings
 
@@ -119,6 +125,12 @@ class Contract:
         target_device: the hardware the policy will train on: a device class
             (``cuda``, ``cpu``, ``mps``, ``xpu``; ``cuda:0`` means ``cuda``), ``gpu``
             (any accelerator), or whole words of a device name (``H100``).
+        optimizer: the optimizer every run trains with, by name (``adamw``, ``adam``,
+            ``sgd``, ``lion``: `mixprec.experiment.optimizer.OPTIMIZERS`); runs of
+            different optimizers are different runs. See docs/compare.md.
+        optimizer_args: its keyword arguments (a mapping, or ``k=v[,k=v]``);
+            ``lr``, ``weight_decay`` and ``betas`` given here are training settings
+            and are moved to `train`. Checked against the class before any run.
         baseline_for_fp8: the 16-bit candidate the FP8 candidates (policies with
             `fp8` settings) must also match within `max_rel_loss_gap`; None: the
             best eligible 16-bit candidate under the objective. See
@@ -144,6 +156,8 @@ class Contract:
     max_slowdown: float | None = None
     target_device: str | None = None
     baseline_for_fp8: str | None = None
+    optimizer: str = DEFAULT_OPTIMIZER
+    optimizer_args: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("workload", "baseline"):
@@ -172,6 +186,12 @@ class Contract:
                 "list it once"
             )
         object.__setattr__(self, "train", TrainSettings.check_overrides(self.train))
+        name, args, train = check_optimizer(
+            self.optimizer, parse_optimizer_args(self.optimizer_args), self.train
+        )
+        object.__setattr__(self, "optimizer", name)
+        object.__setattr__(self, "optimizer_args", args)
+        object.__setattr__(self, "train", train)
         if not (
             isinstance(self.seeds, int) and not isinstance(self.seeds, bool) and self.seeds >= 1
         ):
@@ -292,6 +312,11 @@ class Contract:
         """Baseline first, then the candidates."""
         return (self.baseline, *self.candidates)
 
+    @property
+    def optimizer_label(self) -> str:
+        """The optimizer and its own arguments, as reports name it (``sgd (momentum=0.9)``)."""
+        return optimizer_label(self.optimizer, self.optimizer_args)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for results.json and re-judging): the `train` overrides flat."""
         out: dict[str, Any] = {}
@@ -306,6 +331,15 @@ class Contract:
                 value = getattr(self, f.name)
                 if value is not None and value != f.default:
                     out[f.name] = value
+            elif f.name in ("optimizer", "optimizer_args"):
+                # Written only for another optimizer than AdamW (or AdamW with arguments):
+                # contracts and run fingerprints of before keep their hashes.
+                if self.optimizer != DEFAULT_OPTIMIZER or self.optimizer_args:
+                    out["optimizer"] = self.optimizer
+                    out["optimizer_args"] = {
+                        k: list(v) if isinstance(v, tuple) else v
+                        for k, v in sorted(self.optimizer_args.items())
+                    }
             else:
                 out[f.name] = getattr(self, f.name)
         out["candidates"] = list(self.candidates)

@@ -114,6 +114,8 @@ class Decision:
             needs) with ``candidates`` (the open ones, when others are settled: a
             larger max_seeds is one look for every candidate in the contract),
             ``step_caps``; empty when nothing is open or no setting would help.
+        optimizer: the optimizer every run trained with, as reports name it
+            (``sgd (momentum=0.9)``; `Contract.optimizer_label`).
         unsteady: why the step times cannot choose (their per-seed ranges overlap
             enough that another draw of the same runs would choose differently), or
             empty. When set, a candidate is promoted over the baseline only if it
@@ -146,6 +148,7 @@ class Decision:
     emulated: tuple[str, ...] = ()
     decide_with: Mapping[str, Any] = field(default_factory=dict)
     unsteady: str = ""
+    optimizer: str = "adamw"
 
     def _with(self, status: VerdictStatus) -> dict[str, str]:
         return {n: v.reason for n, v in self.verdicts.items() if v.status == status}
@@ -219,6 +222,7 @@ class Decision:
             "recommended": self.recommended,
             "status": self.status,
             "objective": self.objective,
+            "optimizer": self.optimizer,
             "memory_budget": self.memory_budget,
             "max_slowdown": self.max_slowdown,
             "fp8_reference": self.fp8_reference,
@@ -453,6 +457,7 @@ def decide(
         incomplete=incomplete,
         decide_with=decide_with,
         unsteady=unsteady,
+        optimizer=contract.optimizer_label,
     )
 
 

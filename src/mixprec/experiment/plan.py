@@ -10,13 +10,20 @@ when held-out evaluations happen.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from mixprec.device import device_caps
 from mixprec.experiment.contract import DEFAULT_CANDIDATES, Contract
+from mixprec.experiment.optimizer import (
+    DEFAULT_OPTIMIZER,
+    OPTIMIZERS,
+    optimizer_label,
+    resolve_train,
+    takes_betas,
+)
 from mixprec.experiment.summary import tail_start
 from mixprec.policy import preset
 from mixprec.workloads import Workload
@@ -53,8 +60,17 @@ class RunSettings:
     """Steps between held-out evaluations for the curves (the final one always runs)."""
     probe_every: int
     """Steps between the doctor's runtime probe samples."""
+    optimizer: str = DEFAULT_OPTIMIZER
+    """The optimizer the run trains with (an `optimizer.OPTIMIZERS` name)."""
+    optimizer_args: Mapping[str, Any] = field(default_factory=dict)
+    """Its own keyword arguments (the training settings lr, weight decay and betas come
+    from `train`)."""
 
     def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}"
+            )
         if not isinstance(self.train, TrainSettings):
             raise TypeError(f"train must be a TrainSettings, got {type(self.train).__name__}")
         for name in ("eval_every", "probe_every"):
@@ -76,20 +92,27 @@ class RunSpec(Protocol):
     def eval_every(self) -> int: ...
     @property
     def probe_every(self) -> int: ...
+    @property
+    def optimizer(self) -> str: ...
+    @property
+    def optimizer_args(self) -> Mapping[str, Any]: ...
 
 
 def settings_for(contract: RunSpec, workload: Workload) -> RunSettings:
     """The contract's settings for `workload`: its `train` overrides win over the
-    workload's defaults (`TrainSettings.with_overrides`), cadences from the contract.
+    workload's defaults as they apply to the contract's optimizer
+    (`optimizer.resolve_train`), cadences and the optimizer from the contract.
 
     Raises:
         ValueError: the overrides and the defaults together make no valid schedule
             (e.g. an overridden `lr` below the workload's `min_lr`).
     """
     return RunSettings(
-        train=workload.defaults.with_overrides(contract.train),
+        train=resolve_train(workload.defaults, contract.train, contract.optimizer),
         eval_every=contract.eval_every,
         probe_every=contract.probe_every,
+        optimizer=contract.optimizer,
+        optimizer_args=dict(contract.optimizer_args),
     )
 
 
@@ -97,16 +120,19 @@ def settings_dict(settings: RunSettings) -> dict[str, Any]:
     """`settings` as the flat JSON stored in contract.json and results.json.
 
     The training fields, then the cadences, then `betas` (the order files of
-    RECORD_VERSION 3 have).
+    RECORD_VERSION 3 have; left out for an optimizer that takes none), then the
+    optimizer with its own arguments (``sgd (momentum=0.9)``) unless it is the default
+    AdamW without any.
     """
     train = settings.train.to_dict()
     betas = train.pop("betas")
-    return {
-        **train,
-        "eval_every": settings.eval_every,
-        "probe_every": settings.probe_every,
-        "betas": betas,
-    }
+    out = {**train, "eval_every": settings.eval_every, "probe_every": settings.probe_every}
+    if takes_betas(settings.optimizer):
+        out["betas"] = betas
+    label = optimizer_label(settings.optimizer, settings.optimizer_args)
+    if label != DEFAULT_OPTIMIZER:  # files of AdamW runs stay as they were
+        out["optimizer"] = label
+    return out
 
 
 def workload_options(contract: RunSpec) -> dict[str, str]:

@@ -19,6 +19,12 @@ import torch
 
 from mixprec.dtypes import dtype_name, parse_dtype
 from mixprec.experiment.contract import canonical_policy, split_train_keys
+from mixprec.experiment.optimizer import (
+    DEFAULT_OPTIMIZER,
+    check_optimizer,
+    optimizer_label,
+    parse_optimizer_args,
+)
 from mixprec.workloads.settings import TrainSettings
 
 __all__ = ["EXPORT_DTYPES", "Recipe"]
@@ -58,6 +64,11 @@ class Recipe:
     """How many newest checkpoints are kept (None: all)."""
     export_dtype: str = "fp32"
     """The dtype of the exported weights: fp32, bf16 or fp16."""
+    optimizer: str = DEFAULT_OPTIMIZER
+    """The optimizer, by name (``adamw``, ``adam``, ``sgd``, ``lion``), as in a contract
+    (`mixprec.experiment.optimizer`)."""
+    optimizer_args: Mapping[str, Any] = field(default_factory=dict)
+    """Its keyword arguments; ``lr``, ``weight_decay`` and ``betas`` are moved to `train`."""
 
     def __post_init__(self) -> None:
         for name in ("workload", "policy"):
@@ -68,6 +79,12 @@ class Recipe:
             raise ValueError(f"size must be a string (e.g. tiny) or null, got {self.size!r}")
         object.__setattr__(self, "policy", canonical_policy(self.policy))
         object.__setattr__(self, "train", TrainSettings.check_overrides(self.train))
+        name, args, train = check_optimizer(
+            self.optimizer, parse_optimizer_args(self.optimizer_args), self.train
+        )
+        object.__setattr__(self, "optimizer", name)
+        object.__setattr__(self, "optimizer_args", args)
+        object.__setattr__(self, "train", train)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
         for name in ("eval_every", "probe_every", "save_every"):
@@ -85,13 +102,24 @@ class Recipe:
         steps = self.train.get("steps")
         return steps if isinstance(steps, int) else None
 
+    @property
+    def optimizer_label(self) -> str:
+        """The optimizer and its own arguments (``sgd (momentum=0.9)``)."""
+        return optimizer_label(self.optimizer, self.optimizer_args)
+
     def to_dict(self) -> dict[str, Any]:
-        """The dict form (`from_dict` reads it back): `train` overrides as top-level keys."""
+        """The dict form (`from_dict` reads it back): `train` overrides as top-level keys;
+        the optimizer only when it is not the default AdamW without arguments (the
+        recipes of before read and write back unchanged)."""
         out: dict[str, Any] = {}
+        default = self.optimizer == DEFAULT_OPTIMIZER and not self.optimizer_args
         for f in dataclasses.fields(self):
             if f.name == "train":
                 out.update({k: _plain(v) for k, v in self.train.items()})
-            else:
+            elif f.name == "optimizer_args":
+                if not default:
+                    out[f.name] = {k: _plain(v) for k, v in sorted(self.optimizer_args.items())}
+            elif f.name != "optimizer" or not default:
                 out[f.name] = getattr(self, f.name)
         return out
 

@@ -70,6 +70,9 @@ class RunRecord:
             (`mixprec.experiment.fp8_trace`); None without fp8 layers and in
             records written before mixprec stored it (nothing is judged on it).
         error: why a failed run stopped.
+        optimizer: the optimizer the run trained with and its own arguments
+            (``sgd (momentum=0.9)``; its lr, weight decay and betas are the run's
+            settings); ``adamw`` in records written before it was recorded.
     """
 
     workload: str
@@ -101,6 +104,7 @@ class RunRecord:
     device: DeviceFacts | None = None
     fp8_trace: Fp8Trace | None = None
     error: str = ""
+    optimizer: str = "adamw"
 
     @property
     def doctor_rules(self) -> list[str]:
@@ -156,7 +160,7 @@ class RunRecord:
             v = values.get(key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"field {key!r} must be an int >= 0, got {v!r}")
-        for key in ("size", "status", "metric_name", "error"):
+        for key in ("size", "status", "metric_name", "error", "optimizer"):
             if key in values and not isinstance(values[key], str):
                 raise ValueError(f"field {key!r} must be a string, got {values[key]!r}")
         for key in ("schedule_steps", "nonfinite_steps", "skipped_steps"):

@@ -2,10 +2,11 @@
 
 A checkpoint of `train` carries, in its ``extra``, what makes the run repeatable
 (`run_state`): the data position (the seed and the step: a built-in workload draws
-batch ``k`` from them alone), the workload and its config, the training settings
-and the recipe. A resume takes the checkpoint `resume_point` names and refuses one
-of another policy (`check_policy`, before anything is loaded) or of another run
-(`check_run`, naming every field that differs).
+batch ``k`` from them alone), the workload and its config, the training settings,
+the optimizer and the recipe. A resume takes the checkpoint `resume_point` names and
+refuses one of another policy or optimizer class (`check_policy`,
+`check_optimizer_class`, before anything is loaded) or of another run (`check_run`,
+naming every field that differs, the optimizer's arguments included).
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ if TYPE_CHECKING:
     from mixprec.experiment.recipe import Recipe
     from mixprec.workloads.settings import TrainSettings
 
-__all__ = ["RESUME", "check_policy", "check_run", "resume_point", "run_state"]
+__all__ = [
+    "RESUME",
+    "check_optimizer_class",
+    "check_policy",
+    "check_run",
+    "resume_point",
+    "run_state",
+]
 
 #: What `train(resume=)` takes besides None.
 RESUME = ("latest", "latest-valid")
@@ -81,6 +89,20 @@ def check_policy(info: CheckpointInfo, policy: Policy) -> None:
         )
 
 
+def check_optimizer_class(info: CheckpointInfo, optimizer: object, name: str) -> None:
+    """Refuse a checkpoint saved with another optimizer class than `optimizer` (the
+    recipe's `name`), before anything is loaded."""
+    from mixprec.checkpoint.layout import class_name
+
+    now = class_name(optimizer)
+    if info.optimizer is not None and info.optimizer != now:
+        saved = info.optimizer.rsplit(".", 1)[-1].lower()
+        raise ValueError(
+            f"{info.path} was trained with optimizer {saved} ({info.optimizer}), this run "
+            f"asks for {name}: resume with --optimizer {saved} or choose another --out"
+        )
+
+
 def run_state(
     recipe: Recipe,
     workload: str,
@@ -96,6 +118,7 @@ def run_state(
         "workload": workload,
         "workload_config": config,
         "train": train.to_dict(),
+        "optimizer": {"name": recipe.optimizer, "args": _plain(dict(recipe.optimizer_args))},
         "elapsed_s": elapsed,
         "recipe": recipe.to_dict(),
     }
@@ -125,6 +148,10 @@ def check_run(
     for key in ("workload", "workload_config"):
         if _plain(extra.get(key)) != expected[key]:
             diff.append(f"{key} (saved {extra.get(key)!r}, now {expected[key]!r})")
+    # Checkpoints written before the optimizer was recorded trained AdamW as it came.
+    saved_opt = _plain(extra.get("optimizer", {"name": "adamw", "args": {}}))
+    if saved_opt != expected["optimizer"]:
+        diff.append(f"optimizer (saved {_label(saved_opt)}, now {_label(expected['optimizer'])})")
     saved_train = _plain(extra.get("train"))
     saved_train = saved_train if isinstance(saved_train, dict) else {}
     for k, now in expected["train"].items():
@@ -135,6 +162,14 @@ def check_run(
             f"{info.path} belongs to another run: {'; '.join(diff)}; resume with the "
             f"settings of {recipe_file} or choose another --out"
         )
+
+
+def _label(opt: Any) -> str:
+    from mixprec.experiment.optimizer import optimizer_label
+
+    if not isinstance(opt, Mapping) or not isinstance(opt.get("args", {}), Mapping):
+        return repr(opt)
+    return optimizer_label(str(opt.get("name")), opt.get("args", {}))
 
 
 def _plain(value: Any) -> Any:

@@ -1,7 +1,8 @@
 """The runner: train one policy with one seed, and run every run of a contract.
 
 `run_one` is one run: the policy prepares a fresh model built from the seed,
-AdamW follows the schedule of the run's `TrainSettings` (`lr_at`), and the
+the contract's optimizer (AdamW unless it names another, `optimizer.build_optimizer`)
+follows the schedule of the run's `TrainSettings` (`lr_at`), and the
 record collects losses, held-out evaluations, memory (predicted and measured),
 the doctor's findings and throughput. For each seed, every policy starts from
 bitwise the same fp32 initial weights (`Workload.make_model(seed)`) and sees the
@@ -33,6 +34,7 @@ from mixprec.errors import PerformanceWarning, PrecisionError, PrecisionWarning
 from mixprec.experiment.contract import Contract
 from mixprec.experiment.fp8_trace import build_fp8_trace
 from mixprec.experiment.hardware import device_facts
+from mixprec.experiment.optimizer import build_optimizer, optimizer_label
 from mixprec.experiment.orchestration import CONTRACT_FILE, RunFn, check_out_dir, run_all
 from mixprec.experiment.plan import (
     RunSettings,
@@ -230,6 +232,7 @@ def run_one(
         "schedule_steps": train.steps,
         "fingerprint": fingerprint,
         "metric_name": workload.metric_name,
+        "optimizer": optimizer_label(settings.optimizer, settings.optimizer_args),
     }
     prec = Precision(pol, device=device)
     model = workload.make_model(seed).to(device)
@@ -237,9 +240,7 @@ def run_one(
         warnings.simplefilter("ignore", PerformanceWarning)
         warnings.simplefilter("ignore", PrecisionWarning)
         prec.prepare(model)
-        optimizer = prec.optimizer(
-            model, lr=lr_at(0, train), betas=train.betas, weight_decay=train.weight_decay
-        )
+        optimizer = build_optimizer(prec, model, settings.optimizer, settings.optimizer_args, train)
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     static, probe = doctor_for(prec, model, optimizer, settings.probe_every)
 

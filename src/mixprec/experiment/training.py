@@ -1,8 +1,9 @@
 """`train`: one long run of a `Recipe`, with progress, probes, checkpoints, resume and export.
 
 Each step is the one compare's runs take (`runner.training_step`): the workload's
-model built from the seed, `Precision.prepare`, `Precision.optimizer` with the
-schedule's betas and weight decay, the learning rate of step ``k`` from `lr_at`,
+model built from the seed, `Precision.prepare`, the recipe's optimizer
+(`optimizer.build_optimizer`: AdamW unless it names another) with the schedule's
+weight decay and betas, the learning rate of step ``k`` from `lr_at`,
 and the batch of step ``k`` from ``Workload.train_batch(step=k, seed=seed)``. The
 data position is therefore the step: each checkpoint records it (with the
 workload and the training settings) and a resume checks it (`experiment.resume`).
@@ -50,12 +51,20 @@ from mixprec.engine import Precision
 from mixprec.engine.gradients import any_across_ranks
 from mixprec.errors import PerformanceWarning, PrecisionWarning
 from mixprec.experiment.metrics_log import MetricsLog, NoMetrics
+from mixprec.experiment.optimizer import build_optimizer
 from mixprec.experiment.orchestration import check_out_dir, exclusive
 from mixprec.experiment.plan import RunSettings, settings_dict, settings_for, workload_options
 from mixprec.experiment.progress import Progress, finding_line
 from mixprec.experiment.recipe import Recipe
 from mixprec.experiment.records import strict_json, write_json_atomic
-from mixprec.experiment.resume import RESUME, check_policy, check_run, resume_point, run_state
+from mixprec.experiment.resume import (
+    RESUME,
+    check_optimizer_class,
+    check_policy,
+    check_run,
+    resume_point,
+    run_state,
+)
 from mixprec.experiment.runner import doctor_for, model_seed, predicted_bytes, training_step
 from mixprec.experiment.tracked import TrainTracking
 from mixprec.tracking import Tracker, guarded, tracker_failed
@@ -251,11 +260,12 @@ class _Run:
             self.prec.prepare(self.model)
             # The seed of stochastic rounding (bf16_sr) comes from the recipe, not from
             # torch's default generator: a new process repeats the run.
-            self.optimizer = self.prec.optimizer(
+            self.optimizer = build_optimizer(
+                self.prec,
                 self.model,
-                lr=lr_at(0, t),
-                betas=t.betas,
-                weight_decay=t.weight_decay,
+                settings.optimizer,
+                settings.optimizer_args,
+                t,
                 seed=recipe.seed,
             )
         self.config = json.loads(json.dumps(workload.config, default=str))  # plain data
@@ -283,6 +293,7 @@ class _Run:
         if info is None:
             return 0
         check_policy(info, self.prec.policy)
+        check_optimizer_class(info, self.optimizer, self.recipe.optimizer)
         loaded = load(info.path, model=self.model, optimizer=self.optimizer, precision=self.prec)
         check_run(info, loaded["extra"], self._extra(info.step, 0.0), self.out / RECIPE_FILE)
         self.latest = info
@@ -540,6 +551,7 @@ class _Run:
         where = f"{self.workload.name}" + (f" ({size})" if size else "")
         text = (
             f"mixprec train: {where}, policy {self.prec.policy.name}, "
+            f"optimizer {self.recipe.optimizer_label}, "
             f"{self.settings.train.steps} steps, seed {self.recipe.seed} -> {self.out}"
         )
         if start and self.latest is not None:
@@ -564,6 +576,7 @@ class _Run:
             "higher_is_better": self.workload.higher_is_better,
             "policy": self.prec.policy.name,
             "policy_fields": self.prec.policy.to_dict(),
+            "optimizer": self.recipe.optimizer_label,
             "seed": self.recipe.seed,
             "recipe": self.recipe.to_dict(),
             "settings": settings_dict(self.settings),

@@ -82,12 +82,13 @@ def test_results_json_keeps_the_paired_ratio_and_the_raw_runs(default: Judged) -
 def test_settings_print_floats_readably(default: Judged) -> None:
     line = _view(default).settings_line
     assert line == (
-        "Settings: steps 500, lr 0.003, min_lr 0.0003, betas [0.9, 0.95]; seeds 2 (up to 5)."
+        "Settings: steps 500, lr 0.003, min_lr 0.0003, betas [0.9, 0.95], optimizer adamw; "
+        "seeds 2 (up to 5)."
     )
     small = build_view(
         default.contract, default.records, default.decision, settings={"lr": 1e-5, "x": 1.25e7}
     )
-    assert small.settings_line.startswith("Settings: lr 1e-5, x 1.25e7;")
+    assert small.settings_line.startswith("Settings: lr 1e-5, x 1.25e7, optimizer adamw;")
 
 
 def test_each_doctor_note_is_said_once_naming_its_policies(default: Judged) -> None:

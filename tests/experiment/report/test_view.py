@@ -76,7 +76,9 @@ def test_sentences_notes_and_findings(judged: Judged) -> None:
     view = _view(judged, notes=("ignored 2 record(s) of other policies or settings",))
     assert view.headline == headline(judged.decision) and view.recommended == "bf16_master"
     assert view.title == "mixprec compare: digits"
-    assert view.settings_line == "Settings: steps 50, lr 0.003, batch_size 64; seeds 3 (up to 3)."
+    assert view.settings_line == (
+        "Settings: steps 50, lr 0.003, batch_size 64, optimizer adamw; seeds 3 (up to 3)."
+    )
     assert view.gates_line.startswith("Gates: held-out loss gap per seed, paired with fp32")
     assert view.gates_line.endswith(".")
     assert view.observations[0] == "ignored 2 record(s) of other policies or settings"

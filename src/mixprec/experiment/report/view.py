@@ -409,7 +409,10 @@ def build_view(
         notes: statements listed first under "What the data show" (records skipped
             or missing, say).
     """
-    setting_line = ", ".join(f"{k} {setting_text(v)}" for k, v in (settings or {}).items())
+    shown = dict(settings or {})
+    # Folders written before settings named the optimizer: the contract does.
+    shown.setdefault("optimizer", contract.optimizer_label)
+    setting_line = ", ".join(f"{k} {setting_text(v)}" for k, v in shown.items())
     # A module:function takes --size only when it was given one (its records say
     # "default" otherwise, which it may not accept).
     recorded = next((r.size for r in records if r.size), "")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from mixprec.experiment.contract import Contract, format_bytes
 from mixprec.experiment.decision import Decision
 from mixprec.experiment.fp8_gate import SPEED_PENDING
+from mixprec.experiment.optimizer import DEFAULT_OPTIMIZER
 from mixprec.experiment.ranking import TIE, Standing
 from mixprec.experiment.records import RunRecord
 from mixprec.experiment.summary import Ratio, format_interval, tail_start
@@ -87,10 +88,13 @@ OBJECTIVE_WORDS = {
 
 
 def headline(decision: Decision) -> str:
-    """The recommendation, or why there is none; then what a rerun needs to decide
-    what is left open (`rerun_sentence`)."""
+    """The recommendation, or why there is none, for the optimizer the runs trained
+    with when it is not the default AdamW; then what a rerun needs to decide what is
+    left open (`rerun_sentence`)."""
     rerun = rerun_sentence(decision)
     first = _headline(decision)
+    if decision.optimizer != DEFAULT_OPTIMIZER:
+        first = f"With optimizer {decision.optimizer}: {first}"
     if not rerun:
         return first
     return f"{first}{'' if first.endswith('.') else '.'} {rerun}"

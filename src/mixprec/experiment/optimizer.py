@@ -68,7 +68,7 @@ TRAIN_ARGS: tuple[str, ...] = ("lr", "weight_decay", "betas")
 #: of Optimization Algorithms", section 5) advise a learning rate 3-10x smaller than
 #: AdamW's, as Lion's sign update has a larger norm, and a weight decay 3-10x larger so
 #: that the decay per step (lr x weight decay) stays AdamW's.
-LION_LR_DIVISOR = 10.0
+LION_LR_DIVISOR = 3.0
 
 #: torch's options no mixprec optimizer honours (each class refuses them, naming why).
 _UNSUPPORTED = ("foreach", "differentiable", "capturable")
@@ -258,12 +258,13 @@ def build_optimizer(
     """
     cls = OPTIMIZERS[name]
     kwargs = dict(args, lr=lr_at(0, train), weight_decay=train.weight_decay)
+    kwargs["moments"] = prec.plan.moments.name
     if "betas" in _keywords(cls):
         kwargs["betas"] = train.betas
     if seed is not None:
         kwargs["seed"] = seed
     groups = implied_param_groups(prec.plan, model, islands=island_param_ids(model))
-    opt = cls(groups, moments=prec.plan.moments.name, **kwargs)
+    opt = cls(groups, **kwargs)
     prec.register(opt)
     return opt
 

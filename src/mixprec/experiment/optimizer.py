@@ -28,8 +28,6 @@ import torch
 from torch import nn
 
 from mixprec.engine import Precision
-from mixprec.engine.optimizers import implied_param_groups
-from mixprec.islands import island_param_ids
 from mixprec.optim import SGD, Adam, AdamW, Lion, RuleOptimizer
 from mixprec.workloads.settings import TrainSettings, lr_at
 
@@ -248,25 +246,18 @@ def build_optimizer(
     *,
     seed: int | None = None,
 ) -> torch.optim.Optimizer:
-    """The optimizer `name` over `model` under `prec`'s plan, registered with it: the
-    param groups and master of `Precision.optimizer`, the plan's moment format, the
-    learning rate of step 0, the run's weight decay and (where the class takes them)
-    betas, and `args`.
-
-    ``adamw`` is bit for bit what ``prec.optimizer(model, lr=, betas=, weight_decay=)``
-    builds (when `Precision.optimizer` takes an optimizer class, this becomes that call).
-    """
+    """The optimizer `name` over `model` under `prec`'s plan, registered with it
+    (`Precision.optimizer`: the plan's param groups, master and moment format), with
+    the learning rate of step 0, the run's weight decay and (where the class takes
+    them) betas, and `args`. ``adamw`` is what ``prec.optimizer(model, lr=, betas=,
+    weight_decay=)`` builds."""
     cls = OPTIMIZERS[name]
-    kwargs = dict(args, lr=lr_at(0, train), weight_decay=train.weight_decay)
-    kwargs["moments"] = prec.plan.moments.name
+    kwargs = dict(args, weight_decay=train.weight_decay)
     if "betas" in _keywords(cls):
         kwargs["betas"] = train.betas
     if seed is not None:
         kwargs["seed"] = seed
-    groups = implied_param_groups(prec.plan, model, islands=island_param_ids(model))
-    opt = cls(groups, **kwargs)
-    prec.register(opt)
-    return opt
+    return prec.optimizer(model, lr_at(0, train), optimizer=cls, **kwargs)
 
 
 def takes_betas(name: str) -> bool:

@@ -156,7 +156,7 @@ def test_the_doctor_reads_mixprec_state_as_the_rules_define_it() -> None:
         if cls in ("Adam", "AdamW"):
             kwargs = {"amsgrad": amsgrad}
         opt = getattr(mixprec.optim, cls)([nn.Parameter(torch.zeros(2))], **kwargs)
-        assert opt._rule_of(opt.param_groups[0]).name == rule
+        assert opt.rule_of(opt.param_groups[0]).name == rule
 
 
 def test_a_masterless_policy_warns_for_every_optimizer_not_only_adamw() -> None:

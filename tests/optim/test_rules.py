@@ -55,7 +55,7 @@ def test_an_exact_master_is_bitwise_the_same_rule_on_fp32_parameters(
     exact_p = [torch.nn.Parameter(v.bfloat16()) for v in start]
     ref = make(ref_p, fused=fused)
     exact = make(exact_p, master="exact", fused=fused)
-    assert exact._rule_of(exact.param_groups[0]).name == name
+    assert exact.rule_of(exact.param_groups[0]).name == name
     for step in range(STEPS):
         for opt, params in ((ref, ref_p), (exact, exact_p)):
             _set_grads(params, step)

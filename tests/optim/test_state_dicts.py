@@ -446,5 +446,5 @@ def test_each_class_converts_with_the_torch_optimizer_it_replaces(
 ) -> None:
     """The form a class's default rule converts with names the torch class it replaces."""
     opt = cls([torch.nn.Parameter(torch.zeros(3))])
-    rule = opt._rule_of(opt.param_groups[0])
+    rule = opt.rule_of(opt.param_groups[0])
     assert TORCH_FORMS[rule.name].torch_name == f"torch.optim.{torch_cls.__name__}"

@@ -49,7 +49,7 @@ def _info(cls: type[torch.optim.Optimizer]) -> object:
 def _rule_name(ours: type[RuleOptimizer], kwargs: dict[str, object]) -> str:
     kwargs = {k: v for k, v in kwargs.items() if k not in REFUSED}
     opt = ours([torch.nn.Parameter(torch.zeros(1))], **{**kwargs, "fused": False})
-    return opt._rule_of(opt.param_groups[0]).name
+    return opt.rule_of(opt.param_groups[0]).name
 
 
 def _inputs() -> list[object]:
@@ -195,7 +195,7 @@ def test_a_group_asking_for_amsgrad_steps_as_torchs_does() -> None:
     ref = torch.optim.AdamW(
         [{"params": [theirs[0]]}, {"params": [theirs[1]], "amsgrad": True}], lr=0.1
     )
-    assert [r.name for r in map(opt._rule_of, opt.param_groups)] == ["adamw", "adamw_amsgrad"]
+    assert [r.name for r in map(opt.rule_of, opt.param_groups)] == ["adamw", "adamw_amsgrad"]
     gen = torch.Generator().manual_seed(1)
     for scale in (1.0, 0.1, 0.1):  # a shrinking gradient: the maximum holds the denominator up
         for a, b in zip(ours, theirs, strict=True):

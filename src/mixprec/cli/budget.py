@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from mixprec.cli.common import UsageError, emit_json, load_mapping, table
+from mixprec.experiment.optimizer import parse_optimizer_args
 
-__all__ = ["add_parser", "parse_count", "parse_optimizer_args"]
+__all__ = ["add_parser", "parse_count"]
 
 
 def add_parser(sub: Any) -> None:
@@ -66,37 +66,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-_ARG_SPLIT = re.compile(r",(?=\s*[A-Za-z_]\w*\s*=)")
-
-
-def parse_optimizer_args(text: str | None) -> dict[str, Any]:
-    """``momentum=0.9,nesterov=true,betas=(0.9,0.99)`` -> keyword arguments: Python
-    literals (numbers, tuples, ``True``), ``true``/``false`` as booleans, else the
-    text. A piece without ``=`` is a `UsageError` naming it."""
-    import ast
-
-    out: dict[str, Any] = {}
-    if not text or not text.strip():
-        return out
-    for piece in _ARG_SPLIT.split(text.strip()):
-        key, eq, raw = piece.partition("=")
-        if not eq or not key.strip().isidentifier():
-            raise UsageError(
-                f"mixprec budget: --optimizer-args {piece.strip()!r} is not KEY=VALUE "
-                "(e.g. momentum=0.9,nesterov=true)"
-            )
-        value = raw.strip()
-        words = {"true": True, "false": False, "none": None}
-        if value.lower() in words:
-            out[key.strip()] = words[value.lower()]
-            continue
-        try:
-            out[key.strip()] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[key.strip()] = value
-    return out
-
-
 _MAX_COUNT = 1e15  # a thousand times today's largest models
 
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
@@ -148,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--seq-len", args.seq_len), ("--micro-batch", args.micro_batch)):
         if value is not None and value < 1:
             raise UsageError(f"mixprec budget: {flag} must be >= 1, got {value}")
-    optimizer_args = parse_optimizer_args(args.optimizer_args)
-    try:
+    try:  # (compare's and train's parser: one spelling, values read as data)
+        optimizer_args = parse_optimizer_args(args.optimizer_args or "")
         rule = optimizer_rule(args.optimizer, optimizer_args)  # refused here: one line
     except ValueError as exc:
         given = f" --optimizer-args {args.optimizer_args}" if args.optimizer_args else ""

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from mixprec.engine import Precision
-from mixprec.optim import SGD, Adam, AdamW, Lion, RuleOptimizer
+from mixprec.optim import OPTIMIZERS, Lion
 from mixprec.workloads.settings import TrainSettings, lr_at
 
 __all__ = [
@@ -44,14 +44,6 @@ __all__ = [
     "takes_betas",
 ]
 
-#: The optimizers a contract may name, by name: each a `mixprec.optim` class, so every
-#: policy's master and moment formats apply to it.
-OPTIMIZERS: dict[str, type[RuleOptimizer]] = {
-    "adamw": AdamW,
-    "adam": Adam,
-    "sgd": SGD,
-    "lion": Lion,
-}
 
 #: The optimizer of a contract that names none (the one every contract before
 #: `optimizer` existed trained with).

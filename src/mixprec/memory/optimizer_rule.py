@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from mixprec.optim import SGD, Adam, AdamW, Lion
+from mixprec.optim import OPTIMIZERS
 
 __all__ = ["OPTIMIZER_NAMES", "optimizer_rule"]
 
 #: Short names of `mixprec.optim`'s optimizers, as ``--optimizer`` takes them.
-OPTIMIZER_NAMES: tuple[str, ...] = ("adamw", "adam", "sgd", "lion")
+OPTIMIZER_NAMES: tuple[str, ...] = tuple(OPTIMIZERS)
 
 #: Arguments a budget takes from the policy or its own defaults, not the optimizer's.
 _FROM_POLICY = ("master", "moments", "block_size", "min_int8_numel")
@@ -35,8 +35,7 @@ def optimizer_rule(name: str, args: Mapping[str, Any] | None = None) -> str:
         ValueError: an unknown name, an argument the optimizer does not take or
             refuses (its own message), or ``master``/``moments`` (the policy's).
     """
-    classes: dict[str, type[Any]] = {"adamw": AdamW, "adam": Adam, "sgd": SGD, "lion": Lion}
-    cls = classes.get(name.strip().lower())
+    cls: type[Any] | None = OPTIMIZERS.get(name.strip().lower())
     if cls is None:
         raise ValueError(f"unknown optimizer {name!r}; valid: {', '.join(OPTIMIZER_NAMES)}")
     kwargs = dict(args or {})
@@ -51,6 +50,6 @@ def optimizer_rule(name: str, args: Mapping[str, Any] | None = None) -> str:
         opt = cls([probe], **kwargs)
     except TypeError as exc:  # an argument the optimizer does not take
         raise ValueError(f"optimizer {name!r}: {exc}") from None
-    # The optimizer's own choice of rule for its group (one home: RuleOptimizer._rule_of).
-    rule: str = opt._rule_of(opt.param_groups[0]).name
+    # The optimizer's own choice of rule for its group (one home: RuleOptimizer.rule_of).
+    rule: str = opt.rule_of(opt.param_groups[0]).name
     return rule

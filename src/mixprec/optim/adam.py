@@ -94,6 +94,6 @@ class Adam(RuleOptimizer):
         )
         check_formats(group)
 
-    def _rule_of(self, group: dict[str, Any]) -> Rule:
+    def _rule_for(self, group: dict[str, Any]) -> Rule:
         name = "adamw" if group.get("decoupled_weight_decay", False) else "adam"
         return RULES[f"{name}_amsgrad" if group.get("amsgrad") else name]

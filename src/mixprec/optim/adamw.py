@@ -102,7 +102,7 @@ class AdamW(Adam):
             min_int8_numel=min_int8_numel,
         )
 
-    def _rule_of(self, group: dict[str, Any]) -> Rule:
+    def _rule_for(self, group: dict[str, Any]) -> Rule:
         return RULES["adamw_amsgrad" if group.get("amsgrad") else "adamw"]
 
     def _check_group(self, group: dict[str, Any]) -> None:

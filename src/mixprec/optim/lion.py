@@ -81,5 +81,5 @@ class Lion(RuleOptimizer):
         check_lion(group["lr"], group["betas"], group["weight_decay"])
         check_formats(group)
 
-    def _rule_of(self, group: dict[str, Any]) -> Rule:
+    def _rule_for(self, group: dict[str, Any]) -> Rule:
         return RULES["lion"]

@@ -42,7 +42,7 @@ __all__ = ["RuleOptimizer"]
 class RuleOptimizer(torch.optim.Optimizer):
     """An optimizer stepping each param group with an update rule over chosen
     master and moment formats (see the module). Subclasses give torch's signature,
-    check a group's options (`_check_group`) and name its rule (`_rule_of`).
+    check a group's options (`_check_group`) and name the rule its options pick (`_rule_for`).
 
     Args:
         params: parameters or param groups.
@@ -79,15 +79,26 @@ class RuleOptimizer(torch.optim.Optimizer):
         """Refuse a group whose options or hyperparameters the rule cannot honour."""
         raise NotImplementedError
 
-    def _rule_of(self, group: dict[str, Any]) -> Rule:
-        """The update rule of `group` (fixed when it is added)."""
+    def rule_of(self, group: dict[str, Any]) -> Rule:
+        """The update rule of param group `group`, fixed when the group is added (its
+        parameters' plans keep it): options that decide it (``amsgrad``, a momentum or
+        none, ``nesterov``) changed later do not change it; a group not added yet (a
+        saved one) gets the rule its options pick."""
+        for p in group["params"]:
+            plan = self._plans.get(p) if isinstance(p, torch.Tensor) else None
+            if plan is not None:
+                return plan.rule
+        return self._rule_for(group)
+
+    def _rule_for(self, group: dict[str, Any]) -> Rule:
+        """The update rule a group's options pick (each subclass's own)."""
         raise NotImplementedError
 
     def _check_saved_group(self, saved: dict[str, Any], index: int) -> None:
         """A group of a state dict being loaded: valid, and stepped by the same rule as
         group `index` (the rule decides the state: ``amsgrad``, momentum, ``nesterov``)."""
         self._check_group(saved)
-        ours, theirs = self._rule_of(self.param_groups[index]), self._rule_of(saved)
+        ours, theirs = self.rule_of(self.param_groups[index]), self.rule_of(saved)
         if ours is not theirs:
             raise ValueError(
                 f"group is {theirs.name} where this optimizer's is {ours.name}: build the "
@@ -126,7 +137,7 @@ class RuleOptimizer(torch.optim.Optimizer):
         mode = (
             planned.mode if planned else resolve_mode(self._fused, device_type=device, numel=numel)
         )
-        rule = self._rule_of(group)
+        rule = self.rule_of(group)
         for p in params:
             self._plans[p] = plan_param(
                 p,
@@ -164,7 +175,7 @@ class RuleOptimizer(torch.optim.Optimizer):
         out = gather_group(
             group,
             index,
-            rule=self._rule_of(group),
+            rule=self.rule_of(group),
             plans=self._plans,
             state=self.state,
             make_state=self._state_of if at_step else None,
@@ -204,7 +215,7 @@ class RuleOptimizer(torch.optim.Optimizer):
                 loss = closure()
         if torch.compiler.is_compiling():  # its writes are adopted by the next eager call
             self._traced_writes.add(True)  # a container: torch.compile replays its mutation
-            rules = [self._rule_of(group) for group in self.param_groups]
+            rules = [self.rule_of(group) for group in self.param_groups]
             traced_step(
                 self.param_groups, rules, self._plans, self.state, self._state_of, self._block_size
             )

@@ -88,13 +88,9 @@ class SGD(RuleOptimizer):
         )
         check_formats(group)
 
-    def _rule_of(self, group: dict[str, Any]) -> Rule:
-        # Fixed when the group is added (its parameters' plans keep it): a momentum a
-        # scheduler sets later on a group added without one is refused by the rule's
-        # read, not stepped with a buffer the group never made (`rules._sgd_plain_read`).
-        for p in group["params"]:
-            if isinstance(p, torch.Tensor) and p in self._plans:
-                return self._plans[p].rule
+    def _rule_for(self, group: dict[str, Any]) -> Rule:
+        # (a momentum a scheduler sets later on a group added without one is refused by
+        # the rule's read, `rules._sgd_plain_read`: the rule is the one it was added with)
         if group["nesterov"]:
             return RULES["sgd_nesterov"]
         return RULES["sgd_momentum" if group["momentum"] else "sgd"]

@@ -121,7 +121,7 @@ def optimizer_facts(optimizer: torch.optim.Optimizer) -> OptimizerFacts:
         params = list(group["params"])
         label = f"group {i}"
         if mod.startswith("mixprec.optim"):
-            rule_of = getattr(optimizer, "_rule_of", None)  # the rule decides the moments
+            rule_of = getattr(optimizer, "rule_of", None)  # the rule decides the moments
             slots = tuple(k for k, _ in rule_of(group).slots) if rule_of is not None else _ADAM
             state = slots if i == 0 else tuple(dict.fromkeys((*(state or ()), *slots)))
             master = str(group.get("master", "none"))

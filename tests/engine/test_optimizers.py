@@ -141,3 +141,11 @@ def test_a_mixprec_optimizer_class_is_built_with_the_policys_formats(
     assert set(opt.formats()) == {("exact", "int8"), ("exact", "fp32")}  # (a 64-bias: fp32)
     model(torch.randn(8, 256).bfloat16()).float().square().mean().backward()
     assert prec.step(opt).applied
+
+
+def test_an_optimizer_that_is_not_a_class_names_the_classes() -> None:
+    """Found by review: optimizer="sgd" said 'Mastered takes a torch.optim.Optimizer
+    subclass', a wrapper the caller never asked for."""
+    prec, model = _prepared()
+    with pytest.raises(TypeError, match=r"pass the class itself: mixprec.optim.AdamW, Adam, SGD"):
+        prec.optimizer(model, optimizer="sgd")  # type: ignore[arg-type]

@@ -332,6 +332,8 @@ def _dtensor() -> torch.Tensor:
             "fp32 params are their own master",
         ),
         (lambda p: Mastered(torch.optim.SGD, [_dtensor()]), ValueError, "DTensor"),
+        # Found by review: a mixprec class failed on Mastered's placeholder's strides.
+        (lambda p: Mastered(mixprec.optim.AdamW, p), ValueError, "use it directly"),
     ],
     ids=[
         "lbfgs",
@@ -346,6 +348,7 @@ def _dtensor() -> torch.Tensor:
         "scratch_bytes",
         "all_fp32",
         "dtensor",
+        "mixprec_class",
     ],
 )
 def test_refusals_name_the_option_and_the_alternative(

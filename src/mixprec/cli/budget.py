@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from mixprec.cli.common import UsageError, emit_json, load_mapping, table
-from mixprec.experiment.optimizer import parse_optimizer_args
 
 __all__ = ["add_parser", "parse_count"]
 
@@ -94,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from mixprec.dtypes import parse_dtype
+    from mixprec.experiment.optimizer import parse_optimizer_args
     from mixprec.memory import TransformerShape, estimate, optimizer_rule
     from mixprec.policy import PRESET_NAMES, preset
 

@@ -133,6 +133,18 @@ def _recipe_from_args(args: argparse.Namespace) -> dict[str, Any]:
                 "without --resume, or check --out"
             )
         data = stored
+        saved = str(stored.get("optimizer") or "adamw").strip().lower()
+        asked = args.optimizer
+        if asked is not None and asked.strip().lower() != saved:
+            # (before the saved arguments meet another class: they are the saved run's)
+            from mixprec.optim import OPTIMIZERS
+
+            cls = OPTIMIZERS.get(saved)
+            what = f"{saved} (mixprec.optim.{cls.__name__})" if cls else saved
+            raise ValueError(
+                f"{args.out} was trained with optimizer {what}, this run asks for "
+                f"{asked}: resume with --optimizer {saved} or choose another --out"
+            )
     if args.workload is None and ":" in str(data.get("workload", "")):
         raise ValueError(
             f"the recipe names workload {data['workload']!r}: files may only name built-in "

@@ -108,7 +108,13 @@ def build_optimizer(
     from mixprec.optim import AdamW, Mastered, RuleOptimizer
 
     optimizer = AdamW if optimizer is None else optimizer
-    if isinstance(optimizer, type) and issubclass(optimizer, RuleOptimizer):
+    if not (isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer)):
+        raise TypeError(
+            f"prec.optimizer: optimizer={optimizer!r} is not an optimizer class; pass the "
+            "class itself: mixprec.optim.AdamW, Adam, SGD or Lion, or a torch.optim class "
+            "(torch.optim.Muon), with its arguments as keywords"
+        )
+    if issubclass(optimizer, RuleOptimizer):
         # (each subclass takes torch's signature plus master= and moments=)
         build: Any = optimizer
         return cast(torch.optim.Optimizer, build(groups, moments=plan.moments.name, **kwargs))

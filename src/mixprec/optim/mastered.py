@@ -471,6 +471,14 @@ def _check_class(cls: object) -> None:
         )
     if issubclass(cls, Mastered):
         raise ValueError("Mastered over Mastered: give the torch optimizer class itself")
+    from mixprec.optim.rule_optimizer import RuleOptimizer
+
+    if issubclass(cls, RuleOptimizer):
+        raise ValueError(
+            f"mixprec.optim.{cls.__name__} keeps its own master and moment formats: use it "
+            f"directly (mixprec.optim.{cls.__name__}(params, master=...)); Mastered is for "
+            "torch optimizers mixprec has no class for (Muon, Adafactor, RMSprop, ...)"
+        )
 
 
 def _refuse_options(options: dict[str, Any], where: str) -> None:

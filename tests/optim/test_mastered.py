@@ -17,9 +17,14 @@ import torch
 from torch import nn
 
 import mixprec
-from mixprec.optim import AdamW, Mastered
+from mixprec.optim import AdamW, Mastered, native
 
 STEPS = 5
+try:
+    native.library()
+    HAVE_NATIVE = True
+except native.NativeUnavailableError:  # pragma: no cover - machines without a compiler
+    HAVE_NATIVE = False
 SHAPES = [(24, 16), (16,), (3, 4, 5), (), (8, 8)]
 MATRICES = [(24, 16), (8, 8), (16, 40)]
 
@@ -61,7 +66,10 @@ def _pair(
     start = _start(_shapes(cls))
     ref = [nn.Parameter(t.clone()) for t in start]
     mine = [nn.Parameter(t.to(torch.bfloat16)) for t in start]
-    return ref, cls(ref, **kwargs), mine, Mastered(cls, mine, master="exact", **kwargs, **extra)
+    opt = Mastered(cls, mine, master="exact", **kwargs, **extra)
+    if "codec" not in extra and HAVE_NATIVE:  # the default codec on the CPU: the kernel's
+        assert {opt.codec_of(p) for p in mine} == {"native"}
+    return ref, cls(ref, **kwargs), mine, opt
 
 
 def _run(
@@ -438,7 +446,7 @@ def test_the_compiled_codec_gives_the_same_bits() -> None:
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
-    ref, ref_opt, mine, opt = _pair("adam", compile_codec=True)
+    ref, ref_opt, mine, opt = _pair("adam", codec="compiled")
     mine.append(nn.Parameter(torch.ones(3)))  # an fp32 parameter: its own master
     ref.append(nn.Parameter(torch.ones(3)))
     opt.add_param_group({"params": mine[-1:]})

@@ -13,10 +13,12 @@ result back into the master and the 16-bit parameter and releases the scratch. A
 fp32 parameter (an fp32 island) is its own master: its shadow is the parameter's own
 memory, and its gradient is used as it is.
 
-Masters are the formats of `mixprec.formats.masters` (their pure ``decode`` and
-``encode``); the one edit rule of `mixprec.optim.AdamW` holds here too: a parameter
-whose version counter moved, or whose storage was replaced, since the optimizer last
-wrote it has its master reset from it (`resync.reset_master`).
+Masters are the formats of `mixprec.formats.masters`, decoded and encoded by the native
+CPU kernel's codec where it applies (`codec_of`), else by the formats' pure ``decode``
+and ``encode`` (bitwise the same); the one edit rule of `mixprec.optim.AdamW` holds
+here too: a parameter whose version counter moved, or whose storage was replaced,
+since the optimizer last wrote it has its master reset from it
+(`resync.reset_master`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import torch
 from torch.optim.optimizer import ParamsT
@@ -38,7 +40,7 @@ from mixprec.formats import (
     resolve_master,
 )
 from mixprec.formats.registry import DEFAULT_MASTER
-from mixprec.optim import sharding
+from mixprec.optim import native, sharding
 from mixprec.optim.inductor import COMPILE_OPTIONS, vector_bitcasts
 from mixprec.optim.param_plan import check_masters_have_16bit_params
 from mixprec.optim.resync import check_weights, reset_master
@@ -49,6 +51,9 @@ __all__ = ["DEFAULT_SCRATCH_BYTES", "Mastered"]
 DEFAULT_SCRATCH_BYTES = 256 * 2**20
 
 _NOT_HYPER = frozenset({"params", "param_names", "master"})
+#: ``codec=`` values: see `Mastered`.
+Codec = Literal["auto", "compiled", "eager"]
+_CODECS = ("auto", "compiled", "eager")
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -70,8 +75,8 @@ class Mastered(torch.optim.Optimizer):
     gradients (4 bytes each per element, none for fp32 parameters and fp32
     gradients) fit ``scratch_bytes``. A single parameter larger than the budget is
     a chunk of its own, so the peak is ``max(scratch_bytes, 8 * largest numel)``,
-    plus the decode/encode temporaries of one parameter and the inner optimizer's
-    own temporaries. The inner optimizer's state is its own, fp32 as on fp32
+    plus the inner optimizer's own temporaries (and, where the eager codec runs, its
+    temporaries for one parameter). The inner optimizer's state is its own, fp32 as on fp32
     parameters, and persistent.
 
     Args:
@@ -83,10 +88,15 @@ class Mastered(torch.optim.Optimizer):
             for bf16, ``fp32`` for fp16; see `mixprec.formats`); fp32 parameters
             are their own master (``none``). ``stochastic`` is refused.
         scratch_bytes: the fp32 scratch budget of one chunk; None: one chunk.
-        compile_codec: run each master's decode and encode as one fused kernel
-            each (``torch.compile``, Inductor; bitwise the eager result): the
-            eager codec is about 20 elementwise passes per parameter. The first
-            step compiles (seconds; on CPU it needs a C++ compiler).
+        codec: how masters are decoded and encoded (bitwise the same every way).
+            ``"auto"``: the native CPU kernel's codec (one parallel pass, written
+            straight into the scratch) for plain contiguous CPU bf16 parameters
+            of a master it has a code for, else the formats' eager torch code
+            (about 20 elementwise passes per parameter). ``"compiled"``: each
+            master's decode and encode as one ``torch.compile`` (Inductor) kernel
+            everywhere, for CUDA parameters (the first step compiles, seconds;
+            on CPU ``"auto"`` is faster). ``"eager"``: the formats' torch code
+            everywhere (the reference).
         **kwargs: the inner optimizer's arguments (``lr``, ``momentum``, ...).
 
     Raises:
@@ -103,7 +113,7 @@ class Mastered(torch.optim.Optimizer):
         *,
         master: str = DEFAULT_MASTER,
         scratch_bytes: int | None = DEFAULT_SCRATCH_BYTES,
-        compile_codec: bool = False,
+        codec: Codec = "auto",
         **kwargs: Any,
     ) -> None:
         _check_class(optimizer_cls)
@@ -113,14 +123,14 @@ class Mastered(torch.optim.Optimizer):
                 f"scratch_bytes={scratch_bytes!r}: give a positive number of bytes, or None "
                 "(one chunk: the whole model's fp32 values and gradients at once)"
             )
-        if not isinstance(compile_codec, bool):
-            raise TypeError(f"compile_codec={compile_codec!r}: give True or False")
+        if codec not in _CODECS:
+            raise ValueError(f"codec={codec!r}: give one of {', '.join(map(repr, _CODECS))}")
         _refuse_options(kwargs, "")
         check_master(master, auto=True)
         self._cls = optimizer_cls
         self._kwargs = kwargs
         self._scratch_bytes = scratch_bytes
-        self._compile_codec = compile_codec
+        self._codec = codec
         self._inner: torch.optim.Optimizer | None = None
         self._masters: dict[torch.Tensor, MasterFormat] = {}
         self._shadows: dict[torch.Tensor, torch.Tensor] = {}
@@ -254,18 +264,49 @@ class Mastered(torch.optim.Optimizer):
             self.state[p] = state
         return state or {}
 
+    def codec_of(self, p: torch.Tensor) -> str:
+        """What decodes and encodes parameter `p`'s master now: ``"native"`` (the
+        native CPU kernel), ``"compiled"`` or ``"eager"`` (`codec`), or ``"none"``
+        (an fp32 parameter is its own master).
+
+        Raises:
+            KeyError: `p` is not a parameter of this optimizer.
+        """
+        name = self._masters[p].spec.name
+        if p.dtype == torch.float32:
+            return "none"
+        library = _native_library() if self._codec == "auto" else None
+        if library is not None and library.codec_accepts(p.detach(), master=name):
+            return "native"
+        return "compiled" if self._codec == "compiled" else "eager"
+
     def _decode(self, p: torch.Tensor, state: dict[str, torch.Tensor] | None) -> torch.Tensor:
         fmt = self._masters[p]
         if not state:
             state = fmt.init_state(p.detach())
-        decode, _ = _codec(fmt.spec.name, self._compile_codec)
-        return decode(p.detach(), [state[k] for k in fmt.spec.state_keys])
+        tensors = [state[k] for k in fmt.spec.state_keys]
+        how = self.codec_of(p)
+        if how == "native":
+            library = _native_library()
+            assert library is not None
+            out = torch.empty(p.shape, dtype=torch.float32)
+            library.codec(fmt.spec.name, p.detach(), tensors, out, encode=False)
+            return out
+        decode, _ = _codec(fmt.spec.name, how == "compiled")
+        return decode(p.detach(), tensors)
 
     def _encode(self, p: torch.Tensor, value: torch.Tensor) -> None:
         fmt = self._masters[p]
         state = self._master_state(p)
-        _, encode = _codec(fmt.spec.name, self._compile_codec)
-        encode(value, p.detach(), [state[k] for k in fmt.spec.state_keys])
+        tensors = [state[k] for k in fmt.spec.state_keys]
+        how = self.codec_of(p)
+        if how == "native":
+            library = _native_library()
+            assert library is not None
+            library.codec(fmt.spec.name, p.detach(), tensors, value.contiguous(), encode=True)
+        else:
+            _, encode = _codec(fmt.spec.name, how == "compiled")
+            encode(value, p.detach(), tensors)
         self._written[p] = _written(p)
 
     @torch.no_grad()
@@ -391,7 +432,7 @@ class Mastered(torch.optim.Optimizer):
 
     def __getstate__(self) -> dict[str, Any]:
         out = dict(super().__getstate__())
-        keys = ("_cls", "_kwargs", "_scratch_bytes", "_compile_codec", "_inner", "_masters")
+        keys = ("_cls", "_kwargs", "_scratch_bytes", "_codec", "_inner", "_masters")
         for key in (*keys, "_shadows"):
             out[key] = getattr(self, key)
         return out
@@ -406,7 +447,7 @@ class Mastered(torch.optim.Optimizer):
         name = f"{self._cls.__module__}.{self._cls.__qualname__}"
         return (
             f"mixprec.optim.Mastered({name}, masters={kinds}, "
-            f"scratch_bytes={self._scratch_bytes!r}, compile_codec={self._compile_codec}, "
+            f"scratch_bytes={self._scratch_bytes!r}, codec={self._codec!r}, "
             f"groups={len(self.param_groups)})"
         )
 
@@ -434,6 +475,17 @@ def _codec(name: str, compiled: bool) -> tuple[DecodeFn, EncodeFn]:
     if not compiled:
         return decode, encode
     return _compiled(decode), _compiled(encode)
+
+
+@functools.cache
+def _native_library() -> native.NativeLibrary | None:
+    """The native kernel, or None where it cannot be built or loaded (``MIXPREC_NATIVE=0``,
+    no compiler): masters then take the eager codec (once per process: a failed build
+    is not retried)."""
+    try:
+        return native.library()
+    except native.NativeUnavailableError:
+        return None
 
 
 def _compiled(fn: Callable[_P, _R]) -> Callable[_P, _R]:

@@ -29,7 +29,7 @@ NATIVE_RULES = frozenset(RULES)
 #: Largest int8 block the kernel handles (its per-block buffers live on the stack).
 MAX_BLOCK = 4096
 #: Must equal ``mixprec_abi_version()`` in the source.
-ABI_VERSION = 9
+ABI_VERSION = 10
 #: An AdamW group whose step moves at least this many bytes (`streams_params`) writes
 #: the fp32 master's bf16 parameters with streaming stores: twice the 32 MiB L3 of the
 #: AMD EPYC measured in docs/benchmarks.md, so the parameters of a model whose step
@@ -79,6 +79,20 @@ class NativeLibrary:
             ctypes.c_int,  # stream (`streams_params`)
         ]
         self._fn = fn
+        codec = lib.mixprec_codec
+        codec.restype = ctypes.c_int
+        codec.argtypes = [
+            ctypes.c_int,  # master
+            ctypes.c_int,  # parameter dtype
+            ctypes.c_int,  # encode (else decode)
+            ctypes.c_int64,  # elements
+            ctypes.c_void_p,  # parameter
+            ctypes.c_void_p,  # master state s0
+            ctypes.c_void_p,  # master state s1
+            ctypes.c_void_p,  # fp32 values
+            ctypes.c_int,  # threads
+        ]
+        self._codec = codec
         self._lib = lib
 
     def covers(self, family: StepFamily) -> bool:
@@ -118,6 +132,75 @@ class NativeLibrary:
         return not moment_spec(moments).blockwise or (
             1 <= block_size <= MAX_BLOCK and param.numel() % block_size == 0
         )
+
+    def codec_accepts(self, param: torch.Tensor, *, master: str) -> bool:
+        """Whether `codec` takes `param` with master format `master`: a plain contiguous
+        CPU tensor of a dtype the kernel has that master's codec for (bf16; fp32 with
+        ``none``), a master with a ``kernel_code`` that draws no rounding noise."""
+        spec = master_spec(master)
+        code = _DTYPE_CODES.get(param.dtype)
+        return (
+            code is not None
+            and param.device.type == "cpu"
+            and type(param) in _PLAIN
+            and param.is_contiguous()
+            and spec.kernel_code is not None
+            and not spec.uses_noise
+            and spec.accepts(param.dtype)
+            and self._lib.mixprec_codec_covers(spec.kernel_code, code) == 1
+        )
+
+    def codec(
+        self,
+        master: str,
+        param: torch.Tensor,
+        state: Sequence[torch.Tensor],
+        values: torch.Tensor,
+        *,
+        encode: bool,
+    ) -> None:
+        """Master format `master`'s decode (`param` and its master `state`, in the
+        spec's order, into the fp32 `values`) or encode (`values` into `param` and
+        `state`), bitwise the format's own, in one parallel pass.
+
+        Raises:
+            ValueError: a tensor is not a plain contiguous CPU tensor, or a dtype or
+                size does not fit the master (`codec_accepts`); nothing is read.
+        """
+        spec = master_spec(master)
+        if not self.codec_accepts(param, master=master):
+            raise ValueError(
+                f"native codec: master {master!r} over a {param.dtype} "
+                f"{type(param).__name__} on {param.device} (contiguous: "
+                f"{param.is_contiguous()}) is not covered (see codec_accepts)"
+            )
+        expected = [param.dtype if t.follows_param else t.torch_dtype for t in spec.state]
+        tensors = (*state, values)
+        if (
+            not PLAIN_TYPES.issuperset(map(type, tensors))
+            or not all(map(_IS_CPU, tensors))
+            or not all(map(torch.Tensor.is_contiguous, tensors))
+            or list(map(_DTYPE, tensors)) != [*expected, torch.float32]
+            or list(map(torch.Tensor.numel, tensors)) != [param.numel()] * len(tensors)
+        ):
+            raise ValueError(
+                f"native codec: master {master!r} needs contiguous CPU state tensors "
+                f"{expected} and fp32 values, each of the parameter's {param.numel()} "
+                f"elements; got {[(t.dtype, t.numel(), t.is_contiguous()) for t in tensors]}"
+            )
+        pointers = [t.data_ptr() for t in state] + [0] * (2 - len(state))
+        rc = self._codec(
+            spec.kernel_code,
+            _DTYPE_CODES[param.dtype],
+            int(encode),
+            param.numel(),
+            param.data_ptr(),
+            *pointers,
+            values.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if rc != 0:
+            raise ValueError(f"native codec refused master {master!r} (code {rc})")
 
     def step_many(self, batch: StepBatch, hyper: Sequence[float]) -> None:
         """One step of the batch's rule over `batch` (see `mixprec.optim.kernels.step_`),

@@ -764,6 +764,19 @@ inline uint32_t step_key(int64_t seed, double step) {
   return mix32(mix32(t) + static_cast<uint32_t>(seed));
 }
 
+// The codec of mixprec_codec for a master and parameter dtype, or false: every master
+// with a code over bf16 parameters but `stochastic` (its encode needs a rounding key),
+// and `none` over fp32 ones (a copy).
+bool plain_codec(int master, int pdt, DecodeFn& decode, EncodeFn& encode) {
+  if (master == M_STOCH) return false;
+  if (pdt == DT_F32 && master == M_NONE) {
+    decode = &decode_run<M_NONE, DT_F32>;
+    encode = &encode_run<M_NONE, DT_F32>;
+    return true;
+  }
+  return pdt == DT_BF16 && codec_for<DT_BF16>(master, decode, encode);
+}
+
 }  // namespace
 
 // Whether this build has a case for the rule, master and moment codes (the binding
@@ -774,8 +787,45 @@ extern "C" int mixprec_covers(int rule, int master, int moments) {
 
 extern "C" {
 
-// ABI version: bump with any change of the signature below.
-int mixprec_abi_version() { return 9; }
+// Whether mixprec_codec has a case for the master code and parameter dtype.
+int mixprec_codec_covers(int master, int pdt) {
+  DecodeFn decode;
+  EncodeFn encode;
+  return plain_codec(master, pdt, decode, encode) ? 1 : 0;
+}
+
+// A master's codec over elements [0, n) of one parameter (the formats' decode and
+// encode, bitwise): encode == 0 decodes the parameter (dtype pdt) and its master state
+// s0, s1 (as in the step's table) into the fp32 `values`; encode != 0 writes `values`
+// into the parameter and its master state. Parallel over chunks of kChunk elements,
+// each element on its own: results do not depend on `threads`. The caller checks the
+// pointers (native/binding.py NativeLibrary.codec). Returns 0: done; 1: no codec for
+// this master and dtype (nothing written).
+int mixprec_codec(int master, int pdt, int encode, int64_t n, void* param, void* s0, void* s1,
+                  float* values, int threads) {
+  DecodeFn decode;
+  EncodeFn encode_fn;
+  if (!plain_codec(master, pdt, decode, encode_fn)) return 1;
+  if (n <= 0) return 0;
+  Args a{};
+  a.param = param;
+  a.s0 = s0;
+  a.s1 = s1;
+  a.n = n;
+  const int64_t items = (n + kChunk - 1) / kChunk;
+  int nthreads = threads < 1 ? 1 : threads;
+  if (items < nthreads) nthreads = static_cast<int>(items);
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t lo = item * kChunk, len = n - lo < kChunk ? n - lo : kChunk;
+    if (encode != 0) encode_fn(a, lo, len, values + lo);
+    else decode(a, lo, len, values + lo);
+  }
+  return 0;
+}
+
+// ABI version: bump with any change of an exported signature.
+int mixprec_abi_version() { return 10; }
 
 // The columns of the table (native/binding.py TABLE_COLUMNS), count entries each.
 enum Column {

@@ -2,6 +2,7 @@
 and its step time against the bare inner optimizer on fp32 parameters, in the same run.
 
     OMP_NUM_THREADS=1 python bench/mastered_scratch.py [--steps 5] [--budgets 256M,64M,none]
+        [--codecs auto,eager,compiled]
 
 Memory, measured, not claimed, on a step after the first (the inner state exists):
 
@@ -14,7 +15,8 @@ Memory, measured, not claimed, on a step after the first (the inner state exists
   live when it began (``torch.profiler`` with ``profile_memory``: allocator events),
   for the wrapper and for the bare inner optimizer (its own temporaries).
 
-Rows ``compiled`` use ``compile_codec=True`` (the first step, untimed, compiles).
+The ``codec`` column is what ran (`Mastered.codec_of`): ``native`` (``codec="auto"`` on
+the CPU), ``eager`` or ``compiled`` (the first step, untimed, compiles).
 Time: bf16 parameters with bf16 gradients and an ``exact`` master under ``Mastered``,
 against the same torch optimizer on fp32 copies with fp32 gradients; the two steps
 alternate ``--steps`` times after one warm-up each, and the ratio is the median of the
@@ -112,10 +114,6 @@ def _budget(text: str) -> int | None:
     return int(float(text.rstrip("kmg")) * scale)
 
 
-def _codec(compiled: bool) -> str:
-    return "compiled" if compiled else "eager"
-
-
 def _cpu() -> str:
     out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
     for line in out.splitlines():
@@ -128,8 +126,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--budgets", default="256M,64M,none")
+    parser.add_argument("--codecs", default="auto,eager,compiled")
     args = parser.parse_args()
     budgets = [_budget(b) for b in args.budgets.split(",")]
+    codecs = args.codecs.split(",")
     shapes = gpt2_small_shapes()
     numel = sum(torch.Size(s).numel() for s in shapes)
     largest = max(torch.Size(s).numel() for s in shapes)
@@ -141,17 +141,17 @@ def main() -> None:
         "MiB, chunks of several | transient MiB (wrapper) | transient MiB (bare) |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    # The memory rows: every budget eagerly, the first one compiled too.
-    combos = [(b, False) for b in budgets] + [(budgets[0], True)]
+    # The memory rows: every budget with the first codec, the first budget with the others.
+    combos = [(b, codecs[0]) for b in budgets] + [(budgets[0], c) for c in codecs[1:]]
     for name, (cls, kwargs) in INNER.items():
         ref_params = _params(torch.float32)
         ref = cls(ref_params, **kwargs)
         ref.step()
         bare = transient_peak(ref.step)
         del ref, ref_params
-        for budget, compiled in combos:
+        for budget, codec in combos:
             params = _params(torch.bfloat16)
-            opt = Mastered(cls, params, scratch_bytes=budget, compile_codec=compiled, **kwargs)
+            opt = Mastered(cls, params, scratch_bytes=budget, codec=codec, **kwargs)
             opt.step()  # the inner state is made (and the codec compiled)
             sizes = chunk_scratch(opt)
             wrapper = transient_peak(opt.step)
@@ -159,25 +159,26 @@ def main() -> None:
             several = max((b for b, n in sizes if n > 1), default=0)
             shown = "none" if budget is None else f"{budget / MiB:.0f} MiB"
             ratio = "-" if budget is None else f"{peak / budget:.2f}"
+            how = opt.codec_of(params[0])
             print(
-                f"| {name} | {shown} | {_codec(compiled)} | {len(sizes)} | {peak / MiB:.1f} | "
+                f"| {name} | {shown} | {how} | {len(sizes)} | {peak / MiB:.1f} | "
                 f"{ratio} | {several / MiB:.1f} | {wrapper / MiB:.1f} | {bare / MiB:.1f} |",
                 flush=True,
             )
             del opt, params
     print("\n| inner | scratch_bytes | codec | Mastered ms | bare fp32 ms | ratio |")
     print("| --- | --- | --- | --- | --- | --- |")
-    timed = [(budgets[0], False), (budgets[0], True)] + [(None, False)] * (None in budgets)
+    timed = [(budgets[0], c) for c in codecs] + [(None, codecs[0])] * (None in budgets)
     for name, (cls, kwargs) in INNER.items():
-        for budget, compiled in timed:
+        for budget, codec in timed:
             params = _params(torch.bfloat16)
             ref_params = _params(torch.float32)
-            opt = Mastered(cls, params, scratch_bytes=budget, compile_codec=compiled, **kwargs)
+            opt = Mastered(cls, params, scratch_bytes=budget, codec=codec, **kwargs)
             ref = cls(ref_params, **kwargs)
             ours_s, ref_s, ratio = _paired(opt.step, ref.step, args.steps)
             shown = "none" if budget is None else f"{budget / MiB:.0f} MiB"
             print(
-                f"| {name} | {shown} | {_codec(compiled)} | {ours_s * 1e3:.0f} | "
+                f"| {name} | {shown} | {opt.codec_of(params[0])} | {ours_s * 1e3:.0f} | "
                 f"{ref_s * 1e3:.0f} | {ratio:.2f} |",
                 flush=True,
             )

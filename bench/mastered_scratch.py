@@ -6,11 +6,12 @@ and its step time against the bare inner optimizer on fp32 parameters, in the sa
 
 Memory, measured, not claimed, on a step after the first (the inner state exists):
 
-* scratch: for each inner step (one per chunk), the bytes of the distinct storages the
-  stepped shadows and their gradients point at (a step pre-hook on the inner
-  optimizer); the peak over the chunks, against ``scratch_bytes``, and the peak over
-  the chunks of more than one parameter (a parameter over the budget is a chunk of
-  its own, so the peak is at least ``8 * largest parameter``);
+* scratch: for each inner step (one per chunk), the bytes the stepped shadows and
+  their gradients point at (a step pre-hook on the inner optimizer; the chunks take
+  turns in one buffer, as large as the largest); the peak over the chunks, against
+  ``scratch_bytes``, and the peak over the chunks of more than one parameter (a
+  parameter over the budget is a chunk of its own, so the peak is at least
+  ``8 * largest parameter``);
 * transient: the peak of every CPU allocation made during one step above what was
   live when it began (``torch.profiler`` with ``profile_memory``: allocator events),
   for the wrapper and for the bare inner optimizer (its own temporaries).
@@ -68,9 +69,8 @@ def chunk_scratch(opt: Mastered) -> list[tuple[int, int]]:
         stepped = [s for g in inner.param_groups for s in g["params"] if s.grad is not None]
         for s in stepped:
             for t in (s, s.grad):
-                ptr = t.untyped_storage().data_ptr()
-                if ptr not in owned:
-                    seen[ptr] = t.untyped_storage().nbytes()
+                if t.untyped_storage().data_ptr() not in owned:
+                    seen[t.data_ptr()] = t.nbytes
         sizes.append((sum(seen.values()), len(stepped)))
 
     opt.inner.register_step_pre_hook(measure)

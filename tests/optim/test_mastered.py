@@ -120,9 +120,10 @@ def test_fp32_parameters_are_their_own_master_stepped_in_place() -> None:
             assert not opt.state.get(q)  # no master state for an fp32 parameter
 
 
-def _scratch_per_chunk(opt: Mastered) -> list[int]:
-    """The bytes of the fp32 storages the shadows stepped in each inner step point at
-    (decoded values and upcast gradients; an fp32 parameter's own memory excluded)."""
+def _scratch_per_chunk(opt: Mastered, *, storages: bool = False) -> list[int]:
+    """The bytes the shadows stepped in each inner step point at (decoded values and
+    upcast gradients; an fp32 parameter's own memory excluded), or (`storages`) the
+    bytes of the storages holding them."""
     owned = {p.untyped_storage().data_ptr() for g in opt.param_groups for p in g["params"]}
     owned |= {
         p.grad.untyped_storage().data_ptr()
@@ -140,8 +141,12 @@ def _scratch_per_chunk(opt: Mastered) -> list[int]:
                     continue
                 for t in (s, s.grad):
                     storage = t.untyped_storage()
-                    if storage.data_ptr() not in owned:
+                    if storage.data_ptr() in owned:
+                        continue
+                    if storages:
                         seen[storage.data_ptr()] = storage.nbytes()
+                    else:
+                        seen[t.data_ptr()] = t.nbytes
         sizes.append(sum(seen.values()))
 
     opt.inner.register_step_pre_hook(measure)
@@ -168,6 +173,19 @@ def test_a_parameter_over_the_budget_is_a_chunk_of_its_own() -> None:
         p.grad = torch.ones_like(p)
     opt.step()
     assert sizes == [8 * 64, 8 * 4]
+
+
+def test_the_chunks_of_a_step_take_turns_in_one_buffer() -> None:
+    # Its pages are first touched once per step, not once per chunk; it is as large
+    # as the largest chunk (runs start on 16 elements: 2 x 64 elements against the
+    # second chunk's 4 x 16).
+    params = [nn.Parameter(torch.zeros(n, dtype=torch.bfloat16)) for n in (64, 2, 2)]
+    opt = Mastered(torch.optim.SGD, params, lr=0.1, scratch_bytes=40)
+    storages = _scratch_per_chunk(opt, storages=True)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert storages == [8 * 64, 8 * 64]
 
 
 def _reload(opt: Mastered, params: list[nn.Parameter]) -> tuple[Mastered, list[nn.Parameter]]:

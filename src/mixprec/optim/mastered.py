@@ -9,7 +9,8 @@ A step takes the parameters with a gradient in order, in chunks whose fp32 scrat
 every shadow at its parameter's decoded master (``set_``), gives it the gradient in
 fp32, calls ``inner.step()`` with only that chunk's shadows holding a gradient (torch's
 per-parameter optimizers skip parameters whose ``grad`` is None), then encodes each
-result back into the master and the 16-bit parameter and releases the scratch. An
+result back into the master and the 16-bit parameter. The chunks take turns in one
+scratch buffer, released at the end of the step. An
 fp32 parameter (an fp32 island) is its own master: its shadow is the parameter's own
 memory, and its gradient is used as it is.
 
@@ -70,13 +71,15 @@ class Mastered(torch.optim.Optimizer):
     hyperparameters (LR schedulers, clipping and `mixprec.Precision` see a usual
     optimizer); they are copied into the inner optimizer's groups at each step.
 
-    The fp32 scratch of a step is allocated chunk by chunk: the parameters with a
+    The fp32 scratch of a step is stepped chunk by chunk: the parameters with a
     gradient, in order, grouped so that each chunk's decoded values and upcast
     gradients (4 bytes each per element, none for fp32 parameters and fp32
-    gradients) fit ``scratch_bytes``. A single parameter larger than the budget is
-    a chunk of its own, so the peak is ``max(scratch_bytes, 8 * largest numel)``,
-    plus the inner optimizer's own temporaries (and, where the eager codec runs, its
-    temporaries for one parameter). The inner optimizer's state is its own, fp32 as on fp32
+    gradients) fit ``scratch_bytes``; one buffer per step, as large as the largest
+    chunk, serves every chunk in turn and is released at the end of the step. A
+    single parameter larger than the budget is a chunk of its own, so the peak is
+    ``max(scratch_bytes, 8 * largest numel)``, plus the inner optimizer's own
+    temporaries (and, where the eager codec runs, its temporaries for one
+    parameter). The inner optimizer's state is its own, fp32 as on fp32
     parameters, and persistent.
 
     Args:
@@ -212,10 +215,13 @@ class Mastered(torch.optim.Optimizer):
                     inner_group[key] = group[key]
         self.sync_edited()
         with_grad = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
-        for chunk in self._chunks(with_grad):
+        chunks = list(self._chunks(with_grad))
+        scratch = _scratch(chunks)
+        for chunk in chunks:
+            used = dict.fromkeys(scratch, 0)
             try:
                 for p in chunk:
-                    self._load(p)
+                    self._load(p, scratch, used)
                 inner.step()
                 for p in chunk:
                     self._store(p)
@@ -242,15 +248,31 @@ class Mastered(torch.optim.Optimizer):
         if chunk:
             yield chunk
 
-    def _load(self, p: torch.Tensor) -> None:
+    def _load(
+        self,
+        p: torch.Tensor,
+        scratch: dict[torch.device, torch.Tensor],
+        used: dict[torch.device, int],
+    ) -> None:
+        """Point `p`'s shadow at its decoded master and give it the fp32 gradient, each
+        (unless `p` or its gradient is fp32) the next free run of `scratch` on its
+        device (`used`: how much of each buffer this chunk took)."""
+
+        def take() -> torch.Tensor:
+            start = used[p.device]
+            used[p.device] = start + _aligned(p.numel())
+            return scratch[p.device][start : start + p.numel()].view(p.shape)
+
         shadow = self._shadows[p]
         grad = p.grad
         assert grad is not None
         if p.dtype == torch.float32:
             _point(shadow, p.detach())  # its own master: stepped in place
         else:
-            _point(shadow, self._decode(p, self._master_state(p)))
-        shadow.grad = grad if grad.dtype == torch.float32 else grad.to(torch.float32)
+            value = take()
+            self._decode(p, self._master_state(p), value)
+            _point(shadow, value)
+        shadow.grad = grad if grad.dtype == torch.float32 else take().copy_(grad)
 
     def _store(self, p: torch.Tensor) -> None:
         if p.dtype != torch.float32:
@@ -280,7 +302,10 @@ class Mastered(torch.optim.Optimizer):
             return "native"
         return "compiled" if self._codec == "compiled" else "eager"
 
-    def _decode(self, p: torch.Tensor, state: dict[str, torch.Tensor] | None) -> torch.Tensor:
+    def _decode(
+        self, p: torch.Tensor, state: dict[str, torch.Tensor] | None, out: torch.Tensor
+    ) -> None:
+        """Decode `p`'s master (`state`; None or empty: equal to `p`) into fp32 `out`."""
         fmt = self._masters[p]
         if not state:
             state = fmt.init_state(p.detach())
@@ -289,11 +314,10 @@ class Mastered(torch.optim.Optimizer):
         if how == "native":
             library = _native_library()
             assert library is not None
-            out = torch.empty(p.shape, dtype=torch.float32)
             library.codec(fmt.spec.name, p.detach(), tensors, out, encode=False)
-            return out
-        decode, _ = _codec(fmt.spec.name, how == "compiled")
-        return decode(p.detach(), tensors)
+        else:
+            decode, _ = _codec(fmt.spec.name, how == "compiled")
+            decode(p.detach(), tensors, out)
 
     def _encode(self, p: torch.Tensor, value: torch.Tensor) -> None:
         fmt = self._masters[p]
@@ -325,10 +349,14 @@ class Mastered(torch.optim.Optimizer):
     def master_weights(self) -> list[torch.Tensor]:
         """The fp32 master value of every parameter, in parameter order (new tensors)."""
         self.sync_edited()
-        return [
-            p.detach().clone() if p.dtype == torch.float32 else self._decode(p, self.state.get(p))
-            for p in self._params()
-        ]
+        out = []
+        for p in self._params():
+            if p.dtype == torch.float32:
+                out.append(p.detach().clone())
+            else:
+                out.append(torch.empty(p.shape, dtype=torch.float32, device=p.device))
+                self._decode(p, self.state.get(p), out[-1])
+        return out
 
     @torch.no_grad()
     def load_master_weights(self, weights: Sequence[torch.Tensor]) -> None:
@@ -452,19 +480,19 @@ class Mastered(torch.optim.Optimizer):
         )
 
 
-DecodeFn = Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]
+DecodeFn = Callable[[torch.Tensor, list[torch.Tensor], torch.Tensor], None]
 EncodeFn = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor]], None]
 
 
 @functools.cache
 def _codec(name: str, compiled: bool) -> tuple[DecodeFn, EncodeFn]:
-    """Master format `name`'s decode (to a new fp32 tensor) and encode (into the
+    """Master format `name`'s decode (into an fp32 tensor) and encode (into the
     parameter and its state, in place), eager or each compiled as one kernel (shapes
     dynamic)."""
     fmt = master_format(name)
 
-    def decode(param: torch.Tensor, state: list[torch.Tensor]) -> torch.Tensor:
-        return fmt.decode(param, state).to(torch.float32)
+    def decode(param: torch.Tensor, state: list[torch.Tensor], out: torch.Tensor) -> None:
+        out.copy_(fmt.decode(param, state))
 
     def encode(value: torch.Tensor, param: torch.Tensor, state: list[torch.Tensor]) -> None:
         stored, kept = fmt.encode(value, dtype=param.dtype, noise=None)
@@ -498,6 +526,26 @@ def _compiled(fn: Callable[_P, _R]) -> Callable[_P, _R]:
             return graph(*args, **kwargs)
 
     return run
+
+
+def _aligned(numel: int) -> int:
+    """`numel` rounded up to 16 elements: each run of the scratch starts on 64 bytes."""
+    return -(-numel // 16) * 16
+
+
+def _scratch(chunks: list[list[torch.Tensor]]) -> dict[torch.device, torch.Tensor]:
+    """A step's fp32 scratch: per device, one buffer as large as the largest chunk's
+    runs there (`scratch_bytes_of`), which every chunk reuses, so its pages are first
+    touched once per step rather than once per chunk (the peak is the same)."""
+    need: dict[torch.device, int] = {}
+    for chunk in chunks:
+        per_device: dict[torch.device, int] = {}
+        for p in chunk:
+            runs = scratch_bytes_of(p) // (4 * max(p.numel(), 1))
+            per_device[p.device] = per_device.get(p.device, 0) + runs * _aligned(p.numel())
+        for device, n in per_device.items():
+            need[device] = max(need.get(device, 0), n)
+    return {d: torch.empty(n, dtype=torch.float32, device=d) for d, n in need.items()}
 
 
 def scratch_bytes_of(p: torch.Tensor) -> int:

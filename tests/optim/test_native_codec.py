@@ -161,3 +161,9 @@ def test_mastered_steps_with_the_native_codec_bitwise_as_eager(name: str) -> Non
         assert torch.equal(_bits(a.detach()), _bits(b.detach()))
     for a, b in zip(native_opt.master_weights(), eager_opt.master_weights(), strict=True):
         assert torch.equal(_bits(a), _bits(b))
+
+
+def test_an_unknown_codec_is_refused_naming_the_choices() -> None:
+    params = [torch.zeros(4, dtype=torch.bfloat16, requires_grad=True)]
+    with pytest.raises(ValueError, match="codec='fast': give one of 'auto'"):
+        Mastered(torch.optim.SGD, params, codec="fast", lr=0.1)  # type: ignore[arg-type]

@@ -71,7 +71,7 @@ class Mastered(torch.optim.Optimizer):
     hyperparameters (LR schedulers, clipping and `mixprec.Precision` see a usual
     optimizer); they are copied into the inner optimizer's groups at each step.
 
-    The fp32 scratch of a step is stepped chunk by chunk: the parameters with a
+    A step goes chunk by chunk through its fp32 scratch: the parameters with a
     gradient, in order, grouped so that each chunk's decoded values and upcast
     gradients (4 bytes each per element, none for fp32 parameters and fp32
     gradients) fit ``scratch_bytes``; one buffer per step, as large as the largest

@@ -162,3 +162,9 @@ def test_console_script_runs() -> None:
         check=True,
     )
     assert json.loads(out.stdout)["formats"]
+
+
+def test_an_abbreviated_flag_is_refused_not_guessed(capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by review: `compare --seed 3` was read as `--seeds 3` and started a compare."""
+    assert main(["compare", "--seed", "3"]) == 2
+    assert "unrecognized arguments: --seed" in capsys.readouterr().err

@@ -353,6 +353,7 @@ def test_budget_counts_the_moments_of_the_optimizers_rule(
     ("argv", "says"),
     [
         (["--optimizer", "muon"], "unknown optimizer 'muon'; valid: adamw, adam, sgd, lion"),
+        (["--optimizer", "sgd", "--optimizer-args", "foo=1"], "takes no argument 'foo'; valid:"),
         (["--optimizer-args", "momentum"], "'momentum' is not key=value"),
         (["--optimizer", "sgd", "--optimizer-args", "nesterov=true"], "Nesterov momentum"),
         (["--optimizer", "sgd", "--optimizer-args", "moments=int8"], "the policy decides"),

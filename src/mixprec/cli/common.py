@@ -27,7 +27,13 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are `UsageError` (one line, exit code 2)."""
+    """An argument parser whose errors are `UsageError` (one line, exit code 2) and
+    which takes no abbreviated flag (``compare --seed 3`` read as ``--seeds 3`` started
+    a whole compare)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         if message.endswith("expected one argument"):

@@ -61,7 +61,7 @@ TRAIN_ARGS: tuple[str, ...] = ("lr", "weight_decay", "betas")
 LION_LR_DIVISOR = 3.0
 
 #: torch's options no mixprec optimizer honours (each class refuses them, naming why).
-_UNSUPPORTED = ("foreach", "differentiable", "capturable")
+_UNSUPPORTED = ("differentiable", "capturable")
 
 #: Arguments the run decides, with what decides them.
 _DECIDED = {
@@ -70,7 +70,7 @@ _DECIDED = {
     "(e.g. bf16_master)",
     "moments": "the policy decides the moment format: choose a policy that keeps the one "
     "you want (e.g. bf16_lean)",
-    "seed": "the run's seed sets it (--seed)",
+    "seed": "the run's seed sets it (train --seed; compare runs --seeds N seeds)",
 }
 
 

@@ -11,6 +11,7 @@ over one element is asked, so its own checks refuse bad arguments as training wo
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,8 +49,15 @@ def optimizer_rule(name: str, args: Mapping[str, Any] | None = None) -> str:
     probe = torch.zeros(1, requires_grad=True)
     try:
         opt = cls([probe], **kwargs)
-    except TypeError as exc:  # an argument the optimizer does not take
-        raise ValueError(f"optimizer {name!r}: {exc}") from None
+    except TypeError as exc:  # an argument the optimizer does not take, or a bad type
+        takes = set(inspect.signature(cls).parameters) - {"params", *_FROM_POLICY, "seed"}
+        unknown = sorted(set(kwargs) - takes)
+        if not unknown:
+            raise ValueError(f"optimizer {name!r}: {exc}") from None
+        raise ValueError(
+            f"optimizer {name!r} takes no argument {', '.join(map(repr, unknown))}; valid: "
+            f"{', '.join(sorted(takes))}"
+        ) from None
     # The optimizer's own choice of rule for its group (one home: RuleOptimizer.rule_of).
     rule: str = opt.rule_of(opt.param_groups[0]).name
     return rule

@@ -4,8 +4,8 @@ A checkpoint of `train` carries, in its ``extra``, what makes the run repeatable
 (`run_state`): the data position (the seed and the step: a built-in workload draws
 batch ``k`` from them alone), the workload and its config, the training settings,
 the optimizer and the recipe. A resume takes the checkpoint `resume_point` names and
-refuses one of another policy or optimizer class (`check_policy`,
-`check_optimizer_class`, before anything is loaded) or of another run (`check_run`,
+refuses one of another policy or optimizer class (`check_trained_as`, before
+anything is loaded) or of another run (`check_run`,
 naming every field that differs, the optimizer's arguments included).
 """
 
@@ -27,9 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RESUME",
-    "check_optimizer_class",
-    "check_policy",
     "check_run",
+    "check_trained_as",
     "resume_point",
     "run_state",
 ]
@@ -76,30 +75,26 @@ def resume_point(
     return info
 
 
-def check_policy(info: CheckpointInfo, policy: Policy) -> None:
-    """Refuse a checkpoint saved under another policy (its descriptive fields aside)."""
+def check_trained_as(info: CheckpointInfo, policy: Policy, optimizer: object, name: str) -> None:
+    """Refuse a checkpoint saved under another policy (its descriptive fields aside) or
+    with another optimizer class than `optimizer` (the recipe's `name`), before anything
+    is loaded."""
+    from mixprec.checkpoint.layout import class_name
+
     saved = dict(info.policy) if info.policy is not None else {}
     diff = [f"{k} (saved {a!r}, now {b!r})" for k, (a, b) in policy.differences(saved).items()]
     if diff:
-        name = saved.get("name", "?")
+        was = saved.get("name", "?")
         raise ValueError(
-            f"{info.path} was trained under policy {name!r}, this run asks for "
+            f"{info.path} was trained under policy {was!r}, this run asks for "
             f"{policy.name!r}; differing fields: {', '.join(diff)}; resume under "
-            f"{name!r} or choose another --out"
+            f"{was!r} or choose another --out"
         )
-
-
-def check_optimizer_class(info: CheckpointInfo, optimizer: object, name: str) -> None:
-    """Refuse a checkpoint saved with another optimizer class than `optimizer` (the
-    recipe's `name`), before anything is loaded."""
-    from mixprec.checkpoint.layout import class_name
-
-    now = class_name(optimizer)
-    if info.optimizer is not None and info.optimizer != now:
-        saved = info.optimizer.rsplit(".", 1)[-1].lower()
+    if info.optimizer is not None and info.optimizer != class_name(optimizer):
+        was = info.optimizer.rsplit(".", 1)[-1].lower()
         raise ValueError(
-            f"{info.path} was trained with optimizer {saved} ({info.optimizer}), this run "
-            f"asks for {name}: resume with --optimizer {saved} or choose another --out"
+            f"{info.path} was trained with optimizer {was} ({info.optimizer}), this run "
+            f"asks for {name}: resume with --optimizer {was} or choose another --out"
         )
 
 

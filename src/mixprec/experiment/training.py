@@ -2,9 +2,8 @@
 
 Each step is the one compare's runs take (`runner.training_step`): the workload's
 model built from the seed, `Precision.prepare`, the recipe's optimizer
-(`optimizer.build_optimizer`: AdamW unless it names another) with the schedule's
-weight decay and betas, the learning rate of step ``k`` from `lr_at`,
-and the batch of step ``k`` from ``Workload.train_batch(step=k, seed=seed)``. The
+(`optimizer.build_optimizer`) with the schedule's weight decay and betas, the learning
+rate of step ``k`` from `lr_at` and the batch of step ``k`` (``Workload.train_batch``). The
 data position is therefore the step: each checkpoint records it (with the
 workload and the training settings) and a resume checks it (`experiment.resume`).
 
@@ -57,14 +56,7 @@ from mixprec.experiment.plan import RunSettings, settings_dict, settings_for, wo
 from mixprec.experiment.progress import Progress, finding_line
 from mixprec.experiment.recipe import Recipe
 from mixprec.experiment.records import strict_json, write_json_atomic
-from mixprec.experiment.resume import (
-    RESUME,
-    check_optimizer_class,
-    check_policy,
-    check_run,
-    resume_point,
-    run_state,
-)
+from mixprec.experiment.resume import RESUME, check_run, check_trained_as, resume_point, run_state
 from mixprec.experiment.runner import doctor_for, model_seed, predicted_bytes, training_step
 from mixprec.experiment.tracked import TrainTracking
 from mixprec.tracking import Tracker, guarded, tracker_failed
@@ -260,14 +252,8 @@ class _Run:
             self.prec.prepare(self.model)
             # The seed of stochastic rounding (bf16_sr) comes from the recipe, not from
             # torch's default generator: a new process repeats the run.
-            self.optimizer = build_optimizer(
-                self.prec,
-                self.model,
-                settings.optimizer,
-                settings.optimizer_args,
-                t,
-                seed=recipe.seed,
-            )
+            opt_args = (settings.optimizer, settings.optimizer_args)
+            self.optimizer = build_optimizer(self.prec, self.model, *opt_args, t, seed=recipe.seed)
         self.config = json.loads(json.dumps(workload.config, default=str))  # plain data
         self.latest: CheckpointInfo | None = None
         self.elapsed_before = 0.0  # training time of earlier calls (from the checkpoint)
@@ -292,8 +278,7 @@ class _Run:
         )
         if info is None:
             return 0
-        check_policy(info, self.prec.policy)
-        check_optimizer_class(info, self.optimizer, self.recipe.optimizer)
+        check_trained_as(info, self.prec.policy, self.optimizer, self.recipe.optimizer)
         loaded = load(info.path, model=self.model, optimizer=self.optimizer, precision=self.prec)
         check_run(info, loaded["extra"], self._extra(info.step, 0.0), self.out / RECIPE_FILE)
         self.latest = info
@@ -590,20 +575,23 @@ class _Run:
             "steps_per_s": self.timed / self.step_time if self.step_time else None,
             "world_size": self.world,
             "strategy": self.strategy,
-            "checkpoint": None
-            if info is None
-            else {
-                "path": str(info.path.relative_to(self.out)),
-                "step": info.step,
-                "bytes": info.bytes,
-                "components": dict(info.components),
-            },
+            "checkpoint": None if info is None else _checkpoint(info, self.out),
             "export": exported,
             "predicted_bytes": predicted,
             "doctor": findings,
             "effective": self.prec.describe(),
             "tracked": self._tracked(),
         }
+
+
+def _checkpoint(info: CheckpointInfo, out: Path) -> dict[str, Any]:
+    path = str(info.path.relative_to(out))
+    return {
+        "path": path,
+        "step": info.step,
+        "bytes": info.bytes,
+        "components": dict(info.components),
+    }
 
 
 def _final(step: int, result: EvalResult) -> dict[str, Any]:

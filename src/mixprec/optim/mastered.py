@@ -25,9 +25,8 @@ since the optimizer last wrote it has its master reset from it
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any
 
 import torch
 from torch.optim.optimizer import ParamsT
@@ -36,13 +35,12 @@ from mixprec.dtypes import dtype_name
 from mixprec.formats import (
     MasterFormat,
     check_master,
-    master_format,
     master_state_keys,
     resolve_master,
 )
 from mixprec.formats.registry import DEFAULT_MASTER
-from mixprec.optim import native, sharding
-from mixprec.optim.inductor import COMPILE_OPTIONS, vector_bitcasts
+from mixprec.optim import master_codec, sharding
+from mixprec.optim.master_codec import CODECS, Codec
 from mixprec.optim.param_plan import check_masters_have_16bit_params
 from mixprec.optim.resync import check_weights, reset_master
 
@@ -52,11 +50,6 @@ __all__ = ["DEFAULT_SCRATCH_BYTES", "Mastered"]
 DEFAULT_SCRATCH_BYTES = 256 * 2**20
 
 _NOT_HYPER = frozenset({"params", "param_names", "master"})
-#: ``codec=`` values: see `Mastered`.
-Codec = Literal["auto", "compiled", "eager"]
-_CODECS = ("auto", "compiled", "eager")
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 
 
 class Mastered(torch.optim.Optimizer):
@@ -126,8 +119,8 @@ class Mastered(torch.optim.Optimizer):
                 f"scratch_bytes={scratch_bytes!r}: give a positive number of bytes, or None "
                 "(one chunk: the whole model's fp32 values and gradients at once)"
             )
-        if codec not in _CODECS:
-            raise ValueError(f"codec={codec!r}: give one of {', '.join(map(repr, _CODECS))}")
+        if codec not in CODECS:
+            raise ValueError(f"codec={codec!r}: give one of {', '.join(map(repr, CODECS))}")
         _refuse_options(kwargs, "")
         check_master(master, auto=True)
         self._cls = optimizer_cls
@@ -294,13 +287,9 @@ class Mastered(torch.optim.Optimizer):
         Raises:
             KeyError: `p` is not a parameter of this optimizer.
         """
-        name = self._masters[p].spec.name
         if p.dtype == torch.float32:
             return "none"
-        library = _native_library() if self._codec == "auto" else None
-        if library is not None and library.codec_accepts(p.detach(), master=name):
-            return "native"
-        return "compiled" if self._codec == "compiled" else "eager"
+        return master_codec.backend(self._masters[p], p.detach(), self._codec)
 
     def _decode(
         self, p: torch.Tensor, state: dict[str, torch.Tensor] | None, out: torch.Tensor
@@ -310,27 +299,13 @@ class Mastered(torch.optim.Optimizer):
         if not state:
             state = fmt.init_state(p.detach())
         tensors = [state[k] for k in fmt.spec.state_keys]
-        how = self.codec_of(p)
-        if how == "native":
-            library = _native_library()
-            assert library is not None
-            library.codec(fmt.spec.name, p.detach(), tensors, out, encode=False)
-        else:
-            decode, _ = _codec(fmt.spec.name, how == "compiled")
-            decode(p.detach(), tensors, out)
+        master_codec.decode(fmt, p.detach(), tensors, out, self.codec_of(p))
 
     def _encode(self, p: torch.Tensor, value: torch.Tensor) -> None:
         fmt = self._masters[p]
         state = self._master_state(p)
         tensors = [state[k] for k in fmt.spec.state_keys]
-        how = self.codec_of(p)
-        if how == "native":
-            library = _native_library()
-            assert library is not None
-            library.codec(fmt.spec.name, p.detach(), tensors, value.contiguous(), encode=True)
-        else:
-            _, encode = _codec(fmt.spec.name, how == "compiled")
-            encode(value, p.detach(), tensors)
+        master_codec.encode(fmt, p.detach(), tensors, value, self.codec_of(p))
         self._written[p] = _written(p)
 
     @torch.no_grad()
@@ -478,54 +453,6 @@ class Mastered(torch.optim.Optimizer):
             f"scratch_bytes={self._scratch_bytes!r}, codec={self._codec!r}, "
             f"groups={len(self.param_groups)})"
         )
-
-
-DecodeFn = Callable[[torch.Tensor, list[torch.Tensor], torch.Tensor], None]
-EncodeFn = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor]], None]
-
-
-@functools.cache
-def _codec(name: str, compiled: bool) -> tuple[DecodeFn, EncodeFn]:
-    """Master format `name`'s decode (into an fp32 tensor) and encode (into the
-    parameter and its state, in place), eager or each compiled as one kernel (shapes
-    dynamic)."""
-    fmt = master_format(name)
-
-    def decode(param: torch.Tensor, state: list[torch.Tensor], out: torch.Tensor) -> None:
-        out.copy_(fmt.decode(param, state))
-
-    def encode(value: torch.Tensor, param: torch.Tensor, state: list[torch.Tensor]) -> None:
-        stored, kept = fmt.encode(value, dtype=param.dtype, noise=None)
-        param.copy_(stored)
-        for dst, src in zip(state, kept, strict=True):
-            dst.copy_(src)
-
-    if not compiled:
-        return decode, encode
-    return _compiled(decode), _compiled(encode)
-
-
-@functools.cache
-def _native_library() -> native.NativeLibrary | None:
-    """The native kernel, or None where it cannot be built or loaded (``MIXPREC_NATIVE=0``,
-    no compiler): masters then take the eager codec (once per process: a failed build
-    is not retried)."""
-    try:
-        return native.library()
-    except native.NativeUnavailableError:
-        return None
-
-
-def _compiled(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """`fn` compiled with mixprec's Inductor options (`optim.inductor`), shapes dynamic."""
-    graph = torch.compile(fn, fullgraph=True, dynamic=True, options=COMPILE_OPTIONS)
-
-    @functools.wraps(fn)
-    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with vector_bitcasts():
-            return graph(*args, **kwargs)
-
-    return run
 
 
 def _aligned(numel: int) -> int:

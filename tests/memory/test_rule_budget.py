@@ -101,7 +101,9 @@ def test_every_rules_moments_are_measured_as_moments(rule: str, moments: str) ->
 def test_bad_optimizer_names_and_arguments_are_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match=r"unknown optimizer 'muon'; valid: adamw, adam, sgd"):
         optimizer_rule("muon")
-    with pytest.raises(ValueError, match=r"optimizer 'sgd': .*'momentun'"):
+    with pytest.raises(
+        ValueError, match=r"optimizer 'sgd' takes no argument 'momentun'; valid: .*momentum"
+    ):
         optimizer_rule("sgd", {"momentun": 0.9})
     with pytest.raises(ValueError, match=r"'moments': the policy decides"):
         optimizer_rule("lion", {"moments": "bf16"})

@@ -8,7 +8,7 @@ import torch
 from torch.optim.optimizer import ParamsT
 
 from mixprec.formats.registry import DEFAULT_MASTER, DEFAULT_MOMENTS
-from mixprec.optim.options import check_formats, check_hyper, refuse_unsupported
+from mixprec.optim.options import check_hyper, refuse_unsupported
 from mixprec.optim.rule_optimizer import RuleOptimizer
 from mixprec.optim.rules import RULES, Rule
 
@@ -79,8 +79,7 @@ class Adam(RuleOptimizer):
             min_int8_numel=min_int8_numel,
         )
 
-    def _check_group(self, group: dict[str, Any]) -> None:
-        refuse_unsupported("param group: ", group)
+    def _check_hyper(self, group: dict[str, Any]) -> None:
         for key in ("amsgrad", "decoupled_weight_decay", "maximize"):
             if not isinstance(group.get(key, False), bool):
                 raise TypeError(f"param group: {key} must be True or False, got {group[key]!r}")
@@ -92,7 +91,6 @@ class Adam(RuleOptimizer):
             foreach=group.get("foreach"),
             capturable=bool(group.get("capturable")),
         )
-        check_formats(group)
 
     def _rule_for(self, group: dict[str, Any]) -> Rule:
         name = "adamw" if group.get("decoupled_weight_decay", False) else "adam"

@@ -105,10 +105,10 @@ class AdamW(Adam):
     def _rule_for(self, group: dict[str, Any]) -> Rule:
         return RULES["adamw_amsgrad" if group.get("amsgrad") else "adamw"]
 
-    def _check_group(self, group: dict[str, Any]) -> None:
+    def _check_hyper(self, group: dict[str, Any]) -> None:
         if group.get("decoupled_weight_decay", True) is not True:
             raise ValueError(
                 "param group: decoupled_weight_decay=False (Adam with L2 decay) is not "
                 "AdamW: use mixprec.optim.Adam for L2 decay, or drop the key"
             )
-        super()._check_group(group)
+        super()._check_hyper(group)

@@ -18,7 +18,7 @@ import torch
 from torch.optim.optimizer import ParamsT
 
 from mixprec.formats.registry import DEFAULT_MASTER, DEFAULT_MOMENTS
-from mixprec.optim.options import check_formats, check_lion, refuse_unsupported
+from mixprec.optim.options import check_lion, refuse_unsupported
 from mixprec.optim.rule_optimizer import RuleOptimizer
 from mixprec.optim.rules import RULES, Rule
 
@@ -76,10 +76,8 @@ class Lion(RuleOptimizer):
             min_int8_numel=min_int8_numel,
         )
 
-    def _check_group(self, group: dict[str, Any]) -> None:
-        refuse_unsupported("param group: ", group)
+    def _check_hyper(self, group: dict[str, Any]) -> None:
         check_lion(group["lr"], group["betas"], group["weight_decay"])
-        check_formats(group)
 
     def _rule_for(self, group: dict[str, Any]) -> Rule:
         return RULES["lion"]

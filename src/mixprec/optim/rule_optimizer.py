@@ -21,7 +21,7 @@ from torch.optim.optimizer import ParamsT
 
 from mixprec.optim.group_step import GroupStep, gather_group, traced_step
 from mixprec.optim.kernels import resolve_mode
-from mixprec.optim.options import check_options
+from mixprec.optim.options import check_formats, check_options, refuse_unsupported
 from mixprec.optim.param_plan import (
     ParamPlan,
     check_masters_have_16bit_params,
@@ -42,7 +42,8 @@ __all__ = ["RuleOptimizer"]
 class RuleOptimizer(torch.optim.Optimizer):
     """An optimizer stepping each param group with an update rule over chosen
     master and moment formats (see the module). Subclasses give torch's signature,
-    check a group's options (`_check_group`) and name the rule its options pick (`_rule_for`).
+    check a group's hyperparameters (`_check_hyper`) and name the rule its options pick
+    (`_rule_for`).
 
     Args:
         params: parameters or param groups.
@@ -76,7 +77,15 @@ class RuleOptimizer(torch.optim.Optimizer):
         check_masters_have_16bit_params(self.param_groups)
 
     def _check_group(self, group: dict[str, Any]) -> None:
-        """Refuse a group whose options or hyperparameters the rule cannot honour."""
+        """Refuse a group whose options, hyperparameters or formats cannot be honoured:
+        torch's options no rule honours, the subclass's checks (`_check_hyper`), the
+        formats."""
+        refuse_unsupported("param group: ", group)
+        self._check_hyper(group)
+        check_formats(group)
+
+    def _check_hyper(self, group: dict[str, Any]) -> None:
+        """Torch's checks of the group's hyperparameters (each subclass's own)."""
         raise NotImplementedError
 
     def rule_of(self, group: dict[str, Any]) -> Rule:

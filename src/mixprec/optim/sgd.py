@@ -8,7 +8,7 @@ import torch
 from torch.optim.optimizer import ParamsT
 
 from mixprec.formats.registry import DEFAULT_MASTER, DEFAULT_MOMENTS
-from mixprec.optim.options import check_formats, check_sgd, refuse_unsupported
+from mixprec.optim.options import check_sgd, refuse_unsupported
 from mixprec.optim.rule_optimizer import RuleOptimizer
 from mixprec.optim.rules import RULES, Rule
 
@@ -77,8 +77,7 @@ class SGD(RuleOptimizer):
             min_int8_numel=min_int8_numel,
         )
 
-    def _check_group(self, group: dict[str, Any]) -> None:
-        refuse_unsupported("param group: ", group)
+    def _check_hyper(self, group: dict[str, Any]) -> None:
         check_sgd(
             group["lr"],
             group["momentum"],
@@ -86,7 +85,6 @@ class SGD(RuleOptimizer):
             group["weight_decay"],
             group["nesterov"],
         )
-        check_formats(group)
 
     def _rule_for(self, group: dict[str, Any]) -> Rule:
         # (a momentum a scheduler sets later on a group added without one is refused by

@@ -61,6 +61,22 @@ INT8_EXP_AVG_REL_AT_1PCT = 0.08
 #: (quarter-power map: 1 / (255 * 1e-4**0.25) ~ 4%).
 INT8_SQRT_EXP_AVG_SQ_REL_AT_1E4 = 0.05
 
+#: int4 moment codes (tests/formats/test_int4.py), bounds from the codes themselves
+#: (not measured): the first moment's code is q / 7 in the square-root domain, so a
+#: decoded |m| is off by at most half a step there, 1 / 14: with s = sqrt(|m| / absmax),
+#: ``|m' - m| <= absmax * (2 s + 1 / 14) / 14``. The second moment's levels are
+#: (q + 1) / 16 of ``min(rowmax, colmax)``: half a level, 1 / 32 of it, for v at or above
+#: the lowest level; v below it decodes to the lowest level (1 / 16, never 0).
+INT4_SIGNED_HALF_STEP = 1.0 / 14.0
+INT4_SQUARE_HALF_STEP = 1.0 / 32.0
+#: fp32 arithmetic on top of the code error (a few roundings of 2**-24 each), relative
+#: to the scale (absmax, or min(rowmax, colmax)).
+INT4_FP32_SLACK = 2.0**-20
+#: AdamW on digits (tests/formats/test_int4.py): full-set training loss after 150 steps
+#: with int4 moments minus that with fp32 moments. Measured on 2026-11-29: fp32 0.0870,
+#: int8 0.0856, int4 0.0832 (int4 0.004 lower); set at 5x that magnitude.
+INT4_DIGITS_LOSS_GAP = 0.02
+
 #: Export (tests/checkpoint/test_export.py): max |logits| gap between a tiny Llama
 #: reloaded in fp32 from its exported masters and the trained model run under
 #: bf16_master (bf16 weights and compute), logits of magnitude ~1. Measured

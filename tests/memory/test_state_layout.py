@@ -47,8 +47,8 @@ def test_int8_moments_quantize_large_block_multiples_only() -> None:
 def test_unknown_formats_are_named() -> None:
     with pytest.raises(ValueError, match="unknown master 'fp64'; valid: none, fp32"):
         state_nbytes(1, param_dtype=torch.bfloat16, master="fp64", moments="fp32")
-    with pytest.raises(ValueError, match="unknown moments 'int4'; valid: fp32, bf16, int8"):
-        state_nbytes(1, param_dtype=torch.bfloat16, master="none", moments="int4")
+    with pytest.raises(ValueError, match="unknown moments 'int2'; valid: fp32, bf16, int8, int4"):
+        state_nbytes(1, param_dtype=torch.bfloat16, master="none", moments="int2")
 
 
 def _fits_rank_by_rank(rows: int, row: int, blocks: int, block: int, parts: int) -> bool:

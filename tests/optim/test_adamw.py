@@ -140,7 +140,7 @@ def test_defaults_auto_formats_and_small_int8_fallback() -> None:
     ("kwargs", "match"),
     [
         ({"master": "fp64"}, "unknown master 'fp64'; valid: auto, none, fp32"),
-        ({"moments": "int4"}, "unknown moments 'int4'; valid: fp32, bf16, int8"),
+        ({"moments": "int2"}, "unknown moments 'int2'; valid: fp32, bf16, int8, int4"),
         ({"lr": -1.0}, "Invalid learning rate: -1.0"),
         ({"betas": (0.9, 1.0)}, r"Invalid beta parameter at index 1"),
         ({"weight_decay": -0.1}, "Invalid weight_decay value"),

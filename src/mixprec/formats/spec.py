@@ -12,8 +12,9 @@ values, so each format module declares its spec at import without loading torch.
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mixprec.floats import canonical_name, itemsize, torch_name
@@ -35,15 +36,28 @@ class StateTensor:
         follows_param: True when the tensor is stored in the parameter's own
             dtype (Kahan compensation); `dtype` then names one such dtype, of
             the same size as every dtype the format accepts.
+        per_row: True for one value per row of the parameter viewed as a matrix
+            ``(shape[0], numel // shape[0])`` (int4's rank-1 row statistics).
+        per_column: True for one value per column of that matrix view.
+        packed: True for two 4-bit codes per stored byte, packed along the
+            parameter's last dim (shape ``(*shape[:-1], shape[-1] // 2)``).
     """
 
     name: str
     dtype: str
     per_block: bool = False
     follows_param: bool = False
+    per_row: bool = False
+    per_column: bool = False
+    packed: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", _storage_name(self.dtype))
+
+    @property
+    def per_element(self) -> bool:
+        """True when the tensor holds one value per element, laid out like the parameter."""
+        return not (self.per_block or self.per_row or self.per_column or self.packed)
 
     @property
     def itemsize(self) -> int:
@@ -121,11 +135,25 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _state_nbytes(state: tuple[StateTensor, ...], numel: int, block_size: int) -> int:
+def _state_nbytes(
+    state: tuple[StateTensor, ...], numel: int, block_size: int, rows: int | None = None
+) -> int:
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size!r}")
     blocks = _ceil_div(numel, block_size)
-    return sum(t.itemsize * (blocks if t.per_block else numel) for t in state)
+    rows = max(1, math.isqrt(numel)) if rows is None else max(1, rows)
+    counts = {"block": blocks, "row": rows, "column": _ceil_div(numel, rows)}
+
+    def count(t: StateTensor) -> int:
+        if t.per_block:
+            return counts["block"]
+        if t.per_row:
+            return counts["row"]
+        if t.per_column:
+            return counts["column"]
+        return _ceil_div(numel, 2) if t.packed else numel
+
+    return sum(t.itemsize * count(t) for t in state)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,6 +269,8 @@ class MomentSpec:
         blockwise: True when the format quantizes blocks of elements, which the
             optimizer applies only to tensors whose size is a whole number of
             blocks (others keep fp32 moments).
+        block_size: the block size the format always uses (int4: 128), or None
+            when it takes the optimizer's ``block_size`` (int8).
         kernel_code: the format's case in the native kernel's ``enum Moments``
             (the build defines ``MIXPREC_MOMENTS_<NAME>`` to it), or None when the
             native kernel does not implement the format.
@@ -252,6 +282,7 @@ class MomentSpec:
     square: tuple[StateTensor, ...]
     rounds_increments: bool
     blockwise: bool = False
+    block_size: int | None = None
     kernel_code: int | None = None
 
     def __post_init__(self) -> None:
@@ -263,7 +294,7 @@ class MomentSpec:
     def state_for(self, slots: tuple[tuple[str, str], ...]) -> tuple[StateTensor, ...]:
         """The state tensors of the moments `slots` (``(key, kind)`` pairs), in order."""
         return tuple(
-            StateTensor(t.name.format(key), t.dtype, t.per_block, t.follows_param)
+            replace(t, name=t.name.format(key))
             for key, kind in slots
             for t in (self.signed if kind == "signed" else self.square)
         )
@@ -284,7 +315,11 @@ class MomentSpec:
         *,
         block_size: int = 1,
         slots: tuple[tuple[str, str], ...] = ADAM_MOMENTS,
+        rows: int | None = None,
     ) -> int:
         """State bytes of the moments `slots` for a parameter of `numel` elements
-        (per-block scales rounded up)."""
-        return _state_nbytes(self.state_for(slots), numel, block_size if self.blockwise else 1)
+        (per-block scales rounded up; a fixed `MomentSpec.block_size` wins over
+        `block_size`). Per-row and per-column statistics count `rows` rows of
+        ``numel / rows`` columns; without `rows`, a square matrix is assumed."""
+        size = (self.block_size or block_size) if self.blockwise else 1
+        return _state_nbytes(self.state_for(slots), numel, size, rows)

@@ -80,6 +80,7 @@ def _state(t: _Tensor, pol: Policy, numel: int, *, int8: bool, slots: Slots) -> 
         moments=pol.moments,
         quantizable=int8,
         slots=slots,
+        shape=None if t.aggregate or numel != t.numel else t.shape,
     )
     return Components(master=st["master"], moments=st["moments"])
 

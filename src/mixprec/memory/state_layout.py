@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from mixprec.formats import master_spec, moment_format, moment_spec
+from mixprec.formats.moments import Int4Moments
 from mixprec.formats.spec import ADAM_MOMENTS
 from mixprec.optim.sharding import int8_shards_fit
 
@@ -32,6 +33,7 @@ def state_nbytes(
     min_int8_numel: int = INT8_MIN_NUMEL,
     quantizable: bool | None = None,
     slots: tuple[tuple[str, str], ...] = ADAM_MOMENTS,
+    shape: tuple[int, ...] | None = None,
 ) -> dict[str, int]:
     """Bytes a `mixprec.optim` optimizer keeps for one parameter tensor, by category.
 
@@ -44,16 +46,22 @@ def state_nbytes(
     separate witnesses (a test checks the specs against real state). Step counters
     and RNG state are not counted.
     `quantizable` overrides the int8 eligibility rule (for aggregate counts, which
-    stand for many large tensors).
+    stand for many large tensors). `shape`, where known, applies int4's own rule
+    (`Int4Moments.fits`) and sizes its per-row and per-column statistics (else a
+    square matrix is assumed).
     """
     master_bytes = master_spec(master).nbytes(numel)
     spec = moment_spec(moments)
     if spec.blockwise:
+        size = spec.block_size or block_size
         if quantizable is None:
-            quantizable = numel >= min_int8_numel and numel % block_size == 0
+            quantizable = numel >= min_int8_numel and numel % size == 0
+        if shape is not None and spec.name == "int4":
+            quantizable = quantizable and Int4Moments.fits(shape)
         if not quantizable:  # the optimizer keeps fp32 moments for such tensors
             spec = moment_spec("fp32")
-    moment_bytes = spec.nbytes(numel, block_size=block_size, slots=slots)
+    rows = shape[0] if shape is not None and len(shape) >= 2 else None
+    moment_bytes = spec.nbytes(numel, block_size=block_size, slots=slots, rows=rows)
     del param_dtype  # the layout does not depend on it beyond the master choice
     return {"master": master_bytes, "moments": moment_bytes}
 

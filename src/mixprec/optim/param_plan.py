@@ -21,7 +21,7 @@ from mixprec.formats import (
     moment_format,
     resolve_master,
 )
-from mixprec.formats.moments import Int8Moments
+from mixprec.formats.moments import Int4Moments, Int8Moments
 from mixprec.optim import sharding
 from mixprec.optim.kernels import KernelMode
 from mixprec.optim.layout import is_dense
@@ -80,7 +80,7 @@ class ParamPlan:
         moment_state = self.moments.spec.state_for(self.rule.slots)
         object.__setattr__(self, "moment_keys", tuple(t.name for t in moment_state))
         object.__setattr__(self, "uses_noise", self.master.spec.uses_noise)
-        per_element = tuple(t.name for t in moment_state if not t.per_block)
+        per_element = tuple(t.name for t in moment_state if t.per_element)
         object.__setattr__(self, "element_keys", self.master.spec.state_keys + per_element)
 
 
@@ -168,14 +168,14 @@ def plan_param(
     """The formats `group` asks for, fitted to `p`: ``auto`` resolved by its dtype; an fp32
     parameter is its own master (``none``: an fp32 island in a bf16 model shares its
     group); blockwise moments only for tensors of whole blocks, others keep fp32 moments
-    (as does a rule that keeps no moments: it stores none)."""
+    (as does a rule that keeps no moments: it stores none); int4 moments only for
+    tensors `Int4Moments.fits`, and never for one sharded over several ranks."""
     requested = group["master"]
     if p.dtype == torch.float32 and requested != "auto":
         requested = "none"
     master = resolve_master(requested, p.dtype)
     moments = moment_format(group["moments"] if rule.slots else "fp32", block_size=block_size)
-    if moments.spec.blockwise:
-        assert isinstance(moments, Int8Moments)
+    if isinstance(moments, Int8Moments):
         whole_blocks = (
             sharding.local(p.detach()).is_contiguous()  # blocks run in row-major order
             and p.numel() >= min_int8_numel
@@ -184,6 +184,20 @@ def plan_param(
         )
         if not whole_blocks:
             moments = moment_format("fp32")
+    elif isinstance(moments, Int4Moments):
+        fits = (
+            sharding.local(p.detach()).is_contiguous()
+            and p.numel() >= min_int8_numel
+            and Int4Moments.fits(tuple(p.shape))
+        )
+        if not fits:
+            moments = moment_format("fp32")
+        elif sharding.is_sharded(p):
+            raise ValueError(
+                f"moments='int4' cannot keep parameter {tuple(p.shape)} sharded over "
+                f"{sharding.shard_count(p)} ranks: its rank-1 column statistics span every "
+                "row; use moments='int8' for FSDP2-sharded parameters"
+            )
     requested_formats = (group["master"], group["moments"])
     return ParamPlan(rule, master, moments, mode, p.dtype, index, requested_formats)
 

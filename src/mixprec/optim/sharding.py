@@ -27,7 +27,9 @@ __all__ = [
     "int8_blocks_fit",
     "int8_shards_fit",
     "is_dtensor",
+    "is_sharded",
     "local",
+    "shard_count",
     "shard_like",
     "write_version",
 ]
@@ -165,6 +167,23 @@ def int8_blocks_fit(param: torch.Tensor, block_size: int, scale_shape: tuple[int
     if len(sharded) > 1:
         return False
     return int8_shards_fit(tuple(param.shape), block_size, scale_shape, mesh.size(sharded[0]))
+
+
+def shard_count(t: torch.Tensor) -> int:
+    """Over how many ranks DTensor `t` is split (1 for plain or replicated tensors)."""
+    if not is_dtensor(t):
+        return 1
+    mesh = t.device_mesh  # type: ignore[attr-defined]
+    count = 1
+    for i, placement in enumerate(t.placements):  # type: ignore[attr-defined]
+        if isinstance(placement, Shard):
+            count *= mesh.size(i)
+    return count
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """Whether DTensor `t` is split over more than one rank."""
+    return shard_count(t) > 1
 
 
 def shard_like(state: torch.Tensor, param: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -261,7 +261,7 @@ def param_state_from_torch(
         return None  # torch made no buffer (no momentum, or never stepped): no state here
     else:
         step = 1  # torch keeps no count: a buffer means the next step is not the first
-    shape = moments.kernel_shape(p.numel())
+    shape = moments.kernel_shape(p.shape)
     # Encoded in the order the step walks the parameter (memory order), into tensors
     # made like the optimizer's own (same strides).
     values = [flat_view(like_param(_moment(saved, k, p), p.detach())).view(shape) for k in keys]
@@ -290,7 +290,7 @@ def param_state_to_torch(
     dtype, or in `dtype`; ``step`` where torch keeps one)."""
     moments: MomentFormat = plan.moments
     lp = sharding.local(p.detach())
-    shape = moments.kernel_shape(lp.numel())
+    shape = moments.kernel_shape(lp.shape)
     local = {k: sharding.local(v) for k, v in state.items()}
     views = [
         flat_view(local[k]).view(shape) if local[k].shape == lp.shape else local[k].view(-1)

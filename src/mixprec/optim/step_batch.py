@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mixprec.formats import master_format, moment_format
+from mixprec.formats import StateTensor, master_format, moment_format
 from mixprec.optim import native
 from mixprec.optim.kernels import (
     KernelMode,
@@ -155,10 +155,13 @@ class StepKernel:
         #: State tensors per parameter (`StepBatch` lists them parameter after parameter).
         self.n_master = len(spec.state)
         self.n_moments = len(family.moment_tensors)
-        self._per_block = tuple(t.per_block for t in family.moment_tensors)
-        # (key, dtype, follows the parameter's dtype) and (key, dtype, per block) per slot
+        self._layouts = family.moment_tensors
+        # Packed codes are matrices of each parameter's own width, and rank-1 statistics
+        # span a whole parameter: such parameters are never concatenated.
+        self._concat = all(t.per_element or t.per_block for t in family.moment_tensors)
+        # (key, dtype, follows the parameter's dtype) and (key, dtype, layout) per slot
         self._master = tuple((t.name, t.torch_dtype, t.follows_param) for t in spec.state)
-        self._moments = tuple((t.name, t.torch_dtype, t.per_block) for t in family.moment_tensors)
+        self._moments = tuple((t.name, t.torch_dtype, t) for t in family.moment_tensors)
         self._master_follows_param = any(t.follows_param for t in spec.state)
         # Parameter dtypes the native kernel steps for this master.
         self._native_dtypes = frozenset(d for d in native.DTYPES if family.master.spec.accepts(d))
@@ -270,7 +273,7 @@ class StepKernel:
             step = host_steps[i]
             if step not in scalars:
                 scalars[step] = self.family.rule.scalar_tensor(hyper, step, p.device)
-            if p.numel() <= CONCAT_MAX_NUMEL:
+            if p.numel() <= CONCAT_MAX_NUMEL and self._concat:
                 small.setdefault((step, p.dtype, batch.grads[i].dtype), []).append(i)
             else:
                 self._call(*views[i], scalars[step], keys[i])
@@ -293,11 +296,7 @@ class StepKernel:
             and list(map(_NUMEL, batch.grads)) == numels
             and list(map(_NUMEL, batch.master_state)) == [n for n in numels for _ in self._master]
             and list(map(_NUMEL, batch.moment_state))
-            == [
-                self.family.moments.kernel_shape(n)[0] if per_block else n
-                for n in numels
-                for _, _, per_block in self._moments
-            ]
+            == [self._numel(layout, p) for p in batch.params for _, _, layout in self._moments]
             and list(map(_DTYPE, batch.master_state)) == self._master_dtypes(batch.params)
             and list(map(_DTYPE, batch.moment_state)) == [d for _, d, _ in self._moments] * count
             and all(map(torch.Tensor.is_contiguous, state))
@@ -310,7 +309,6 @@ class StepKernel:
         nm, nmo = len(self._master), len(self._moments)
         for i, p in enumerate(batch.params):
             n = p.numel()
-            blocks = self.family.moments.kernel_shape(n)[0]
             slots: list[tuple[str, object, int, torch.dtype | None]] = [
                 ("gradient", batch.grads[i], n, None)
             ]
@@ -319,8 +317,8 @@ class StepKernel:
                 for k, (key, d, follows) in enumerate(self._master)
             ]
             slots += [
-                (f"state[{key!r}]", batch.moment_state[i * nmo + k], blocks if per_block else n, d)
-                for k, (key, d, per_block) in enumerate(self._moments)
+                (f"state[{key!r}]", batch.moment_state[i * nmo + k], self._numel(layout, p), d)
+                for k, (key, d, layout) in enumerate(self._moments)
             ]
             slots.append(("state['step']", batch.steps[i], 1, torch.float64))
             if batch.seeds:
@@ -330,6 +328,18 @@ class StepKernel:
                 if found is not None:
                     return f"parameter {tuple(p.shape)}: its {found}"
         return None
+
+    def _numel(self, layout: StateTensor, p: torch.Tensor) -> int:
+        """Elements of moment state tensor `layout` for parameter `p`."""
+        n = p.numel()
+        if layout.per_element:
+            return n
+        if layout.per_block:
+            return n // self._block_size
+        if layout.packed:
+            return n // 2
+        rows = self.family.moments.kernel_shape(p.shape)[0]
+        return rows if layout.per_row else n // rows
 
     def _master_dtypes(self, params: Sequence[torch.Tensor]) -> list[torch.dtype]:
         """The master state's dtypes for `params`, in batch order."""
@@ -344,7 +354,7 @@ class StepKernel:
         # Detached: tracing a Parameter view would also trace its .grad (whose dtype
         # may differ from the parameter's, e.g. fp16 gradients on fp32 parameters).
         p = batch.params[i].detach()
-        shape = self.family.moments.kernel_shape(p.numel())
+        shape = self.family.moments.kernel_shape(p.shape)
         masters = batch.master_state[i * self.n_master : (i + 1) * self.n_master]
         moments = batch.moment_state[i * self.n_moments : (i + 1) * self.n_moments]
         return (
@@ -352,8 +362,8 @@ class StepKernel:
             batch.grads[i].view(shape),
             [t.view(shape) for t in masters],
             [
-                t.view(-1) if per_block else t.view(shape)
-                for t, per_block in zip(moments, self._per_block, strict=True)
+                t.view(shape) if layout.per_element else _packed_or_flat(t, layout, shape)
+                for t, layout in zip(moments, self._layouts, strict=True)
             ],
         )
 
@@ -443,6 +453,11 @@ class StepKernel:
 _DTYPE = operator.attrgetter("dtype")
 _NUMEL = torch.Tensor.numel
 _TENSOR = itertools.repeat(torch.Tensor)
+
+
+def _packed_or_flat(t: torch.Tensor, layout: StateTensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Packed codes as rows of the kernel shape (half as wide); statistics flat."""
+    return t.view(shape[0], -1) if layout.packed else t.view(-1)
 
 
 def state_misfit(what: str, tensor: object, numel: int, dtype: torch.dtype | None) -> str | None:

@@ -17,9 +17,11 @@ from mixprec.formats.moments.int8 import (
     quantize_signed,
     quantize_sqrt,
 )
+from mixprec.formats.moments.int4 import Int4Moments
 
 __all__ = [
     "DenseMoments",
+    "Int4Moments",
     "Int8Moments",
     "MomentFormat",
     "dequantize_signed",

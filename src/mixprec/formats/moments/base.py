@@ -3,7 +3,8 @@
 `decode` gives fp32 moments from the stored state and `encode` stores new fp32
 moments, for the moments an update rule keeps (`slots`: ``(key, kind)`` pairs,
 `mixprec.optim.rules`); both are pure and work on parameter-shaped tensors viewed
-as `kernel_shape` (per-block tensors such as scales stay 1-D). What the format
+as `kernel_shape` (per-block, per-row and per-column tensors such as scales stay
+1-D; packed 4-bit codes keep the leading dim and half the last). What the format
 stores for each kind of moment is declared once in its `spec`.
 """
 
@@ -35,8 +36,8 @@ class MomentFormat(Protocol):
         """Zero moments `slots` for `param` (element tensors shaped like it)."""
         ...
 
-    def kernel_shape(self, numel: int) -> tuple[int, ...]:
-        """The shape the step views parameter-shaped tensors as (flat or blocks)."""
+    def kernel_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """The shape the step views a parameter of `shape` as (flat, blocks or a matrix)."""
         ...
 
     def decode(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -59,9 +60,9 @@ class DenseMoments:
 
         return {key: torch.zeros_like(param, dtype=self.dtype) for key, _ in slots}
 
-    def kernel_shape(self, numel: int) -> tuple[int, ...]:
+    def kernel_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         """Flat: ``(numel,)``."""
-        return (numel,)
+        return (math.prod(shape),)
 
     def decode(
         self, state: Sequence[torch.Tensor], kinds: tuple[str, ...]

@@ -20,6 +20,7 @@ optimizer keeps fp32 moments for the others). Per block:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -160,9 +161,9 @@ class Int8Moments:
             for t in self.spec.state_for(slots)
         }
 
-    def kernel_shape(self, numel: int) -> tuple[int, ...]:
+    def kernel_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         """``(numel // block_size, block_size)``: one row per block."""
-        return (numel // self.block_size, self.block_size)
+        return (math.prod(shape) // self.block_size, self.block_size)
 
     def decode(
         self, state: Sequence[torch.Tensor], kinds: tuple[str, ...]

@@ -107,7 +107,7 @@ def _steps(opt: torch.optim.Optimizer, params: list[torch.Tensor], steps: range)
     for step in steps:
         gen = torch.Generator().manual_seed(step)
         for p in params:
-            p.grad = torch.randn(p.shape, generator=gen).bfloat16()
+            p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)
         opt.step()
 
 

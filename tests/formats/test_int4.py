@@ -18,6 +18,7 @@ from tests.tolerances import (
 from mixprec.formats import moment_format, moment_spec
 from mixprec.formats.moments.int4 import (
     BLOCK_SIZE,
+    Int4Moments,
     dequantize_rank1,
     dequantize_signed4,
     pack,
@@ -97,9 +98,45 @@ def test_spec_bytes_per_parameter() -> None:
     assert sum(t.numel() * t.element_size() for t in fresh.values()) == spec.nbytes(n, rows=768)
 
 
+@pytest.mark.parametrize(
+    ("shape", "fits"),
+    [
+        ((64, 128), True),
+        ((32, 4, 64), True),  # cols 256
+        ((16, 128, 3), True),  # a conv-like weight: cols 384, odd last dim
+        ((64, 96), False),  # whole blocks in all, but a block would straddle two rows
+        ((4096,), False),
+        ((0, 128), False),
+    ],
+)
+def test_int4_fits_matrices_whose_rows_are_whole_blocks(shape: tuple[int, ...], fits: bool) -> None:
+    assert Int4Moments.fits(shape) is fits
+
+
+def test_int4_state_is_laid_out_by_rows() -> None:
+    slots = (("exp_avg", "signed"), ("exp_avg_sq", "square"))
+    state = Int4Moments().init_state(torch.empty(16, 128, 3), slots)
+    shapes = {key: tuple(t.shape) for key, t in state.items()}
+    assert shapes == {
+        "exp_avg_i4": (16, 192),
+        "exp_avg_absmax": (16, 3),
+        "exp_avg_sq_u4": (16, 192),
+        "exp_avg_sq_rowmax": (16,),
+        "exp_avg_sq_colmax": (384,),
+    }
+    # Each block's absmax is its row's: a row of large values does not scale the next.
+    m = torch.cat([torch.full((1, 256), 1e-3), torch.full((1, 256), 1e3)])
+    packed, absmax = quantize_signed4(m)
+    assert packed.shape == (2, 128)
+    assert torch.equal(absmax, m.reshape(2, 2, 128).amax(dim=-1))
+    # (a block spanning both rows would scale row 0 by 1e3: 1e-6 of it decodes to 0)
+    torch.testing.assert_close(dequantize_signed4(packed, absmax), m, rtol=1e-6, atol=0)
+
+
 def _params(seed: int) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    shapes = [(64, 128), (32, 4, 64), (300,), (8, 8)]  # two int4, two fp32 fallbacks
+    # two int4, three fp32 fallbacks (1-D, small, rows that are not whole blocks)
+    shapes = [(64, 128), (32, 4, 64), (300,), (8, 8), (64, 96)]
     return [torch.randn(s, generator=gen).bfloat16().requires_grad_() for s in shapes]
 
 
@@ -156,6 +193,7 @@ def test_int4_refuses_no_tensor_it_cannot_hold_and_keeps_fp32_below_the_threshol
     assert "exp_avg_u4" not in kept[(64, 128)]  # the signed moment is _i4, the square _u4
     assert "exp_avg_sq_u4" in kept[(64, 128)] and "exp_avg_sq_u4" in kept[(32, 4, 64)]
     assert "exp_avg_sq" in kept[(300,)] and "exp_avg_sq" in kept[(8, 8)]
+    assert "exp_avg_sq" in kept[(64, 96)]
 
 
 @pytest.mark.compile

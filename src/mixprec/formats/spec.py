@@ -39,8 +39,8 @@ class StateTensor:
         per_row: True for one value per row of the parameter viewed as a matrix
             ``(shape[0], numel // shape[0])`` (int4's rank-1 row statistics).
         per_column: True for one value per column of that matrix view.
-        packed: True for two 4-bit codes per stored byte, packed along the
-            parameter's last dim (shape ``(*shape[:-1], shape[-1] // 2)``).
+        packed: True for two 4-bit codes per stored byte, packed along the rows
+            of that matrix view (shape ``(shape[0], numel // shape[0] // 2)``).
     """
 
     name: str

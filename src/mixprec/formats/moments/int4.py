@@ -1,26 +1,28 @@
 """Moment format ``int4``: 4-bit codes, two per byte (Li, Chen, Zhu, NeurIPS 2023).
 
-Only parameters with at least two dims, a multiple of `BLOCK_SIZE` elements and an
-even last dim use it (the optimizer keeps fp32 moments for the others and for
-tensors under its ``min_int8_numel``, 4096 by default: the paper's threshold).
 A parameter of shape ``(rows, ...)`` is viewed as the matrix
-``(rows, cols = numel // rows)`` (`Int4Moments.kernel_shape`). Codes are packed
-along the last dim, element ``2k`` in the low nibble and ``2k + 1`` in the high
-one, so a code tensor has shape ``(*shape[:-1], shape[-1] // 2)`` and splits by
-rows like the parameter.
+``(rows, cols = numel // rows)`` (`Int4Moments.kernel_shape`). Only parameters with
+at least two dims and ``cols`` a multiple of `BLOCK_SIZE` use it (`Int4Moments.fits`;
+the optimizer keeps fp32 moments for the others and for tensors under its
+``min_int8_numel``, 4096 by default: the paper's threshold). Every state tensor is
+laid out by rows, so each splits with dim 0 like the parameter (FSDP2's ``Shard(0)``)
+except the column maxima: codes are packed two per byte along the matrix's rows,
+element ``2k`` of a row in the low nibble and ``2k + 1`` in the high one (shape
+``(rows, cols // 2)``).
 
-* Signed moments (``exp_avg``): blocks of `BLOCK_SIZE` consecutive elements (in
-  row-major order), one fp32 absmax per block, and a square-root companded
-  code ``q = round(7 * sqrt(|m| / absmax))`` in ``-7..7`` with m's sign (a 4-bit
+* Signed moments (``exp_avg``): blocks of `BLOCK_SIZE` consecutive elements of one
+  row (a block never straddles two rows), one fp32 absmax per block (shape
+  ``(rows, cols // BLOCK_SIZE)``), and a square-root companded code
+  ``q = round(7 * sqrt(|m| / absmax))`` in ``-7..7`` with m's sign (a 4-bit
   two's complement nibble; ``-8`` is never written). Decoding gives
   ``absmax * sign(q) * (q / 7)**2``: the int8 format's companding with 15 levels.
 * Square moments (``exp_avg_sq``): rank-1 normalization. With ``r_i`` the
-  maximum of row i and ``c_j`` that of column j (fp32, stored), each element is
-  divided by ``min(r_i, c_j)`` and stored with the zero-free linear code
-  ``v = (q + 1) / 16 * min(r_i, c_j)``, ``q`` in ``0..15`` (nearest level).
-  A nonzero v never decodes to 0 (which would turn ``m / (sqrt(v) + eps)`` into
-  a huge step); v is stored at most `V_MAX` so an overflowing v cannot poison
-  its row and column.
+  maximum of row i and ``c_j`` that of column j (fp32, stored: shapes ``(rows,)``
+  and ``(cols,)``), each element is divided by ``min(r_i, c_j)`` and stored with
+  the zero-free linear code ``v = (q + 1) / 16 * min(r_i, c_j)``, ``q`` in
+  ``0..15`` (nearest level). A nonzero v never decodes to 0 (which would turn
+  ``m / (sqrt(v) + eps)`` into a huge step); v is stored at most `V_MAX` so an
+  overflowing v cannot poison its row and column.
 
 The column statistics span every row: a parameter sharded by rows over several
 ranks (FSDP2) cannot keep them locally, so the optimizer refuses int4 for such
@@ -29,6 +31,7 @@ parameters (`mixprec.optim.param_plan.plan_param`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -101,17 +104,18 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_signed4(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 moments (numel a multiple of `BLOCK_SIZE`, last dim even) to (packed codes
-    shaped like `m` but half its last dim, fp32 absmax per block)."""
+    """fp32 moments, a matrix ``(rows, cols)`` with cols a multiple of `BLOCK_SIZE`, to
+    (packed codes ``(rows, cols // 2)``, fp32 absmax per block ``(rows, cols //
+    BLOCK_SIZE)``)."""
     import torch
 
     from mixprec.formats.rounding import sqrt_rn
 
     xb = m.reshape(-1, BLOCK_SIZE)
-    absmax = xb.abs().amax(dim=1)
+    absmax = xb.abs().amax(dim=1).reshape(*m.shape[:-1], m.shape[-1] // BLOCK_SIZE)
     # reciprocal-then-multiply, as in the int8 format (see its comment)
     factor = torch.reciprocal(_safe(absmax)) * 49.0
-    q = torch.round(sqrt_rn(xb.abs() * factor[:, None]))
+    q = torch.round(sqrt_rn(xb.abs() * factor.reshape(-1, 1)))
     nibble = torch.where(xb < 0, 16.0 - q, q)  # two's complement; -0 stays 0 below
     nibble = torch.where(nibble == 16.0, 0.0, nibble)
     return pack(nibble.to(torch.uint8).reshape(m.shape)), absmax
@@ -119,13 +123,14 @@ def quantize_signed4(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_signed4(packed: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
     """Inverse of `quantize_signed4` (up to the quantization error), shaped like the codes
-    unpacked."""
+    unpacked (block ``b`` of the absmax, in row-major order, scales elements
+    ``[b * BLOCK_SIZE, (b + 1) * BLOCK_SIZE)``)."""
     import torch
 
     nibble = unpack(packed).to(torch.float32)
     q = torch.where(nibble >= 8.0, nibble - 16.0, nibble)
     qb = q.reshape(-1, BLOCK_SIZE)
-    out = (qb * qb.abs()) * (absmax * (1.0 / 49.0))[:, None]
+    out = (qb * qb.abs()) * (absmax * (1.0 / 49.0)).reshape(-1, 1)
     return out.reshape(q.shape)
 
 
@@ -167,41 +172,38 @@ class Int4Moments:
     block_size: int = BLOCK_SIZE
 
     @staticmethod
-    def fits(shape: tuple[int, ...]) -> bool:
-        """Whether a parameter of `shape` can keep int4 moments: at least two dims, whole
-        blocks, an even last dim (the minimum size is the optimizer's)."""
-        numel = 1
-        for size in shape:
-            numel *= size
-        return len(shape) >= 2 and numel > 0 and numel % BLOCK_SIZE == 0 and shape[-1] % 2 == 0
+    def fits(shape: Sequence[int]) -> bool:
+        """Whether a parameter of `shape` can keep int4 moments: at least two dims, and
+        every row of its matrix view ``(shape[0], numel // shape[0])`` whole blocks of
+        `BLOCK_SIZE` (the minimum size is the optimizer's ``min_int8_numel``)."""
+        if len(shape) < 2 or shape[0] <= 0:
+            return False
+        cols = math.prod(shape) // shape[0]
+        return cols > 0 and cols % BLOCK_SIZE == 0
 
     def init_state(self, param: torch.Tensor, slots: Slots) -> dict[str, torch.Tensor]:
-        """Zero codes (packed), zero absmax per block, zero row and column maxima."""
+        """Zero packed codes ``(rows, cols // 2)``, zero absmax per block ``(rows, cols //
+        BLOCK_SIZE)``, zero row maxima ``(rows,)`` and column maxima ``(cols,)``."""
         import torch
 
-        shape = tuple(param.shape)
-        rows, cols = self.kernel_shape(shape)
-        sizes = {"block": (param.numel() // BLOCK_SIZE,), "row": (rows,), "column": (cols,)}
-        packed = (*shape[:-1], shape[-1] // 2)
+        rows, cols = self.kernel_shape(param.shape)
         state = {}
         for t in self.spec.state_for(slots):
             size = (
-                sizes["block"]
+                (rows, cols // BLOCK_SIZE)
                 if t.per_block
-                else sizes["row"]
+                else (rows,)
                 if t.per_row
-                else sizes["column"]
+                else (cols,)
                 if t.per_column
-                else packed
+                else (rows, cols // 2)
             )
             state[t.name] = torch.zeros(size, dtype=t.torch_dtype, device=param.device)
         return state
 
     def kernel_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         """The matrix view ``(shape[0], numel // shape[0])``."""
-        numel = 1
-        for size in shape:
-            numel *= size
+        numel = math.prod(shape)
         rows = shape[0] if len(shape) >= 2 and shape[0] else 1
         return (rows, numel // rows)
 

@@ -14,17 +14,31 @@ CASES = [
     ("kahan", "bf16", True),
     ("stochastic", "int8", False),
     ("stochastic", "bf16", True),
+    ("exact", "int4", False),
+    ("remainder8", "int4", True),
 ]
+#: The int4 cases (rank-1 column maxima reduced across ranks every step).
+INT4_CASES = [c for c in CASES if c[1] == "int4"]
 #: Shapes: int8 with per-row scales (one block per row; two per row, rows split
 #: 4/3), int8 with flat scales whose blocks fall on the 4/4 row split (8 x 64:
 #: one 256-element block per shard), 1-D and tiny (fp32 moments).
-SHAPES = [(64, 256), (7, 512), (8, 64), (33,), (5, 3)]
+#: int4: the first two (rows of whole 128-blocks, the second split 4/3) and one row
+#: (all on rank 0, none on rank 1).
+SHAPES = [(64, 256), (7, 512), (8, 64), (33,), (5, 3), (1, 256)]
 #: Flat scales whose blocks straddle the 6/6 row split (768 elements, 3 blocks):
 #: int8 unsharded, fp32 moments when sharded on 2 ranks.
 UNALIGNED_SHAPE = (12, 64)
 STEPS = 4
 SAVE_AT = 2
 BLOCK = 256
+
+
+class Holder(torch.nn.Module):
+    """The case's parameters as a module (for torch.distributed.checkpoint's state dicts)."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.ps = torch.nn.ParameterList(params)
 
 
 def full_params(case: tuple[str, str, bool]) -> list[torch.Tensor]:

@@ -24,21 +24,15 @@ import sharded_cases as cases
 from mixprec.distributed.launch import process_group
 
 
-class Holder(nn.Module):
-    def __init__(self, params: list[torch.Tensor]) -> None:
-        super().__init__()
-        self.ps = nn.ParameterList(params)
-
-
-def sharded_model(mesh: object, case: tuple) -> Holder:
+def sharded_model(mesh: object, case: tuple) -> cases.Holder:
     params = [
         nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)]))  # type: ignore[arg-type]
         for p in cases.full_params(case)
     ]
-    return Holder(params)
+    return cases.Holder(params)
 
 
-def set_grads(model: Holder, mesh: object, case: tuple, step: int) -> None:
+def set_grads(model: cases.Holder, mesh: object, case: tuple, step: int) -> None:
     for p, g in zip(model.ps, cases.full_grads(case, step), strict=True):
         p.grad = distribute_tensor(g, mesh, [Shard(0)])  # type: ignore[arg-type]
 

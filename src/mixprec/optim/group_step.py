@@ -295,6 +295,9 @@ def gather_group(
         batch.moment_state.extend(moments)
         batch.steps.append(st["step"])
         batch.offsets.append((sharding.global_flat_offset(p) or 0) if dtensor else 0)
+        batch.column_groups.append(
+            sharding.column_group(p) if dtensor and plan.column_keys else None
+        )
         if plan.uses_noise:
             batch.seeds.append(st["rng_seed"])
     version_of = _VERSION if reusable else sharding.write_version
@@ -323,6 +326,7 @@ def _check_and_prepare(batch: StepBatch) -> None:
     library = batch.kernel.native
     if (
         library is None
+        or any(batch.column_groups)  # (reduced across ranks: the eager step)
         or type(batch.owners[0]) not in _PLAIN
         or not all(map(_NUMEL, batch.params))  # (an empty tensor's pointer is 0)
         or len(batch.kernel.native_indices(batch)) != len(batch.params)

@@ -114,6 +114,7 @@ def step_(
     noise_key: torch.Tensor,
     *,
     family: StepFamily,
+    reduce_columns: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> None:
     """One step of `family`'s rule for one flattened parameter, writing every output in place.
 
@@ -129,6 +130,8 @@ def step_(
             `step_key` of its seed and step, plus the shard's global offset);
             ignored by the other masters.
         family: the formats.
+        reduce_columns: for moments with column statistics (int4) of a parameter
+            sharded by rows: takes this rank's column maxima to every rank's (eager only).
     """
     value = family.master.decode(param, master_state)
     grad32 = grad.to(torch.float32)
@@ -142,7 +145,11 @@ def step_(
     param.copy_(new_param)
     for dst, src in zip(master_state, new_master, strict=True):
         dst.copy_(src)
-    for dst, src in zip(moment_state, family.moments.encode(moments, kinds), strict=True):
+    if reduce_columns is None:
+        encoded = family.moments.encode(moments, kinds)
+    else:
+        encoded = family.moments.encode(moments, kinds, reduce_columns)  # type: ignore[call-arg]
+    for dst, src in zip(moment_state, encoded, strict=True):
         dst.copy_(src)
 
 

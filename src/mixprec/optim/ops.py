@@ -129,8 +129,18 @@ torch.library.register_fake(OP_NAME, _step_fake)
 
 
 def step_(batch: StepBatch, hyper: Hyper) -> None:
-    """Step `batch` through ``torch.ops.mixprec.step_`` (see the module's docstring)."""
-    if observed():
+    """Step `batch` through ``torch.ops.mixprec.step_`` (see the module's docstring).
+    Parameters whose column statistics are reduced across ranks (`StepBatch.column_groups`:
+    int4 moments under FSDP2) step outside the operator, and not inside torch.compile."""
+    if any(batch.column_groups):
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                "int4 moments of FSDP2-sharded parameters reduce their column statistics "
+                "across ranks, which the compiled optimizer step cannot: call "
+                "optimizer.step() outside torch.compile"
+            )
+        _step_impl(batch, hyper)
+    elif observed():
         torch.ops.mixprec.step_(*_schema_args(batch, hyper))
     else:
         _step_impl(batch, hyper)

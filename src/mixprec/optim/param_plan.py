@@ -71,6 +71,7 @@ class ParamPlan:
     moment_keys: tuple[str, ...] = field(init=False)
     uses_noise: bool = field(init=False)
     element_keys: tuple[str, ...] = field(init=False)
+    column_keys: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         # Read on every step for every parameter: computed once here.
@@ -82,6 +83,8 @@ class ParamPlan:
         object.__setattr__(self, "uses_noise", self.master.spec.uses_noise)
         per_element = tuple(t.name for t in moment_state if t.per_element)
         object.__setattr__(self, "element_keys", self.master.spec.state_keys + per_element)
+        # Statistics spanning every row (int4's column maxima): whole on every rank.
+        object.__setattr__(self, "column_keys", tuple(t.name for t in moment_state if t.per_column))
 
 
 def check_param(p: torch.Tensor) -> None:
@@ -169,7 +172,7 @@ def plan_param(
     parameter is its own master (``none``: an fp32 island in a bf16 model shares its
     group); blockwise moments only for tensors of whole blocks, others keep fp32 moments
     (as does a rule that keeps no moments: it stores none); int4 moments only for
-    tensors `Int4Moments.fits`, and never for one sharded over several ranks."""
+    tensors `Int4Moments.fits`, sharded (if at all) on dim 0 over one mesh dim."""
     requested = group["master"]
     if p.dtype == torch.float32 and requested != "auto":
         requested = "none"
@@ -189,15 +192,10 @@ def plan_param(
             sharding.local(p.detach()).is_contiguous()
             and p.numel() >= min_int8_numel
             and Int4Moments.fits(tuple(p.shape))
+            and sharding.column_stats_fit(p)
         )
         if not fits:
             moments = moment_format("fp32")
-        elif sharding.is_sharded(p):
-            raise ValueError(
-                f"moments='int4' cannot keep parameter {tuple(p.shape)} sharded over "
-                f"{sharding.shard_count(p)} ranks: its rank-1 column statistics span every "
-                "row; use moments='int8' for FSDP2-sharded parameters"
-            )
     requested_formats = (group["master"], group["moments"])
     return ParamPlan(rule, master, moments, mode, p.dtype, index, requested_formats)
 
@@ -220,8 +218,13 @@ def fresh_state(p: torch.Tensor, plan: ParamPlan, seed: int) -> dict[str, torch.
             **plan.master.init_state(whole),
             **plan.moments.init_state(whole, plan.rule.slots),
         }
+        # Column statistics span every row: each rank holds them whole (reduced each step).
         state = {
-            k: sharding.shard_like(v, p, shapes[k].shape) if k in shapes else v
+            k: sharding.replicate_like(v, p)
+            if k in plan.column_keys
+            else sharding.shard_like(v, p, shapes[k].shape)
+            if k in shapes
+            else v
             for k, v in state.items()
         }
     return state

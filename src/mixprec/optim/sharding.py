@@ -18,9 +18,14 @@ layout) is supported for int8.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 __all__ = [
+    "column_group",
+    "column_stats_fit",
     "dim0_row_counts",
     "dim0_rows",
     "global_flat_offset",
@@ -29,6 +34,8 @@ __all__ = [
     "is_dtensor",
     "is_sharded",
     "local",
+    "max_over",
+    "replicate_like",
     "shard_count",
     "shard_like",
     "write_version",
@@ -184,6 +191,59 @@ def shard_count(t: torch.Tensor) -> int:
 def is_sharded(t: torch.Tensor) -> bool:
     """Whether DTensor `t` is split over more than one rank."""
     return shard_count(t) > 1
+
+
+def column_group(t: torch.Tensor) -> Any:
+    """The process group over whose ranks DTensor `t`'s dim 0 is split (the group a
+    statistic spanning every row is reduced over), or None when no rank holds fewer
+    rows than the whole: plain, replicated, or not split on dim 0 alone over one mesh
+    dim (callers keep such tensors off formats with column statistics)."""
+    if not is_dtensor(t):
+        return None
+    split = [i for i, p in enumerate(t.placements) if isinstance(p, Shard)]  # type: ignore[attr-defined]
+    mesh = t.device_mesh  # type: ignore[attr-defined]
+    split = [i for i in split if mesh.size(i) > 1]
+    if not split:
+        return None
+    return mesh.get_group(split[0])
+
+
+def column_stats_fit(t: torch.Tensor) -> bool:
+    """Whether `t` can keep column statistics reduced over `column_group`: plain, or a
+    DTensor split on dim 0 over at most one mesh dim."""
+    if not is_dtensor(t):
+        return True
+    if not _dim0_only(t):
+        return False
+    mesh = t.device_mesh  # type: ignore[attr-defined]
+    split = [
+        i
+        for i, p in enumerate(t.placements)  # type: ignore[attr-defined]
+        if isinstance(p, Shard) and mesh.size(i) > 1
+    ]
+    return len(split) <= 1
+
+
+def max_over(group: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The elementwise maximum over the ranks of process group `group`, in place
+    (exact in any order: what `column_group`'s statistics are reduced with)."""
+
+    def reduce(t: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return t
+
+    return reduce
+
+
+def replicate_like(state: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """Wrap a state tensor every rank of DTensor `param` holds whole (column statistics,
+    equal on every rank) as a replicated DTensor on the parameter's mesh."""
+    if not is_dtensor(param):
+        return state
+    mesh = param.device_mesh  # type: ignore[attr-defined]
+    return DTensor.from_local(state, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
 def shard_like(state: torch.Tensor, param: torch.Tensor, shape: torch.Size) -> torch.Tensor:

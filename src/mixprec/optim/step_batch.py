@@ -18,19 +18,21 @@ import functools
 import itertools
 import operator
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from mixprec.formats import StateTensor, master_format, moment_format
-from mixprec.optim import native
+from mixprec.optim import native, sharding
 from mixprec.optim.kernels import (
     KernelMode,
     StepFamily,
     StepFn,
     compiled_family_function,
     family_function,
+    step_,
     warn_native_unavailable,
 )
 from mixprec.optim.rng import step_key
@@ -58,7 +60,9 @@ class StepBatch:
     ``moment_state`` hold each parameter's state tensors in its formats' key order,
     parameter after parameter; ``steps`` the float64 step counters; ``seeds`` is
     empty unless the master draws noise; ``offsets`` are the global flat offsets
-    of shards.
+    of shards; ``column_groups`` (empty when none is) the process group each
+    parameter's column statistics are reduced over, where it is sharded by rows
+    under moments that keep them (int4; None for the others).
 
     A batch gathered for a param group (`mixprec.optim.group_step`) also keeps
     the group's ``index`` (for messages), the parameters themselves (``owners``:
@@ -76,6 +80,7 @@ class StepBatch:
     steps: list[torch.Tensor] = field(default_factory=list)
     seeds: list[torch.Tensor] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    column_groups: list[Any] = field(default_factory=list)
     index: int = 0
     owners: list[torch.Tensor] = field(default_factory=list)
     table: native.NativeTable | None = None
@@ -101,6 +106,7 @@ class StepBatch:
             steps=[self.steps[i] for i in rows],
             seeds=[self.seeds[i] for i in rows] if self.seeds else [],
             offsets=[self.offsets[i] for i in rows],
+            column_groups=[self.column_groups[i] for i in rows] if self.column_groups else [],
             index=self.index,
         )
 
@@ -192,7 +198,15 @@ class StepKernel:
 
     def run(self, batch: StepBatch, hyper: Hyper) -> None:
         """One step of every parameter of `batch`: the native kernel for those it
-        accepts, in one call; the others on the portable path (`run_portable`)."""
+        accepts, in one call; the others on the portable path (`run_portable`).
+        Parameters whose column statistics are reduced across ranks step eagerly."""
+        if any(batch.column_groups):
+            sharded = [i for i, g in enumerate(batch.column_groups) if g is not None]
+            others = [i for i, g in enumerate(batch.column_groups) if g is None]
+            if others:
+                self.run(batch.select(others), hyper)
+            self.run_portable(batch.select(sharded), hyper)
+            return
         rest: Sequence[int] = range(len(batch.params))
         if self._native is not None:
             ok = self.native_indices(batch)
@@ -275,7 +289,12 @@ class StepKernel:
             step = host_steps[i]
             if step not in scalars:
                 scalars[step] = self.family.rule.scalar_tensor(hyper, step, p.device)
-            if p.numel() <= CONCAT_MAX_NUMEL and self._concat:
+            group = batch.column_groups[i] if batch.column_groups else None
+            if group is not None:
+                self._call(
+                    *views[i], scalars[step], keys[i], reduce_columns=sharding.max_over(group)
+                )
+            elif p.numel() <= CONCAT_MAX_NUMEL and self._concat:
                 small.setdefault((step, p.dtype, batch.grads[i].dtype), []).append(i)
             else:
                 self._call(*views[i], scalars[step], keys[i])
@@ -340,8 +359,8 @@ class StepKernel:
             return n // self._block_size
         if layout.packed:
             return n // 2
-        rows = self.family.moments.kernel_shape(p.shape)[0]
-        return rows if layout.per_row else n // rows
+        rows, cols = self.family.moments.kernel_shape(p.shape)
+        return rows if layout.per_row else cols
 
     def _stat_view(
         self, t: torch.Tensor, layout: StateTensor, shape: tuple[int, ...]
@@ -350,7 +369,7 @@ class StepKernel:
         row-aligned format's (int4: packed codes, per-block scales) as rows of the
         kernel shape, other statistics (int8 scales, row and column maxima) flat."""
         if self._by_rows and (layout.packed or layout.per_block):
-            return t.view(shape[0], -1)
+            return t.view(shape[0], t.numel() // shape[0] if shape[0] else t.shape[-1])
         return t.view(-1)
 
     def _master_dtypes(self, params: Sequence[torch.Tensor]) -> list[torch.dtype]:
@@ -433,11 +452,16 @@ class StepKernel:
         moment_state: Sequence[torch.Tensor],
         scalars: torch.Tensor,
         noise_key: torch.Tensor | None,
+        *,
+        reduce_columns: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
-        """One `step_` call, compiled or eager."""
+        """One `step_` call, compiled or eager (eager with `reduce_columns`)."""
         if noise_key is None:
             noise_key = _unused_key(param.device)
         args = (param, grad, tuple(master_state), tuple(moment_state), scalars, noise_key)
+        if reduce_columns is not None:
+            step_(*args, family=self.family, reduce_columns=reduce_columns)
+            return
         if self._compiled is not None:
             # Dim 0 (elements or blocks) is symbolic from the first compile, so one
             # graph serves every tensor size; the block dim stays static.

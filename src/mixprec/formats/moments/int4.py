@@ -24,15 +24,17 @@ element ``2k`` of a row in the low nibble and ``2k + 1`` in the high one (shape
   ``m / (sqrt(v) + eps)`` into a huge step); v is stored at most `V_MAX` so an
   overflowing v cannot poison its row and column.
 
-The column statistics span every row: a parameter sharded by rows over several
-ranks (FSDP2) cannot keep them locally, so the optimizer refuses int4 for such
-parameters (`mixprec.optim.param_plan.plan_param`).
+The column statistics span every row. For a parameter sharded by rows over several
+ranks (FSDP2), every rank holds them whole (a replicated DTensor) and the step takes
+each rank's column maxima to the maximum over ranks (`quantize_rank1`'s
+`reduce_columns`: one all-reduce per matrix and step), so what is stored does not
+depend on the sharding and a checkpoint reshards to any number of ranks.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -55,6 +57,9 @@ __all__ = [
     "quantize_signed4",
     "unpack",
 ]
+
+#: Takes one rank's column maxima to those of every rank's rows (FSDP2 shards).
+ColumnReduce = Callable[["torch.Tensor"], "torch.Tensor"]
 
 #: Elements per block of the signed moment's absmax (the paper's B128).
 BLOCK_SIZE = 128
@@ -134,14 +139,20 @@ def dequantize_signed4(packed: torch.Tensor, absmax: torch.Tensor) -> torch.Tens
     return out.reshape(q.shape)
 
 
-def quantize_rank1(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_rank1(
+    v: torch.Tensor, reduce_columns: ColumnReduce | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Non-negative fp32 matrix ``(rows, cols)``, cols even, to (packed codes, fp32 row
-    maxima, fp32 column maxima)."""
+    maxima, fp32 column maxima). `reduce_columns`: for a matrix that is one rank's rows
+    of a larger one (an FSDP2 shard), takes this rank's column maxima to those of every
+    row (an all-reduce of the maximum), so each rank stores what one process would."""
     import torch
 
     v = torch.where(v > V_MAX, V_MAX, v)  # NaN stays NaN
     rowmax = v.amax(dim=1)
-    colmax = v.amax(dim=0)
+    colmax = v.amax(dim=0) if v.shape[0] else v.new_zeros(v.shape[1])  # (a rank holding no rows)
+    if reduce_columns is not None:
+        colmax = reduce_columns(colmax)
     # 1 / min(r, c) == max(1 / r, 1 / c) exactly (the reciprocal is monotone and
     # correctly rounded); scaled by 16, a power of two.
     row_f = torch.reciprocal(_safe(rowmax)) * 16.0
@@ -202,10 +213,11 @@ class Int4Moments:
         return state
 
     def kernel_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
-        """The matrix view ``(shape[0], numel // shape[0])``."""
-        numel = math.prod(shape)
-        rows = shape[0] if len(shape) >= 2 and shape[0] else 1
-        return (rows, numel // rows)
+        """The matrix view ``(shape[0], numel // shape[0])`` (a shard of no rows keeps
+        its columns)."""
+        if len(shape) < 2:
+            return (1, math.prod(shape))
+        return (shape[0], math.prod(shape[1:]))
 
     def decode(
         self, state: Sequence[torch.Tensor], kinds: tuple[str, ...]
@@ -223,14 +235,19 @@ class Int4Moments:
         return tuple(out)
 
     def encode(
-        self, moments: Sequence[torch.Tensor], kinds: tuple[str, ...]
+        self,
+        moments: Sequence[torch.Tensor],
+        kinds: tuple[str, ...],
+        reduce_columns: ColumnReduce | None = None,
     ) -> tuple[torch.Tensor, ...]:
         """Packed codes and statistics, moment after moment (each moment a matrix
-        ``(rows, cols)``)."""
+        ``(rows, cols)``; `reduce_columns`: see `quantize_rank1`)."""
         return tuple(
             t
             for m, kind in zip(moments, kinds, strict=True)
-            for t in (quantize_signed4(m) if kind == "signed" else quantize_rank1(m))
+            for t in (
+                quantize_signed4(m) if kind == "signed" else quantize_rank1(m, reduce_columns)
+            )
         )
 
 

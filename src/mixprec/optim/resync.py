@@ -16,6 +16,7 @@ master out as fp32 and write one in (`AdamW.master_weights` and its inverse).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,7 +26,10 @@ from mixprec.optim.group_step import follow_layout
 from mixprec.optim.layout import flat_view, like_param
 from mixprec.optim.param_plan import ParamPlan
 
-__all__ = ["check_weights", "decode_master", "encode_master", "reset_master"]
+if TYPE_CHECKING:
+    from mixprec.optim.group_step import GroupStep
+
+__all__ = ["check_weights", "decode_master", "encode_master", "follow_edits", "reset_master"]
 
 
 @torch.no_grad()
@@ -39,6 +43,20 @@ def reset_master(fmt: MasterFormat, param: torch.Tensor, state: list[torch.Tenso
         # (a parameter re-pointed by `p.set_(t)` to another shape of the same size: its
         # state keeps its shape, and is stepped element by element as after `p.data = t`)
         dst.copy_(src if src.shape == dst.shape else src.reshape(dst.shape))
+
+
+def follow_edits(gs: GroupStep) -> None:
+    """Reset the master of each parameter of `gs` written in place since the optimizer
+    last wrote it (the one rule: see the module), through the batches' local views."""
+    pairs = zip(gs.params, gs.versions, strict=True)
+    edited = {id(p) for p, before in pairs if gs.version_of(p) != before}
+    for batch in gs.batches:
+        n = batch.kernel.n_master
+        for i, p in enumerate(batch.owners):
+            if id(p) in edited:
+                state = batch.master_state[i * n : (i + 1) * n]
+                reset_master(batch.kernel.family.master, batch.params[i], state)
+    gs.versions = list(map(gs.version_of, gs.params))
 
 
 @torch.no_grad()

@@ -31,7 +31,8 @@ from mixprec.optim.param_plan import (
     refuse_params_in_two_groups,
     refuse_shared_memory,
 )
-from mixprec.optim.resync import check_weights, decode_master, encode_master, reset_master
+from mixprec.optim.param_step import ParamSteps
+from mixprec.optim.resync import check_weights, decode_master, encode_master, follow_edits
 from mixprec.optim.rules import Rule
 from mixprec.optim.state_dicts import StateConversion, read_state_dict, to_torch
 from mixprec.optim.step_batch import StepBatch
@@ -71,6 +72,7 @@ class RuleOptimizer(torch.optim.Optimizer):
         self._steps: list[GroupStep | None] = []
         # Marked by steps traced by torch.compile (see `_adopt_traced_writes`).
         self._traced_writes: set[bool] = set()
+        self._param_steps = ParamSteps()  # each parameter's step of its own (`step_param`)
         #: What the last `load_state_dict` converted (a torch or older state dict).
         self.last_conversion: StateConversion | None = None
         super().__init__(params, defaults)
@@ -198,6 +200,7 @@ class RuleOptimizer(torch.optim.Optimizer):
     def _gather_all(self) -> None:
         """Gather every group with the version counters as they are (a boundary)."""
         self._steps = []
+        self._param_steps.clear()
         for index in range(len(self.param_groups)):
             self._gather(index, at_step=False, fresh=True)
 
@@ -240,6 +243,18 @@ class RuleOptimizer(torch.optim.Optimizer):
             gs.versions = list(map(gs.version_of, group["params"]))
         return loss
 
+    @torch.no_grad()
+    def step_param(self, p: torch.Tensor) -> None:
+        """Step parameter `p` alone with its gradient, now: bitwise what `step` does to it
+        (gradient release calls this from `p`'s post-accumulate-grad hook). O(1) a call:
+        `p`'s batch of one is made at its first call (its state then, if it has none) and
+        kept (`mixprec.optim.param_step`). Raises `KeyError` if `p` is not a parameter here."""
+        self._adopt_traced_writes()
+        observed = (
+            torch.autograd.profiler._is_profiler_enabled or torch._C._len_torch_dispatch_stack() > 0
+        )
+        self._param_steps.step(self, p, observed)
+
     def _ready(self, index: int, group: dict[str, Any], *, at_step: bool) -> GroupStep:
         """Group `index`'s batches, gathered again where they no longer describe it, with
         the masters of parameters edited since the last write reset (the one rule)."""
@@ -247,7 +262,7 @@ class RuleOptimizer(torch.optim.Optimizer):
         if gs is None or not gs.current(group):
             gs = self._gather(index, at_step=at_step)
         if list(map(gs.version_of, group["params"])) != gs.versions:
-            self._follow_edits(gs)
+            follow_edits(gs)
         return gs
 
     def _adopt_traced_writes(self) -> None:
@@ -257,22 +272,6 @@ class RuleOptimizer(torch.optim.Optimizer):
         if self._traced_writes:
             self._traced_writes.clear()
             self._gather_all()
-
-    def _follow_edits(self, gs: GroupStep) -> None:
-        """Reset the master of each parameter of `gs` written in place since the optimizer
-        last wrote it (the one rule: see the module), through the batches' local views."""
-        edited = {
-            id(p)
-            for p, before in zip(gs.params, gs.versions, strict=True)
-            if gs.version_of(p) != before
-        }
-        for batch in gs.batches:
-            n = batch.kernel.n_master
-            for i, p in enumerate(batch.owners):
-                if id(p) in edited:
-                    state = batch.master_state[i * n : (i + 1) * n]
-                    reset_master(batch.kernel.family.master, batch.params[i], state)
-        gs.versions = list(map(gs.version_of, gs.params))
 
     @torch.no_grad()
     def sync_edited(self) -> None:
@@ -372,6 +371,7 @@ class RuleOptimizer(torch.optim.Optimizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._traced_writes = set()
+        self._param_steps = ParamSteps()
         self.last_conversion = None
         self._gather_all()
 

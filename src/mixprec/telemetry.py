@@ -46,6 +46,13 @@ class StepReport:
             gradients overflowed in backward, False that the forward pass or the
             loss did. None on an applied step, or when no loss went through
             ``prec.backward``.
+        released_params: under gradient release (`Policy.release_gradients`), how many
+            parameters were stepped during this step's backward; 0 otherwise.
+        withheld_params: under gradient release, how many parameters were not
+            stepped because their gradient, or one completed before it in that
+            backward, was non-finite (or the loss was). A step with withheld
+            parameters is not ``applied``, but the ``released_params`` stepped before
+            the first non-finite gradient keep their (finite) update.
     """
 
     step: int
@@ -57,6 +64,8 @@ class StepReport:
     stepped: tuple[bool, ...] = ()
     nonfinite_weights: int = 0
     loss_finite: bool | None = None
+    released_params: int = 0
+    withheld_params: int = 0
 
     @property
     def skipped(self) -> bool:

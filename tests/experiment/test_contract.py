@@ -207,3 +207,22 @@ def test_a_target_device_of_the_wrong_type_is_not_called_empty(value: object) ->
     """Found by review: target_device: 123 was refused as 'is empty'."""
     with pytest.raises(ValueError, match=r"is not a device: give a device class"):
         Contract(target_device=value)  # type: ignore[arg-type]
+
+
+def test_released_gradients_enter_a_run_fingerprint_only_when_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import mixprec.experiment.contract as contract_module
+    from mixprec.policy import preset
+
+    contract = Contract()
+    plain = contract.run_fingerprint("bf16_lean", 0)
+    for release, same in ((False, True), (True, False)):
+        monkeypatch.setattr(
+            contract_module,
+            "preset",
+            lambda name, release=release: preset(name).replace(
+                name=name, release_gradients=release
+            ),
+        )
+        assert (contract.run_fingerprint("bf16_lean", 0) == plain) is same

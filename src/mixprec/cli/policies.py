@@ -241,11 +241,22 @@ def run(args: argparse.Namespace) -> int:
                 d["reduce_dtype"],
                 scaling,
                 "-" if p.fp8 is None else p.fp8.recipe,
+                "yes" if p.release_gradients else "-",
             ]
         )
     print(
         table(
-            ["preset", "compute", "params", "master", "moments", "reduce", "loss scaling", "fp8"],
+            [
+                "preset",
+                "compute",
+                "params",
+                "master",
+                "moments",
+                "reduce",
+                "loss scaling",
+                "fp8",
+                "release",
+            ],
             rows,
         )
     )

@@ -59,6 +59,8 @@ class PrecisionPlan:
             the backward passes of a step (`mixprec.engine.accumulation`), or None:
             in ``.grad``, in the parameter's dtype.
         fp8: the FP8 settings of the linear layers (`Float8Training`), or None: no FP8.
+        release_gradients: step each parameter from its gradient hook during backward
+            and free the gradient (`mixprec.engine.release`, docs/release.md).
         risks: what the policy risks, one sentence each; `Precision.prepare` warns
             with them (`PrecisionWarning`).
     """
@@ -74,6 +76,7 @@ class PrecisionPlan:
     output_dtype: torch.dtype | None = None
     grad_accum_dtype: torch.dtype | None = None
     fp8: Float8Training | None = None
+    release_gradients: bool = False
     risks: tuple[str, ...] = ()
 
     @property
@@ -105,6 +108,7 @@ class PrecisionPlan:
             "output_dtype": dtype_name(self.output_dtype),
             "grad_accum_dtype": dtype_name(self.grad_accum_dtype),
             "fp8": None if self.fp8 is None else self.fp8.to_dict(),
+            "release_gradients": self.release_gradients,
         }
 
     def describe(self) -> str:
@@ -130,6 +134,11 @@ class PrecisionPlan:
                 else [f"FSDP2 output cast: {dtype_name(self.output_dtype)}"]
             )
             + ([] if self.fp8 is None else [f"linear layers: {self.fp8.describe()}"])
+            + (
+                ["gradients: released (each parameter stepped in backward, its gradient freed)"]
+                if self.release_gradients
+                else []
+            )
         )
 
 
@@ -166,5 +175,6 @@ def resolve_plan(policy: Policy) -> PrecisionPlan:
         output_dtype=policy.output_dtype,
         grad_accum_dtype=policy.grad_accum_dtype,
         fp8=policy.fp8,
+        release_gradients=policy.release_gradients,
         risks=policy.risks(),
     )

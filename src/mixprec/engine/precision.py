@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import math
 import warnings
 import weakref
 from collections.abc import Iterable, Sequence
@@ -52,6 +51,7 @@ from mixprec.engine.optimizers import (
     refuse_other_formats,
 )
 from mixprec.engine.plan import PrecisionPlan, resolve_plan
+from mixprec.engine.release import GradientRelease, refuse_distributed
 from mixprec.engine.scaling import ScaledGradients, make_scaler, owning_optimizers
 from mixprec.engine.state import parse_state, precision_state
 from mixprec.engine.stepping import (
@@ -60,6 +60,7 @@ from mixprec.engine.stepping import (
     Closure,
     StepContext,
     check_collapse,
+    check_limits,
     check_max_norm,
     record_step,
     step_plain,
@@ -138,24 +139,7 @@ class Precision:
             self.measured = measure_for_auto(policy_or_name, model, example_input, device)
             self.policy = resolve_auto(measured=self.measured)
         self.plan: PrecisionPlan = resolve_plan(self.policy)
-        if max_consecutive_skips is not None and (
-            isinstance(max_consecutive_skips, bool)
-            or not isinstance(max_consecutive_skips, int)
-            or max_consecutive_skips < 1
-        ):
-            raise ValueError(
-                f"max_consecutive_skips must be an int >= 1 or None, got {max_consecutive_skips!r}"
-            )
-        if min_loss_scale is not None and (
-            isinstance(min_loss_scale, bool)
-            or not isinstance(min_loss_scale, int | float)
-            or not 0.0 < min_loss_scale < math.inf
-        ):
-            raise ValueError(
-                f"min_loss_scale must be a finite number > 0 or None, got {min_loss_scale!r}"
-            )
-        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
-            raise ValueError(f"history_size must be an int >= 1, got {history_size!r}")
+        check_limits(max_consecutive_skips, min_loss_scale, history_size)
         self.max_consecutive_skips = max_consecutive_skips
         self.min_loss_scale = min_loss_scale
         self._device: torch.device | None = torch.device(device) if device is not None else None
@@ -170,6 +154,7 @@ class Precision:
         self._compute_checked: torch.device | None = None  # where check_device passed
         self._grads = ScaledGradients(self.plan)
         self._accumulation = Fp32Accumulation()
+        self._release = GradientRelease(self.plan)  # hooks only under release_gradients
         self._clip: ClipNote | None = None
         # Whether every loss given to `backward` this step was finite: a device tensor,
         # read only when a step is skipped (its report says where the overflow was seen).
@@ -255,6 +240,8 @@ class Precision:
         self._scaler = None  # rebuilt for this model's device and sharding
         islands = apply_storage(model, self.plan, self.device.type)
         check_wrapped(model, self.plan)
+        if self.plan.release_gradients:
+            refuse_distributed(model, list(model.parameters()), self.plan.policy_name)
         self._accumulate_in_fp32(model.parameters())
         for known in list(self._optimizers):  # their parameters may have been cast: recheck
             self._optimizers[known] = None
@@ -339,6 +326,8 @@ class Precision:
         """Tell this run about an optimizer built elsewhere (needed before clipping
         under loss scaling, so clipping can unscale its gradients first); `step`
         registers those it has not seen, and checks each once (`check_optimizers`)."""
+        if self.plan.release_gradients:
+            self._release.install(optimizer)  # refuses what it cannot step
         self._optimizers[optimizer] = None
         self._grads.watch(optimizer)
         self._accumulate_in_fp32(optimizer_params(optimizer))
@@ -363,13 +352,17 @@ class Precision:
     # -------------------------------------------------------------- backward
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backpropagate `loss`, scaled when the plan scales the loss."""
+        """Backpropagate `loss`, scaled when the plan scales the loss. Under
+        `Policy.release_gradients` each parameter is stepped here (docs/release.md)."""
         finite = torch.isfinite(loss.detach()).all()
         self._loss_finite = finite if self._loss_finite is None else self._loss_finite & finite
-        if self.plan.loss_scaling is not None:
-            self._grads.backward(self.scaler, loss, self._optimizers, **kwargs)
-        else:
-            torch.autograd.backward(loss, **kwargs)
+        scaler = self.scaler if self.plan.loss_scaling is not None else None
+        releasing = self.plan.release_gradients  # each parameter stepped in its hook
+        with self._release.backward(finite, scaler) if releasing else contextlib.nullcontext():
+            if scaler is not None:
+                self._grads.backward(scaler, loss, self._optimizers, **kwargs)
+            else:
+                torch.autograd.backward(loss, **kwargs)
 
     def _loss_was_finite(self) -> bool | None:
         """Whether every loss given to `backward` this step was finite (one host sync);
@@ -403,6 +396,7 @@ class Precision:
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the gradients of `optimizer` by the loss scale now (idempotent per step)."""
+        self._refuse_under_release("prec.unscale_", "each gradient is unscaled in its hook")
         if optimizer not in self._optimizers:
             self.register(optimizer)
         self._grads.unscale(self.scaler, [optimizer])
@@ -424,6 +418,8 @@ class Precision:
             The true total norm before clipping (inf/NaN if gradients are non-finite;
             such a step is then skipped by `step`).
         """
+        if self.plan.release_gradients:  # (not a call on the ordinary path: step_trace)
+            self._refuse_under_release("clip_grad_norm_", "the global norm needs every gradient")
         max_norm = check_max_norm(max_norm)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         if self.plan.loss_scaling is not None:
@@ -444,6 +440,14 @@ class Precision:
             norm=norm.detach() if norm_type == 2.0 else None, param_ids=frozenset(seen)
         )
         return norm
+
+    def _refuse_under_release(self, what: str, why: str) -> None:
+        if self.plan.release_gradients:
+            raise PrecisionError(
+                f"policy {self.plan.policy_name!r} releases gradients: {what} is refused "
+                f"({why}, and each parameter was stepped during backward); use a policy "
+                "without release_gradients (e.g. bf16_lean)"
+            )
 
     # ------------------------------------------------------------------ step
 
@@ -472,6 +476,8 @@ class Precision:
         )
         if closure is not None and len(optimizers) != 1:
             raise ValueError("a closure step takes exactly one optimizer")
+        if closure is not None:
+            self._refuse_under_release("a closure", "its backward would step in its hooks")
         for opt in optimizers:
             groups = len(opt.param_groups)
             if self._optimizers.get(opt) != groups:  # new, re-prepared or grown: (re)check
@@ -496,7 +502,9 @@ class Precision:
         )
         grad_mode = torch.is_grad_enabled()
         try:
-            if closure is None:
+            if self.plan.release_gradients and self._release.fired:
+                outcome = self._release.finish(ctx, optimizers)
+            elif closure is None:
                 outcome = step_plain(ctx, optimizers)
             else:
                 outcome = step_with_closure(ctx, optimizers[0], closure)
@@ -517,6 +525,8 @@ class Precision:
                 self._accumulation.release()
             self._clip = None
             self._loss_finite = None
+            if self.plan.release_gradients:
+                self._release.end_step()
         scale_after = float(scaler.get_scale()) if scales else None
         report = record_step(
             self.stats, outcome, scale_before=scale_before, scale_after=scale_after

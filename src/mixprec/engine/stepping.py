@@ -52,6 +52,7 @@ __all__ = [
     "StepOutcome",
     "check_collapse",
     "check_grads",
+    "check_limits",
     "check_max_norm",
     "count_nonfinite_weights",
     "record_step",
@@ -75,8 +76,9 @@ WEIGHT_OVERFLOW_WARNING = (
 class StepOutcome(NamedTuple):
     """What a step did: applied or not, which optimizers applied an update (those
     with gradients, when applied), the reported norm, non-finite gradient elements
-    seen, non-finite fp16 weight elements after the update, and on a skipped step
-    whether its loss was finite."""
+    seen, non-finite fp16 weight elements after the update, on a skipped step
+    whether its loss was finite, and under gradient release the parameters stepped
+    in backward and those withheld (`mixprec.engine.release`)."""
 
     applied: bool
     stepped: tuple[bool, ...]
@@ -84,6 +86,8 @@ class StepOutcome(NamedTuple):
     nonfinite: int
     nonfinite_weights: int = 0
     loss_finite: bool | None = None
+    released: int = 0
+    withheld: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,34 @@ class StepContext:
 
 class _NonFiniteInClosureError(Exception):
     """Raised inside a wrapped closure to abort an optimizer step with bad gradients."""
+
+
+def check_limits(
+    max_consecutive_skips: object, min_loss_scale: object, history_size: object
+) -> None:
+    """`Precision`'s collapse limits and history size, refused unless valid.
+
+    Raises:
+        ValueError: naming the bad value.
+    """
+    if max_consecutive_skips is not None and (
+        isinstance(max_consecutive_skips, bool)
+        or not isinstance(max_consecutive_skips, int)
+        or max_consecutive_skips < 1
+    ):
+        raise ValueError(
+            f"max_consecutive_skips must be an int >= 1 or None, got {max_consecutive_skips!r}"
+        )
+    if min_loss_scale is not None and (
+        isinstance(min_loss_scale, bool)
+        or not isinstance(min_loss_scale, int | float)
+        or not 0.0 < min_loss_scale < math.inf
+    ):
+        raise ValueError(
+            f"min_loss_scale must be a finite number > 0 or None, got {min_loss_scale!r}"
+        )
+    if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
+        raise ValueError(f"history_size must be an int >= 1, got {history_size!r}")
 
 
 def check_max_norm(max_norm: object) -> float:
@@ -367,6 +399,8 @@ def record_step(
         stepped=outcome.stepped,
         nonfinite_weights=outcome.nonfinite_weights,
         loss_finite=outcome.loss_finite,
+        released_params=outcome.released,
+        withheld_params=outcome.withheld,
     )
 
 

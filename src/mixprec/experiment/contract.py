@@ -389,11 +389,11 @@ class Contract:
             settings.pop(key, None)
         pol = preset(policy_name).to_dict()
         pol.pop("note", None)
-        # Policy fields added since (fp8, grad_accum_dtype) are hashed only when set, so
-        # the records of earlier versions keep their fingerprints and are reused, not
-        # retrained.
+        # Policy fields added since (fp8, grad_accum_dtype, release_gradients) are hashed
+        # only when set, so the records of earlier versions keep their fingerprints and
+        # are reused, not retrained.
         for key in _POLICY_KEYS_HASHED_WHEN_SET:
-            if pol.get(key) in (None, "none"):
+            if pol.get(key) in (None, "none", False):
                 pol.pop(key, None)
         blob = json.dumps(
             {
@@ -417,7 +417,7 @@ class Contract:
 
 #: `Policy.to_dict` keys newer than record version 3, left out of run fingerprints
 #: while None (see `Contract.run_fingerprint`).
-_POLICY_KEYS_HASHED_WHEN_SET = ("fp8", "grad_accum_dtype")
+_POLICY_KEYS_HASHED_WHEN_SET = ("fp8", "grad_accum_dtype", "release_gradients")
 
 #: Most seeds a contract may ask for (a guard against typos: each seed is a run).
 MAX_SEEDS = 100

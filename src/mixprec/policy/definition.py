@@ -6,8 +6,9 @@ precision (`master`) and its moments (`moments`), how gradients are reduced
 across ranks (`reduce_dtype`) and summed over the micro-batches of a step
 (`grad_accum_dtype`), what dtype modules return under FSDP2 (`output_dtype`),
 whether the loss is scaled (`loss_scaling`), which modules stay in fp32
-(`fp32_modules`), and whether linear layers train in FP8 (`fp8`, a
-`Float8Training`). A single "mixed precision on" flag hides
+(`fp32_modules`), whether linear layers train in FP8 (`fp8`, a
+`Float8Training`), and whether each parameter is stepped as soon as its gradient
+is complete (`release_gradients`). A single "mixed precision on" flag hides
 exactly the decisions that break runs; here each one is visible.
 """
 
@@ -127,6 +128,11 @@ class Policy:
             FP8 through torchao (converted by `Precision.prepare`), the rest of the
             model under the fields above; None (the default) for no FP8. Needs bf16
             compute.
+        release_gradients: step each parameter during backward, as soon as its
+            gradient is complete, and free that gradient (gradient release,
+            docs/release.md): no gradient of the whole model is ever held, at the
+            price of global-norm clipping and gradient accumulation (both refused
+            under it, as are DDP and FSDP2). False (the default): the ordinary step.
         note: free text, e.g. why `auto` chose this policy. Not compared.
     """
 
@@ -142,6 +148,7 @@ class Policy:
     fp32_modules: tuple[type[nn.Module] | str, ...] = DEFAULT_FP32_MODULES
     allow_unscaled: bool = False
     fp8: Float8Training | None = None
+    release_gradients: bool = False
     note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -162,6 +169,10 @@ class Policy:
             )
         if not isinstance(self.allow_unscaled, bool):
             raise TypeError(f"allow_unscaled must be True or False, got {self.allow_unscaled!r}")
+        if not isinstance(self.release_gradients, bool):
+            raise TypeError(
+                f"release_gradients must be True or False, got {self.release_gradients!r}"
+            )
         if self.fp8 is not None and not isinstance(self.fp8, Float8Training):
             raise TypeError(
                 f"fp8 must be a mixprec.Float8Training or None, got {self.fp8!r}; "
@@ -221,6 +232,12 @@ class Policy:
                 "training casts to FP8 from bf16 and runs the rest of the model in it), got "
                 f"compute_dtype={dtype_name(self.compute_dtype)}; fix: "
                 "compute_dtype=torch.bfloat16 (the fp8_* presets)"
+            )
+        if self.release_gradients and self.grad_accum_dtype is not None:
+            raise ValueError(
+                f"{where}: release_gradients steps each parameter during its backward, so "
+                "there is no step-long sum of gradients for grad_accum_dtype to keep; fix: "
+                "grad_accum_dtype=None (one backward per step), or release_gradients=False"
             )
         if self.param_dtype == torch.float16 and self.loss_scaling is not None:
             raise ValueError(
@@ -299,6 +316,7 @@ class Policy:
             "fp32_modules": [e if isinstance(e, str) else e.__name__ for e in self.fp32_modules],
             "allow_unscaled": self.allow_unscaled,
             "fp8": None if self.fp8 is None else self.fp8.to_dict(),
+            "release_gradients": self.release_gradients,
             "note": self.note,
         }
 
@@ -355,8 +373,9 @@ class Policy:
             kwargs["master"] = check_master(str(values["master"]))
         if "moments" in values:
             kwargs["moments"] = check_moments(str(values["moments"]))
-        if "allow_unscaled" in values:
-            kwargs["allow_unscaled"] = _parse_bool("allow_unscaled", values["allow_unscaled"])
+        for key in ("allow_unscaled", "release_gradients"):
+            if key in values:
+                kwargs[key] = _parse_bool(key, values[key])
         if "loss_scaling" in values:
             kwargs["loss_scaling"] = _parse_loss_scaling(values["loss_scaling"])
         if "fp32_modules" in values:
@@ -393,11 +412,12 @@ class Policy:
             if self.grad_accum_dtype is None
             else f", accumulate grads {dtype_name(self.grad_accum_dtype)}"
         )
+        release = ", gradients released in backward" if self.release_gradients else ""
         return (
             f"compute {dtype_name(self.compute_dtype)}, params {dtype_name(self.param_dtype)}, "
             f"master {self.master}, moments {self.moments}, "
             f"reduce {dtype_name(self.reduce_dtype)}{accum}, "
-            f"loss scaling {scaling}{fp8}"
+            f"loss scaling {scaling}{fp8}{release}"
         )
 
 

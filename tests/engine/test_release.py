@@ -295,18 +295,31 @@ def test_other_optimizers_are_refused(build: Callable[[Precision, nn.Module], ob
         build(prec, model)
 
 
-def test_ddp_is_refused_at_prepare(tmp_path: object) -> None:
+def test_ddp_fsdp2_and_several_ranks_are_refused(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the boundaries: a DDP model at prepare, DTensor parameters (FSDP2's) when the
+    optimizer is built, a process group of more than one rank at prepare."""
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
 
     dist.init_process_group(
         "gloo", rank=0, world_size=1, init_method=f"file://{tmp_path}/rendezvous"
     )
     try:
-        model = nn.parallel.DistributedDataParallel(_model())
         prec = Precision(_released("fp32"))
         with pytest.raises(PrecisionError, match="DDP or FSDP2"):
-            prec.prepare(model)
+            prec.prepare(nn.parallel.DistributedDataParallel(_model()))
+        mesh = init_device_mesh("cpu", (1,))
+        sharded = nn.Parameter(distribute_tensor(torch.zeros(8, 4), mesh, [Shard(0)]))
+        with pytest.raises(PrecisionError, match="DDP or FSDP2"):
+            prec.optimizer([sharded], lr=0.1)
+        monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+        with pytest.raises(PrecisionError, match="DDP or FSDP2"):
+            prec.prepare(_model())
     finally:
+        monkeypatch.undo()
         dist.destroy_process_group()
 
 

@@ -185,24 +185,35 @@ class GradientRelease:
         p.grad = None
 
     def _finite(self, grad: torch.Tensor) -> bool:
-        """Whether `grad` is finite (one host read), unscaled first under loss scaling."""
-        scaler = self._scaler
+        """Whether `grad` is finite (one host read), unscaled first under loss scaling;
+        its norm is kept for the report (in its dtype, as torch's total norm takes it)."""
         device = grad.device
-        if scaler is not None and scaler.is_enabled():
-            if device not in self._found:
+        scaler = self._scaler
+        if device not in self._found:
+            self._found[device] = torch.zeros((), dtype=torch.float32, device=device)
+            inverse = torch.ones((), dtype=torch.float32, device=device)
+            if scaler is not None and scaler.is_enabled():
                 scale = scaler._scale
                 assert scale is not None, "prec.backward scales the loss first"
                 # As GradScaler.unscale_: the inverse in float64, rounded to float32 once.
-                self._inv_scale[device] = scale.double().reciprocal().float().to(device)
-                self._found[device] = torch.zeros((), dtype=torch.float32, device=device)
-            found = self._found[device]
-            torch._amp_foreach_non_finite_check_and_unscale_([grad], found, self._inv_scale[device])
-            self._norms.append(torch.linalg.vector_norm(grad, dtype=torch.float32))
-            return not bool(found)
-        norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+                inverse = scale.double().reciprocal().float().to(device)
+            self._inv_scale[device] = inverse
+        found = self._found[device]
+        scaled = scaler is not None and scaler.is_enabled()
+        if scaled:  # GradScaler's own unscale and check
+            torch._amp_foreach_non_finite_check_and_unscale_(
+                [grad], found, self._inv_scale[device]
+            )
+        norm = torch._foreach_norm([grad])[0]
         self._norms.append(norm)
-        # A norm past fp32's range on finite elements (2e19 and up): decide on the elements.
-        return math.isfinite(float(norm)) or bool(torch.isfinite(grad).all())
+        if scaled:
+            return not bool(found)
+        if math.isfinite(float(norm)):
+            return True
+        # The norm can overflow on finite elements (fp16 past 65504): check the elements
+        # themselves (multiplying by 1 changes no value).
+        torch._amp_foreach_non_finite_check_and_unscale_([grad], found, self._inv_scale[device])
+        return not bool(found)
 
     # ------------------------------------------------------------------ step
 

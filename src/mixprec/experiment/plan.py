@@ -9,7 +9,7 @@ when held-out evaluations happen.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ __all__ = [
     "MIN_CURVE_POINTS",
     "RunSettings",
     "RunSpec",
+    "check_release",
     "curve_every",
     "default_candidates",
     "evaluation_steps",
@@ -114,6 +115,22 @@ def settings_for(contract: RunSpec, workload: Workload) -> RunSettings:
         optimizer=contract.optimizer,
         optimizer_args=dict(contract.optimizer_args),
     )
+
+
+def check_release(policies: Iterable[str], train: TrainSettings) -> None:
+    """Refuse a policy that releases gradients (`Policy.release_gradients`) in runs that
+    clip them by their global norm: it steps each parameter during backward, before
+    that norm exists (docs/release.md). Checked before any run trains."""
+    if train.grad_clip_norm is None:
+        return
+    released = [name for name in policies if preset(name).release_gradients]
+    if released:
+        raise ValueError(
+            f"{', '.join(released)} release(s) gradients during backward, before their "
+            f"global norm exists, so grad_clip_norm={train.grad_clip_norm} cannot apply: "
+            "set `grad_clip_norm: null` under `train:` in the --config file (every policy "
+            f"then trains unclipped), or leave {', '.join(released)} out"
+        )
 
 
 def settings_dict(settings: RunSettings) -> dict[str, Any]:

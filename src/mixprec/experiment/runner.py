@@ -38,6 +38,7 @@ from mixprec.experiment.optimizer import build_optimizer, optimizer_label
 from mixprec.experiment.orchestration import CONTRACT_FILE, RunFn, check_out_dir, run_all
 from mixprec.experiment.plan import (
     RunSettings,
+    check_release,
     evaluation_steps,
     settings_dict,
     settings_for,
@@ -405,11 +406,13 @@ def run_experiment(
         workload = load_workload(
             contract.workload, allow_import=allow_import, **workload_options(contract)
         )
+    settings = settings_for(contract, workload)
+    check_release(contract.policies, settings.train)
     return workload, run_all(
         contract,
         out_dir,
         workload,
-        settings_for(contract, workload),
+        settings,
         run=run_one if run is None else run,
         device=device,
         stream=stream,

@@ -74,6 +74,14 @@ def _presets() -> dict[str, Callable[[], Policy]]:
             master="remainder8",
             moments="int8",
         ),
+        "bf16_lean4": lambda: Policy(
+            name="bf16_lean4",
+            compute_dtype=_BF16,
+            param_dtype=_BF16,
+            master="remainder8",
+            moments="int4",
+            release_gradients=True,
+        ),
         "bf16_kahan": lambda: Policy(
             name="bf16_kahan",
             compute_dtype=_BF16,
@@ -109,6 +117,7 @@ PRESET_NAMES: tuple[str, ...] = (
     "fp16_unscaled",
     "bf16_master",
     "bf16_lean",
+    "bf16_lean4",
     "bf16_kahan",
     "bf16_sr",
     "bf16_pure",

@@ -31,6 +31,7 @@ POLICY_COLORS: Mapping[str, str] = {
     "fp16_unscaled": "#d62728",
     "bf16_master": "#2ca02c",
     "bf16_lean": "#9467bd",
+    "bf16_lean4": "#6a3d9a",
     "bf16_kahan": "#17becf",
     "bf16_sr": "#bcbd22",
     "bf16_pure": "#8c564b",

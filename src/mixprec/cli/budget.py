@@ -245,6 +245,7 @@ _HEADER = {
     "fp32_islands": "islands",
     "fp8_cast_temporaries": "fp8_casts",
     "grad_accum": "accum",
+    "released_grads": "released",
     "activations": "activ",
 }
 
@@ -258,6 +259,7 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
     fp8 = any(r.fp8 is not None for r in results)
     buffers = any(r.bytes.buffers for r in results)
     grad_accum = any(r.per_rank.grad_accum for r in results)  # grad_accum_dtype: fp32 asked
+    released = any(r.per_rank.released_grads for r in results)  # release_gradients
     # No fp8 policy, or no buffers (a count, a config): a column of zeros says nothing.
     comps = [
         c
@@ -265,6 +267,7 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
         if (c != "fp8_cast_temporaries" or fp8)
         and (c != "buffers" or buffers)
         and (c != "grad_accum" or grad_accum)
+        and (c != "released_grads" or released)
     ]
 
     def cell(r: Any, held: Any, comp: str) -> str:
@@ -347,6 +350,11 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
             "micro-batch"
         )
         lines.append("  to its update (grad_accum_dtype: fp32; see docs/memory.md)")
+    if any(r.per_rank.released_grads for r in results):
+        lines.append(
+            "released: released_grads, gradients released in backward: at most the largest "
+            "is held at once (docs/release.md)"
+        )
     if fp8:
         lines.append(
             "fp8_casts: fp8_cast_temporaries, the most one converted linear allocates and frees"

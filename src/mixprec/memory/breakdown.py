@@ -11,6 +11,10 @@ Components (bytes):
 * ``grad_accum``: under ``Policy.grad_accum_dtype=torch.float32``, the fp32 sums of
   the gradients of 16-bit parameters held while a step accumulates micro-batches
   (from the second backward to the step); 0 otherwise;
+* ``released_grads``: under ``Policy.release_gradients``, the most gradient bytes
+  held at once during backward (the largest parameter's gradient: each is freed as
+  soon as its parameter is stepped, so ``grads``, held between backward and the
+  step, is 0); 0 otherwise;
 * ``master``: the optimizer's full-precision representation of 16-bit params
   (fp32 copy, int16/int8 remainders, Kahan compensation);
 * ``moments``: optimizer moments, including int8 block scales;
@@ -48,6 +52,7 @@ COMPONENTS: tuple[str, ...] = (
     "buffers",
     "grads",
     "grad_accum",
+    "released_grads",
     "master",
     "moments",
     "activations",
@@ -66,6 +71,7 @@ class Components:
     buffers: int = 0
     grads: int = 0
     grad_accum: int = 0
+    released_grads: int = 0
     master: int = 0
     moments: int = 0
     activations: int = 0

@@ -9,6 +9,8 @@ measures the same components on a real step.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -279,6 +281,9 @@ def estimate(
         one, every = _tensor_bytes(t, pol, world_size, sharded, slots)
         rank0, whole = rank0 + one, whole + every
 
+    if pol.release_gradients:
+        rank0, whole = _released(tensors, pol, rank0, whole, world_size, notes)
+
     # Each rank's collective buffers per step (the sum over ranks is W times this).
     comm: dict[str, int] = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
     if world_size > 1:
@@ -358,6 +363,37 @@ def _fp8_memory(
         recipe=settings.recipe, emulate=emulate, emulate_reason=why, converted=converted,
         forward=fwd, backward=bwd, layer=where, estimated=fwd is not None,
     )  # fmt: skip
+
+
+def _released(
+    tensors: list[_Tensor],
+    pol: Policy,
+    rank0: Components,
+    whole: Components,
+    world_size: int,
+    notes: list[str],
+) -> tuple[Components, Components]:
+    """Gradient release (`Policy.release_gradients`): no gradient is held between backward
+    and the step; during backward, the largest one at most (`released_grads`)."""
+    if world_size > 1:
+        raise ValueError(
+            f"policy {pol.name!r} releases gradients, which runs in one process (DDP and "
+            "FSDP2 reduce gradients after the hook that would step them): world_size=1, or a "
+            "policy without release_gradients"
+        )
+    sizes = [
+        t.numel * _nbytes(torch.float32 if t.island else pol.param_dtype)
+        for t in tensors
+        if t.trainable and not t.aggregate
+    ]
+    if len(sizes) < sum(t.trainable for t in tensors):
+        notes.append(
+            "gradients released: the largest one, held during backward, is unknown from a "
+            "count (released_grads counts the known tensors only)"
+        )
+    largest = max(sizes, default=0)
+    rank0 = dataclasses.replace(rank0, grads=0, released_grads=largest)
+    return rank0, dataclasses.replace(whole, grads=0, released_grads=largest)
 
 
 def _times(c: Components, k: int) -> Components:

@@ -190,6 +190,15 @@ def measure(
                     grad_sizes[storage_key(g)] = g.untyped_storage().nbytes()
 
             handles.append(p.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
+    released: list[int] = [0]  # under gradient release: the largest gradient seen
+    if pol is not None and pol.release_gradients:
+        for _, p in params:
+            if p.requires_grad:
+
+                def seen(g: torch.Tensor) -> None:
+                    released[0] = max(released[0], _local(g).untyped_storage().nbytes())
+
+                handles.append(p.register_hook(seen))
     cuda = any(p.is_cuda for _, p in params)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -217,6 +226,7 @@ def measure(
         fp32_islands=islands_bytes,
         buffers=buffers_bytes,
         grads=sum(grad_sizes.values()),
+        released_grads=released[0],
         master=state["master"],
         moments=state["moments"],
         activations=saved.peak,

@@ -9,6 +9,7 @@ when held-out evaluations happen.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -119,17 +120,17 @@ def settings_for(contract: RunSpec, workload: Workload) -> RunSettings:
 
 def check_release(policies: Iterable[str], train: TrainSettings) -> None:
     """Refuse a policy that releases gradients (`Policy.release_gradients`) in runs that
-    clip them by their global norm: it steps each parameter during backward, before
+    clip them by a finite global norm: it steps each parameter during backward, before
     that norm exists (docs/release.md). Checked before any run trains."""
-    if train.grad_clip_norm is None:
-        return
+    if train.grad_clip_norm is None or math.isinf(train.grad_clip_norm):
+        return  # (inf clips nothing: `training_step` leaves such policies unclipped)
     released = [name for name in policies if preset(name).release_gradients]
     if released:
         raise ValueError(
             f"{', '.join(released)} release(s) gradients during backward, before their "
             f"global norm exists, so grad_clip_norm={train.grad_clip_norm} cannot apply: "
-            "set `grad_clip_norm: null` under `train:` in the --config file (every policy "
-            f"then trains unclipped), or leave {', '.join(released)} out"
+            "set `grad_clip_norm: .inf` in a --config file (every policy then trains "
+            f"without clipping), or leave {', '.join(released)} out"
         )
 
 

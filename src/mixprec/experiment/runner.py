@@ -188,7 +188,11 @@ def training_step(
             out = model(x)
         loss = workload.loss(out, y)
         prec.backward(loss)
-    if train.grad_clip_norm is not None:
+    # An infinite norm clips nothing; under gradient release the gradients are gone by
+    # now, so it is not measured either (a finite one is refused before the run).
+    if train.grad_clip_norm is not None and not (
+        prec.policy.release_gradients and math.isinf(train.grad_clip_norm)
+    ):
         prec.clip_grad_norm_(model.parameters(), train.grad_clip_norm)
     report = prec.step(optimizer)
     optimizer.zero_grad(set_to_none=True)

@@ -34,6 +34,7 @@ EXPECTED = {
     "fp16_unscaled": (FP16, FP32, "none", "fp32", False),
     "bf16_master": (BF16, BF16, "exact", "fp32", False),
     "bf16_lean": (BF16, BF16, "remainder8", "int8", False),
+    "bf16_lean4": (BF16, BF16, "remainder8", "int4", False),
     "bf16_kahan": (BF16, BF16, "kahan", "bf16", False),
     "bf16_sr": (BF16, BF16, "stochastic", "bf16", False),
     "bf16_pure": (BF16, BF16, "none", "bf16", False),
@@ -73,6 +74,7 @@ def test_preset_table() -> None:
             scaled,
         )
         assert p.reduce_dtype == FP32, "gradient reduction defaults to fp32"
+        assert p.release_gradients == (name == "bf16_lean4")  # the one preset that releases
 
 
 @pytest.mark.parametrize(("alias", "target"), sorted(ALIASES.items()))

@@ -126,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
     names = (
         list(PRESET_NAMES) if args.policy == "all" else [n.strip() for n in args.policy.split(",")]
     )
+    left_out = []  # `all` on several ranks or with accumulation: release runs in neither
+    if args.policy == "all" and (args.world_size > 1 or args.grad_accum_dtype is not None):
+        left_out = [n for n in names if preset(n).release_gradients]
+        names = [n for n in names if n not in left_out]
     source: Any
     if args.config is not None:
         try:
@@ -176,6 +180,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(_optimizer_line(args.optimizer, optimizer_args, rule))
     print(_budget_table(results, args.world_size))
+    if left_out:
+        print(
+            f"note: {', '.join(left_out)} left out: gradient release runs in one process with "
+            "one backward per step (docs/release.md)"
+        )
     if isinstance(source, TransformerShape):
         given = "--seq-len" if args.seq_len is not None else "the config's longest sequence"
         print(

@@ -191,6 +191,7 @@ def test_with_no_candidate_within_the_budgets_fp32_stays_and_exits_0(
         (["--optimizer-args", "lr=1e-3;eps=1"], "lr='1e-3;eps=1' is not a number"),
         (["--optimizer-args", "master=exact"], "the policy decides the master"),
         (["--optimizer-args", "eps=-1"], "optimizer adamw refuses its arguments (eps=-1)"),
+        (["--policies", "bf16_lean4"], "so grad_clip_norm=1.0 cannot apply: set `grad_clip"),
     ],
 )
 def test_bad_decision_flags_exit_2_with_one_line(

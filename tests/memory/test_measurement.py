@@ -40,9 +40,15 @@ def test_predicted_equals_measured_on_gpt(name: str) -> None:
         opt.zero_grad(set_to_none=True)
 
     got = measure(model, opt, step, policy=prec.policy)
-    for comp in ("params", "fp32_islands", "grads", "master", "moments"):
+    for comp in ("params", "fp32_islands", "grads", "released_grads", "master", "moments"):
         assert getattr(got.bytes, comp) == getattr(predicted.bytes, comp), comp
     assert predicted.bytes.activations == pytest.approx(got.bytes.activations, rel=0.15)
+    # Released gradients: none held at the step, the largest one (the tied embedding's)
+    # during backward.
+    released = prec.policy.release_gradients
+    assert (got.bytes.grads == 0) == released
+    largest = max(p.numel() * p.element_size() for p in model.parameters())
+    assert got.bytes.released_grads == (largest if released else 0)
 
 
 def test_state_bytes_by_category() -> None:
@@ -152,7 +158,7 @@ class _TiedFrozen(nn.Module):
         return self.head(self.block(self.emb(x)))
 
 
-@pytest.mark.parametrize("name", ["bf16_master", "bf16_lean", "amp_bf16", "fp32"])
+@pytest.mark.parametrize("name", ["bf16_master", "bf16_lean", "bf16_lean4", "amp_bf16", "fp32"])
 @pytest.mark.parametrize("make", [_LoraLike, _TiedFrozen], ids=["lora", "tied"])
 def test_frozen_and_tied_parameters_are_predicted_as_measured(name: str, make: type) -> None:
     """Found in review of the drop-in claim: the estimate left frozen parameters out (a
@@ -173,7 +179,7 @@ def test_frozen_and_tied_parameters_are_predicted_as_measured(name: str, make: t
         opt.zero_grad(set_to_none=True)
 
     got = measure(model, opt, step, policy=prec.policy)
-    for comp in ("params", "fp32_islands", "grads", "master", "moments"):
+    for comp in ("params", "fp32_islands", "grads", "released_grads", "master", "moments"):
         assert getattr(got.bytes, comp) == getattr(predicted.bytes, comp), comp
 
 

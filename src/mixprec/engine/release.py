@@ -201,9 +201,7 @@ class GradientRelease:
         found = self._found[device]
         scaled = scaler is not None and scaler.is_enabled()
         if scaled:  # GradScaler's own unscale and check
-            torch._amp_foreach_non_finite_check_and_unscale_(
-                [grad], found, self._inv_scale[device]
-            )
+            torch._amp_foreach_non_finite_check_and_unscale_([grad], found, self._inv_scale[device])
         norm = torch._foreach_norm([grad])[0]
         self._norms.append(norm)
         if scaled:

@@ -169,8 +169,8 @@ def _contract_from_args(args: argparse.Namespace) -> tuple[Any, str]:
 def run(args: argparse.Namespace) -> int:
     """Run the experiment the flags (and ``--config``) describe; 1 when none is recommended."""
     from mixprec.experiment.compare import run_contract
-    from mixprec.experiment.report import render_summary
     from mixprec.experiment.plan import check_release, settings_for
+    from mixprec.experiment.report import render_summary
     from mixprec.experiment.runner import check_out_dir, workload_options
     from mixprec.workloads import load_workload
 

@@ -131,6 +131,22 @@ def test_formats_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "min subnormal" in out and "fp8_e5m2" in out and "65504" in out
 
 
+def test_formats_lists_the_optimizer_storage_formats_with_their_bytes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["formats", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    moments = {f["name"]: f["bytes_per_param"] for f in data["moments"]}
+    masters = {f["name"]: f["bytes_per_param"] for f in data["masters"]}
+    # two moments of a 768 x 768 matrix: int8 codes + an fp32 scale per 256; int4 codes
+    # (half a byte) + an fp32 absmax per 128 + fp32 row and column maxima
+    assert moments["fp32"] == 8 and moments["int8"] == 2 + 2 * 4 / 256
+    assert moments["int4"] == 1 + 4 / 128 + 4 * 2 * 768 / 768**2
+    assert masters["remainder8"] == 1 and masters["exact"] == 2
+    assert main(["formats"]) == 0
+    assert "int4" in capsys.readouterr().out
+
+
 def test_policies_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["policies", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

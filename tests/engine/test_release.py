@@ -89,6 +89,33 @@ def test_release_trains_bitwise_as_the_ordinary_step(name: str) -> None:
     assert "gradients released" in released.policy.describe()
 
 
+def test_gradients_without_a_hook_are_taken_at_the_step() -> None:
+    """An optimizer `prec.step` registers (its first gradients came before its hooks)
+    and a parameter made trainable after the hooks went on: their gradients are taken
+    (checked, stepped) at the step, and released in backward from then on."""
+    ordinary, released = Precision("bf16_lean"), Precision(_released("bf16_lean"))
+    m1, m2 = ordinary.prepare(_model()), released.prepare(_model())
+    for m in (m1, m2):
+        m[3].weight.requires_grad_(False)
+    o1 = mixprec.optim.AdamW(m1.parameters(), lr=1e-2, master="remainder8", moments="int8")
+    o2 = mixprec.optim.AdamW(m2.parameters(), lr=1e-2, master="remainder8", moments="int8")
+    for step in range(STEPS):
+        if step == 2:
+            for m in (m1, m2):
+                m[3].weight.requires_grad_(True)
+        ordinary.backward(_loss(ordinary, m1, step))
+        ordinary.step(o1)
+        o1.zero_grad(set_to_none=True)
+        released.backward(_loss(released, m2, step))
+        held = sum(p.grad is not None for p in m2.parameters())
+        report = released.step(o2)
+        assert held == {0: 5, 2: 1}.get(step, 0)  # all at first, then the unfrozen one
+        assert report.applied and report.released_params == (5 if step < 2 else 6)
+        for p, q in zip(m1.parameters(), m2.parameters(), strict=True):
+            assert torch.equal(p, q)
+    _same_state(o1, o2)
+
+
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 @pytest.mark.parametrize("bad_step", [0, 2])
 @pytest.mark.parametrize("position", range(6))

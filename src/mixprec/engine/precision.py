@@ -502,7 +502,7 @@ class Precision:
         )
         grad_mode = torch.is_grad_enabled()
         try:
-            if self.plan.release_gradients and self._release.fired:
+            if self.plan.release_gradients:
                 outcome = self._release.finish(ctx, optimizers)
             elif closure is None:
                 outcome = step_plain(ctx, optimizers)

@@ -51,6 +51,9 @@ from mixprec.optim.sharding import is_dtensor
 
 __all__ = ["GradientRelease", "refuse_distributed"]
 
+#: A hooked parameter's entry: the parameter, its optimizer, whether its hook is on.
+_Owner = tuple["weakref.ref[torch.Tensor]", "weakref.ref[RuleOptimizer]", bool]
+
 _WHY = "release_gradients steps each parameter during backward"
 _FIX = "use a policy without release_gradients (e.g. bf16_lean)"
 
@@ -81,8 +84,9 @@ class GradientRelease:
     def __init__(self, plan: PrecisionPlan) -> None:
         self.policy_name = plan.policy_name
         self.plan = plan
-        # By id(p): (the parameter, its optimizer), both weak (the hook holds neither).
-        self._owners: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[RuleOptimizer]]] = {}
+        # By id(p): the parameter and its optimizer, both weak (the hook holds neither),
+        # and whether its hook is on (not on a parameter that did not require grad then).
+        self._owners: dict[int, _Owner] = {}
         self._in_backward = False
         self._scaler: torch.amp.GradScaler | None = None
         self.end_step()
@@ -100,11 +104,6 @@ class GradientRelease:
         self._optimizers: set[int] = set()  # ids of the optimizers that stepped one
         self._found: dict[torch.device, torch.Tensor] = {}
         self._inv_scale: dict[torch.device, torch.Tensor] = {}
-
-    @property
-    def fired(self) -> bool:
-        """Whether a hook took a gradient this step (then `finish` ends the step)."""
-        return self.released + self.withheld > 0
 
     # ------------------------------------------------------------------ setup
 
@@ -128,9 +127,14 @@ class GradientRelease:
 
         for p in params:
             known = self._owners.get(id(p))
-            if p.requires_grad and (known is None or known[0]() is not p):
+            same = known is not None and known[0]() is p
+            if same and known[1]() is optimizer and (known[2] or not p.requires_grad):
+                continue  # (the usual case: `finish` calls this every step)
+            hooked = same and known[2]
+            if p.requires_grad and not hooked:
                 p.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
-            self._owners[id(p)] = (weakref.ref(p), weakref.ref(optimizer))
+                hooked = True
+            self._owners[id(p)] = (weakref.ref(p), weakref.ref(optimizer), hooked)
 
     @contextlib.contextmanager
     def backward(
@@ -160,17 +164,25 @@ class GradientRelease:
     # ------------------------------------------------------------------ hook
 
     def _take(self, p: torch.Tensor) -> None:
-        """`p`'s gradient is complete: step `p` with it, or withhold it; free it."""
+        """`p`'s hook: its gradient is complete (see `_release`)."""
         if not self._in_backward:
-            raise PrecisionError(
-                f"policy {self.policy_name!r}: a gradient was completed outside "
-                f"prec.backward (loss.backward()?); {_WHY} from prec.backward(loss), which "
-                "checks it (and unscales it under loss scaling) first: call that instead"
-            )
+            self._refuse_outside()
         owner = self._owners.get(id(p))
         optimizer = None if owner is None or owner[0]() is not p else owner[1]()
+        if optimizer is not None:
+            self._release(p, optimizer)
+
+    def _refuse_outside(self) -> None:
+        raise PrecisionError(
+            f"policy {self.policy_name!r}: a gradient was completed outside "
+            f"prec.backward (loss.backward()?); {_WHY} from prec.backward(loss), which "
+            "checks it (and unscales it under loss scaling) first: call that instead"
+        )
+
+    def _release(self, p: torch.Tensor, optimizer: RuleOptimizer) -> None:
+        """Step `p` with its gradient, or withhold it (see the module); free it."""
         grad = p.grad
-        if optimizer is None or grad is None:
+        if grad is None:
             return
         if not self.halted:
             self.halted = not self._finite(grad)
@@ -216,9 +228,22 @@ class GradientRelease:
     # ------------------------------------------------------------------ step
 
     def finish(self, ctx: StepContext, optimizers: Sequence[torch.optim.Optimizer]) -> StepOutcome:
-        """The step after a released backward: observers, the loss scale, the outcome."""
+        """`Precision.step` under release: gradients that came without a hook are taken
+        now (in parameter order: a parameter made trainable since `install`, which hooks
+        it from now on, or one of an optimizer `prec.step` registered just now), then
+        observers, the loss scale and the outcome."""
+        for opt in optimizers:
+            assert isinstance(opt, RuleOptimizer)  # (`install` refused the others)
+            self.install(opt)
+            for p in optimizer_params(opt):
+                if p.grad is not None:
+                    if not self.backwards:
+                        self._refuse_outside()
+                    self._release(p, opt)
         for observer in ctx.observers:
             observer.before_step(ctx.owner, optimizers, ctx.step)
+        if self.released + self.withheld == 0:  # nothing to apply, nothing scaled
+            return StepOutcome(True, (False,) * len(optimizers), 0.0, 0)
         norm = float(torch.linalg.vector_norm(torch.stack(self._norms))) if self._norms else 0.0
         nonfinite = int(sum(int(n) for n in self._nonfinite))
         if self.halted and math.isfinite(norm):

@@ -127,10 +127,11 @@ class GradientRelease:
 
         for p in params:
             known = self._owners.get(id(p))
-            same = known is not None and known[0]() is p
-            if same and known[1]() is optimizer and (known[2] or not p.requires_grad):
+            if known is not None and known[0]() is not p:
+                known = None  # another tensor that had this id
+            hooked = known is not None and known[2]
+            if known is not None and known[1]() is optimizer and (hooked or not p.requires_grad):
                 continue  # (the usual case: `finish` calls this every step)
-            hooked = same and known[2]
             if p.requires_grad and not hooked:
                 p.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
                 hooked = True

@@ -48,7 +48,7 @@ def test_the_kernel_is_built_with_the_registrys_codes() -> None:
     for kind, specs in (("MASTER", formats.master_specs()), ("MOMENTS", formats.moment_specs())):
         for spec in specs:
             define = f"-DMIXPREC_{kind}_{spec.name.upper()}="
-            if spec.kernel_code is None:  # (int4: no native case) no define at all
+            if spec.kernel_code is None:  # no native case: no define at all
                 assert not any(d.startswith(define) for d in defines)
             else:
                 assert f"{define}{spec.kernel_code}" in defines
@@ -141,9 +141,9 @@ def test_state_keys_and_bytes_come_from_the_declared_tensors() -> None:
         assert [t.dtype for t in made.values()] == [s.torch_dtype for s in spec.state], spec.name
     for mspec in formats.moment_specs():
         fmt_m = formats.moment_format(mspec.name, block_size=16)
-        made = fmt_m.init_state(torch.zeros(8, 32), ADAM_MOMENTS)
+        made = fmt_m.init_state(torch.zeros(8, 128), ADAM_MOMENTS)  # (int4: rows of whole blocks)
         assert tuple(made) == mspec.state_keys, mspec.name
-        assert sum(t.nbytes for t in made.values()) == mspec.nbytes(256, block_size=16, rows=8)
+        assert sum(t.nbytes for t in made.values()) == mspec.nbytes(1024, block_size=16, rows=8)
 
 
 def test_unknown_names_list_the_registered_ones() -> None:

@@ -80,6 +80,7 @@ SPEC = MomentSpec(
     rounds_increments=False,
     blockwise=True,
     block_size=BLOCK_SIZE,
+    kernel_code=3,
 )
 
 #: Largest v stored: a finite bound whose decoded levels ``(q + 1) / 16 * V_MAX`` stay

@@ -22,7 +22,8 @@ Setting ``MIXPREC_NATIVE=0`` turns the kernel off (steps then use
 `torch.compile`, as on other devices).
 
 Scope: CPU tensors, fp32 or bf16 params and grads (fp16 goes to Inductor),
-int8 blocks of at most `MAX_BLOCK` elements.
+int8 blocks of at most `MAX_BLOCK` elements, int4 moments (two passes over rows:
+docs/formats.md).
 
 Modules: `binding` (the loaded library, its table and checks: `NativeLibrary`,
 `NativeTable`) and `build` (compiling and caching it: `library`).

@@ -29,7 +29,7 @@ NATIVE_RULES = frozenset(RULES)
 #: Largest int8 block the kernel handles (its per-block buffers live on the stack).
 MAX_BLOCK = 4096
 #: Must equal ``mixprec_abi_version()`` in the source.
-ABI_VERSION = 10
+ABI_VERSION = 11
 #: An AdamW group whose step moves at least this many bytes (`streams_params`) writes
 #: the fp32 master's bf16 parameters with streaming stores: twice the 32 MiB L3 of the
 #: AMD EPYC measured in docs/benchmarks.md, so the parameters of a model whose step
@@ -463,6 +463,8 @@ TABLE_COLUMNS = (
     "mo3",
     "mo4",
     "mo5",
+    "mo6",
+    "mo7",
     "step",
     "seed",
     "s0_numel",
@@ -473,10 +475,13 @@ TABLE_COLUMNS = (
     "mo3_numel",
     "mo4_numel",
     "mo5_numel",
+    "mo6_numel",
+    "mo7_numel",
     "grad_numel",
 )
-#: Moment pointer columns: up to three slots (AMSGrad), int8 codes and scale each.
-MOMENT_COLUMNS = 6
+#: Moment pointer columns: up to three slots (AMSGrad): int8 codes and scale each, int4
+#: codes and absmax for the signed slot, codes, row and column maxima for each square one.
+MOMENT_COLUMNS = 8
 
 
 @dataclass(frozen=True)

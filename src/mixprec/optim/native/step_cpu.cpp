@@ -22,6 +22,9 @@
 //                        exp_avg, exp_avg_sq), fp32 or bf16
 //                        | int8: per slot its codes and per-block scale (signed slot:
 //                        int8 codes, absmax; square slot: uint8 codes, sqrt(v) max)
+//                        | int4: the signed slot's packed codes and absmax, then per
+//                        square slot its packed codes, row maxima and column maxima
+//                        (mo0..mo7: AMSGrad's 2 + 3 + 3)
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -43,7 +46,8 @@ enum Master {
   M_STOCH = MIXPREC_MASTER_STOCHASTIC
 };
 enum Moments {
-  MO_FP32 = MIXPREC_MOMENTS_FP32, MO_BF16 = MIXPREC_MOMENTS_BF16, MO_INT8 = MIXPREC_MOMENTS_INT8
+  MO_FP32 = MIXPREC_MOMENTS_FP32, MO_BF16 = MIXPREC_MOMENTS_BF16, MO_INT8 = MIXPREC_MOMENTS_INT8,
+  MO_INT4 = MIXPREC_MOMENTS_INT4
 };
 enum DType { DT_F32 = 0, DT_BF16 = 1 };
 
@@ -68,18 +72,21 @@ inline uint32_t mix32(uint32_t x) {
 // A master codec over a run of elements (the staged loops): decode into `out`,
 // encode from `in`.
 struct Args;
+struct Int4Aux;
 using DecodeFn = void (*)(const Args&, int64_t, int64_t, float*);
 using EncodeFn = void (*)(const Args&, int64_t, int64_t, const float*);
 
 // One tensor of a multi-tensor step: its pointers, its per-step scalars and key, and
-// (staged loops) its master codec, null for an fp32 parameter without a master.
+// (staged loops) its master codec, null for an fp32 parameter without a master; int4
+// moments: its matrix view and the new maxima (int4_run).
 struct Args {
   void* param; const void* grad;
   void* s0; void* s1;
-  void* mo[6];
+  void* mo[8];
   float scalars[7];
   int64_t n; int64_t block; uint32_t key; float grad_sign; bool stream;
   int gdt; DecodeFn decode; EncodeFn encode;
+  const Int4Aux* int4;
 };
 
 template <int PDT> inline float load_p(const void* p, int64_t i) {
@@ -621,6 +628,228 @@ void staged_int8_range(const Args& args, int64_t block_lo, int64_t block_hi) {
 // runs of int8 blocks.
 using RangeFn = void (*)(const Args&, int64_t, int64_t);
 
+// -- int4 moments (moments/int4.py): two passes ------------------------------------
+//
+// A parameter is the matrix (rows, cols), cols a multiple of 128. The signed slot's
+// blocks (128 elements of one row) are local, but a square slot's code needs the new
+// maxima of the element's row and column, so the column maxima need every row's new
+// v before any code is written. Pass 1 (int4_maxima) reads the gradient and the old
+// square codes (and, for Adam's L2 term, the master), recomputes each new v as
+// rule_math does and reduces the row and column maxima into small buffers (Int4Aux);
+// it writes no state. Pass 2 (int4_apply) is the staged step: it decodes the
+// still-unchanged old state, runs rule_math and encodes with the new maxima. So no
+// fp32 buffer of the parameter's size is made, and the passes are separable: the
+// column maxima are complete between them (int4_run), where a sharded parameter's
+// would be reduced across ranks. Rules with only a signed slot (SGD with momentum,
+// Lion) take pass 2 alone, over the parameter as blocks of 128.
+#include "../../formats/moments/int4.h"
+
+constexpr int64_t kInt4Block = 128;  // int4.py BLOCK_SIZE (== kStage)
+
+// One tensor's matrix view and its square slots' new maxima (slot k + 1 at [k]).
+struct Int4Aux {
+  int64_t rows, cols;
+  float* rowmax[2];       // new row maxima (pass 1)
+  uint32_t* colbits[2];   // bits of the new column maxima (pass 1: max over rows)
+  float* col_f[2];        // int4_square_factor of each new column maximum (between)
+};
+
+// Pass 1 over rows [row_lo, row_hi): the new row maxima into a.int4->rowmax, the
+// column maxima's bits of these rows into colpart (cols per square slot).
+template <int RULE>
+void int4_maxima(const Args& args, int64_t row_lo, int64_t row_hi, uint32_t* colpart) {
+  const Args a = args;  // a private copy: stores through the data pointers cannot alias it
+  const Int4Aux& x = *a.int4;
+  constexpr int squares = rule_slots(RULE) - 1;
+  constexpr bool l2 = RULE == R_ADAM || RULE == R_ADAM_AMSGRAD;  // g + wd * p
+  const float s0 = a.scalars[0], s2 = a.scalars[2], s3 = a.scalars[3];
+  const int64_t cols = x.cols;
+  alignas(64) float pbuf[kInt4Block], gbuf[kInt4Block], vbuf[2][kInt4Block];
+  for (int64_t r = row_lo; r < row_hi; ++r) {
+    uint32_t rowbits[2] = {0u, 0u};
+    for (int64_t c = 0; c < cols; c += kInt4Block) {
+      const int64_t s = r * cols + c;
+      const float* const g = stage_grad(a, s, kInt4Block, gbuf);
+      const float* const p = l2 ? stage_value(a, s, kInt4Block, pbuf) : nullptr;
+      for (int k = 0; k < squares; ++k)
+        int4_decode_square(static_cast<const uint8_t*>(a.mo[3 * k + 2]) + s / 2,
+                           static_cast<const float*>(a.mo[3 * k + 3])[r],
+                           static_cast<const float*>(a.mo[3 * k + 4]) + c, kInt4Block, vbuf[k]);
+#pragma GCC ivdep
+      for (int64_t j = 0; j < kInt4Block; ++j) {  // rule_math's v (and AMSGrad's max)
+        float gj = g[j] * a.grad_sign;
+        if constexpr (l2) gj = gj + s0 * p[j];
+        const float v = vbuf[0][j] * s2 + (s3 * gj) * gj;
+        if constexpr (squares == 2) {
+          const float old = vbuf[1][j];
+          vbuf[1][j] = (old != old || old > v) ? old : v;
+        }
+        vbuf[0][j] = v;
+      }
+      for (int k = 0; k < squares; ++k) {
+        uint32_t* const part = colpart + k * cols + c;
+        uint32_t bits = rowbits[k];
+#pragma GCC ivdep
+        for (int64_t j = 0; j < kInt4Block; ++j) {
+          const uint32_t b = fbits(int4_square_stored(vbuf[k][j])) & 0x7FFFFFFFu;
+          bits = b > bits ? b : bits;
+          part[j] = b > part[j] ? b : part[j];
+        }
+        rowbits[k] = bits;
+      }
+    }
+    for (int k = 0; k < squares; ++k) x.rowmax[k][r] = bitsf(rowbits[k]);
+  }
+}
+
+// Pass 2 over rows [row_lo, row_hi): the staged step, decoding the old codes and
+// maxima, encoding with the new ones (a square slot's row maximum is written once its
+// row is done: no other row reads it; the column maxima after the pass, int4_run).
+template <int RULE>
+void int4_apply(const Args& args, int64_t row_lo, int64_t row_hi) {
+  const Args a = args;  // a private copy: stores through the data pointers cannot alias it
+  const Int4Aux& x = *a.int4;
+  constexpr int slots = rule_slots(RULE);
+  const int64_t cols = x.cols;
+  uint8_t* const mq = static_cast<uint8_t*>(a.mo[0]);
+  float* const mabs = static_cast<float*>(a.mo[1]);
+  alignas(64) float pbuf[kInt4Block], gbuf[kInt4Block], mbuf[3][kInt4Block];
+  for (int64_t r = row_lo; r < row_hi; ++r) {
+    float row_f[2] = {0.0f, 0.0f};
+    for (int k = 0; k + 1 < slots; ++k) row_f[k] = int4_square_factor(x.rowmax[k][r]);
+    for (int64_t c = 0; c < cols; c += kInt4Block) {
+      const int64_t s = r * cols + c;
+      float* const p = stage_value(a, s, kInt4Block, pbuf);
+      const float* const g = stage_grad(a, s, kInt4Block, gbuf);
+      int4_decode_signed(mq + s / 2, mabs[s / kInt4Block], kInt4Block, mbuf[0]);
+      for (int k = 0; k + 1 < slots; ++k)
+        int4_decode_square(static_cast<const uint8_t*>(a.mo[3 * k + 2]) + s / 2,
+                           static_cast<const float*>(a.mo[3 * k + 3])[r],
+                           static_cast<const float*>(a.mo[3 * k + 4]) + c, kInt4Block,
+                           mbuf[k + 1]);
+      rule_math<RULE>(a.scalars, a.grad_sign, p, g, mbuf[0], mbuf[1], mbuf[2], kInt4Block);
+      if (a.encode != nullptr) a.encode(a, s, kInt4Block, p);
+      int4_encode_signed(mbuf[0], kInt4Block, mq + s / 2, mabs + s / kInt4Block);
+      for (int k = 0; k + 1 < slots; ++k)
+        int4_encode_square(mbuf[k + 1], row_f[k], x.col_f[k] + c, kInt4Block,
+                           static_cast<uint8_t*>(a.mo[3 * k + 2]) + s / 2);
+    }
+    for (int k = 0; k + 1 < slots; ++k) static_cast<float*>(a.mo[3 * k + 3])[r] = x.rowmax[k][r];
+  }
+}
+
+using Int4MaximaFn = void (*)(const Args&, int64_t, int64_t, uint32_t*);
+
+inline void atomic_max_bits(uint32_t* dst, uint32_t bits) {
+  uint32_t cur = __atomic_load_n(dst, __ATOMIC_RELAXED);
+  while (bits > cur &&
+         !__atomic_compare_exchange_n(dst, &cur, bits, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
+// Both passes over `count` tensors (apply: each one's int4_apply, null where it is
+// skipped; maxima: the rule's pass 1, null for a rule without a square slot). Work
+// items are runs of whole rows (about kChunk elements); each thread takes one
+// contiguous run of items in each pass. Maxima are exact whatever the order, so
+// results do not depend on the thread count.
+void int4_run(Args* args, const int64_t* rows_of, RangeFn const* apply, Int4MaximaFn maxima,
+              int squares, int64_t count, int threads) {
+  Int4Aux* aux = new Int4Aux[count];
+  int64_t* first = new int64_t[count + 1];
+  int64_t* per_item = new int64_t[count];
+  int64_t stats = 0, max_cols = 0;
+  first[0] = 0;
+  for (int64_t t = 0; t < count; ++t) {
+    Int4Aux& x = aux[t];
+    const int64_t n = apply[t] == nullptr ? 0 : args[t].n;
+    x.rows = squares > 0 ? rows_of[t] : n / kInt4Block;
+    x.rows = n == 0 ? 0 : x.rows;
+    x.cols = x.rows > 0 ? n / x.rows : 0;
+    per_item[t] = x.cols > 0 && kChunk / x.cols > 0 ? kChunk / x.cols : 1;
+    first[t + 1] = first[t] + (x.rows + per_item[t] - 1) / per_item[t];
+    stats += squares * (x.rows + 2 * x.cols);
+    max_cols = x.cols > max_cols ? x.cols : max_cols;
+    args[t].int4 = &aux[t];
+  }
+  float* const buf = stats > 0 ? new float[stats] : nullptr;
+  uint32_t* const bits = stats > 0 ? new uint32_t[stats]() : nullptr;  // maxima start at 0
+  int64_t next = 0;
+  for (int64_t t = 0; t < count; ++t) {
+    Int4Aux& x = aux[t];
+    for (int k = 0; k < squares; ++k) {
+      x.rowmax[k] = buf + next;
+      x.col_f[k] = buf + next + x.rows;
+      x.colbits[k] = bits + next;
+      next += x.rows + 2 * x.cols;
+    }
+  }
+  const int64_t total = first[count];
+  int nthreads = threads < 1 ? 1 : threads;
+  if (total < nthreads) nthreads = total < 1 ? 1 : static_cast<int>(total);
+  // The items [lo, hi) of this thread, tensor by tensor: fn(t, row_lo, row_hi) for each
+  // run, done(t) after its last run of tensor t.
+  auto walk = [&](int64_t lo, int64_t hi, auto&& fn, auto&& done) {
+    int64_t t = 0;
+    while (t < count && first[t + 1] <= lo) ++t;
+    for (int64_t item = lo; item < hi && t < count; ++t) {
+      const int64_t end = hi < first[t + 1] ? hi : first[t + 1];
+      const int64_t r_lo = (item - first[t]) * per_item[t];
+      int64_t r_hi = (end - first[t]) * per_item[t];
+      r_hi = r_hi < aux[t].rows ? r_hi : aux[t].rows;
+      if (r_lo < r_hi) {
+        fn(t, r_lo, r_hi);
+        done(t);
+      }
+      item = end;
+    }
+  };
+#pragma omp parallel num_threads(nthreads)
+  {
+#ifdef _OPENMP
+    const int64_t tid = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const int64_t tid = 0, nt = 1;
+#endif
+    const int64_t lo = total * tid / nt, hi = total * (tid + 1) / nt;
+    if (maxima != nullptr) {
+      uint32_t* const part = new uint32_t[squares * (max_cols > 0 ? max_cols : 1)];
+      walk(
+          lo, hi,
+          [&](int64_t t, int64_t r_lo, int64_t r_hi) {
+            std::memset(part, 0, sizeof(uint32_t) * squares * aux[t].cols);
+            maxima(args[t], r_lo, r_hi, part);
+          },
+          [&](int64_t t) {
+            const Int4Aux& x = aux[t];
+            for (int k = 0; k < squares; ++k)
+              for (int64_t j = 0; j < x.cols; ++j) atomic_max_bits(x.colbits[k] + j, part[k * x.cols + j]);
+          });
+      delete[] part;
+#pragma omp barrier
+      // The column maxima are complete (a sharded parameter's would be all-reduced here).
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < count; ++t)
+        for (int k = 0; k < squares; ++k)
+          for (int64_t j = 0; j < aux[t].cols; ++j)
+            aux[t].col_f[k][j] = int4_square_factor(bitsf(aux[t].colbits[k][j]));
+    }
+    walk(
+        lo, hi, [&](int64_t t, int64_t r_lo, int64_t r_hi) { apply[t](args[t], r_lo, r_hi); },
+        [](int64_t) {});
+  }
+  for (int64_t t = 0; t < count; ++t)  // the new column maxima, once every row is coded
+    for (int k = 0; k < squares; ++k)
+      for (int64_t j = 0; j < aux[t].cols; ++j)
+        static_cast<float*>(args[t].mo[3 * k + 4])[j] = bitsf(aux[t].colbits[k][j]);
+  for (int64_t t = 0; t < count; ++t) args[t].int4 = nullptr;
+  delete[] bits;
+  delete[] buf;
+  delete[] per_item;
+  delete[] first;
+  delete[] aux;
+}
+
+
 template <int MASTER, int PDT, int MO, int GDT>
 constexpr RangeFn pick() {
   if constexpr (MO == MO_INT8) return &int8_range<MASTER, PDT, GDT>;
@@ -667,6 +896,30 @@ RangeFn staged_for(int mo) {
   }
 }
 
+// int4 moments: each rule's pass 2 (none for plain SGD: it keeps no moments) and pass 1
+// (the rules with a square slot).
+RangeFn int4_for(int rule) {
+  switch (rule) {
+    case R_ADAMW: return &int4_apply<R_ADAMW>;
+    case R_ADAMW_AMSGRAD: return &int4_apply<R_ADAMW_AMSGRAD>;
+    case R_ADAM: return &int4_apply<R_ADAM>;
+    case R_ADAM_AMSGRAD: return &int4_apply<R_ADAM_AMSGRAD>;
+    case R_SGD_MOMENTUM: return &int4_apply<R_SGD_MOMENTUM>;
+    case R_SGD_NESTEROV: return &int4_apply<R_SGD_NESTEROV>;
+    case R_LION: return &int4_apply<R_LION>;
+    default: return nullptr;
+  }
+}
+Int4MaximaFn int4_maxima_for(int rule) {
+  switch (rule) {
+    case R_ADAMW: return &int4_maxima<R_ADAMW>;
+    case R_ADAMW_AMSGRAD: return &int4_maxima<R_ADAMW_AMSGRAD>;
+    case R_ADAM: return &int4_maxima<R_ADAM>;
+    case R_ADAM_AMSGRAD: return &int4_maxima<R_ADAM_AMSGRAD>;
+    default: return nullptr;
+  }
+}
+
 // The master codec of the staged loops for a parameter dtype; false: none.
 template <int PDT>
 bool codec_for(int master, DecodeFn& decode, EncodeFn& encode) {
@@ -688,10 +941,11 @@ bool codec(int master, int pdt, DecodeFn& decode, EncodeFn& encode) {
 
 // The loop for one tensor of `rule`, or null where this source has none.
 RangeFn lookup(int rule, int master, int pdt, int mo, int gdt) {
-  if (rule == R_ADAMW) return adamw_lookup(master, pdt, mo, gdt);
+  if (rule == R_ADAMW && mo != MO_INT4) return adamw_lookup(master, pdt, mo, gdt);
   DecodeFn decode;
   EncodeFn encode;
   if ((gdt != DT_F32 && gdt != DT_BF16) || !codec(master, pdt, decode, encode)) return nullptr;
+  if (mo == MO_INT4) return int4_for(rule);
   switch (rule) {
     case R_ADAMW_AMSGRAD: return staged_for<R_ADAMW_AMSGRAD>(mo);
     case R_ADAM: return staged_for<R_ADAM>(mo);
@@ -825,14 +1079,14 @@ int mixprec_codec(int master, int pdt, int encode, int64_t n, void* param, void*
 }
 
 // ABI version: bump with any change of an exported signature.
-int mixprec_abi_version() { return 10; }
+int mixprec_abi_version() { return 11; }
 
 // The columns of the table (native/binding.py TABLE_COLUMNS), count entries each.
 enum Column {
   C_PDT = 0, C_GDT, C_NUMEL, C_OFFSET, C_PARAM, C_GRAD, C_S0, C_S1,
-  C_MO0, C_MO1, C_MO2, C_MO3, C_MO4, C_MO5, C_STEP, C_SEED,
+  C_MO0, C_MO1, C_MO2, C_MO3, C_MO4, C_MO5, C_MO6, C_MO7, C_STEP, C_SEED,
   C_S0_NUMEL, C_S1_NUMEL, C_MO0_NUMEL, C_MO1_NUMEL, C_MO2_NUMEL, C_MO3_NUMEL, C_MO4_NUMEL,
-  C_MO5_NUMEL, C_GRAD_NUMEL,
+  C_MO5_NUMEL, C_MO6_NUMEL, C_MO7_NUMEL, C_GRAD_NUMEL,
   C_COLUMNS
 };
 
@@ -847,7 +1101,20 @@ inline int master_slots(int master) {
   return master == M_EXACT ? 2 : (master == M_FP32 || master == M_REM8 || master == M_KAHAN) ? 1 : 0;
 }
 inline int moment_tensors(int rule, int moments) {
+  if (moments == MO_INT4) return rule_slots(rule) > 0 ? 3 * rule_slots(rule) - 1 : 0;
   return rule_slots(rule) * (moments == MO_INT8 ? 2 : 1);
+}
+
+// Elements of int4 moment tensor k (int4.py's layout) of a parameter of n elements
+// viewed as `rows` rows, or -1 where no size fits (rows must divide n into rows of
+// whole 128-blocks). k: codes and absmax of the signed slot, then codes, row maxima and
+// column maxima of each square slot.
+inline int64_t int4_numel(int k, int64_t n, int64_t rows) {
+  if (n % kInt4Block != 0) return -1;
+  if (k == 0 || (k - 2) % 3 == 0) return n / 2;  // packed codes
+  if (k == 1) return n / kInt4Block;               // absmax per block
+  if (rows <= 0 || n % rows != 0 || (n / rows) % kInt4Block != 0) return -1;
+  return (k - 2) % 3 == 1 ? rows : n / rows;       // row maxima, column maxima
 }
 
 // Whether tensor t's gradient and state fit its parameter: each state tensor the formats
@@ -861,12 +1128,14 @@ inline bool sizes_fit(const int64_t* table, int64_t count, int64_t t, int rule, 
   const bool int8 = moments == MO_INT8;
   if (col(C_GRAD_NUMEL) != n) return false;
   if (n > 0 && (col(C_PARAM) == 0 || col(C_GRAD) == 0)) return false;
-  for (int k = 0; k < 8; ++k) {
+  for (int k = 0; k < 10; ++k) {
     const bool used = k < 2 ? k < master_slots(master) : k - 2 < moment_tensors(rule, moments);
     if (!used) continue;  // the formats use no such tensor
     const int ptr_col = C_S0 + k;
     const bool per_block = int8 && k >= 2 && (k - 2) % 2 == 1;  // int8 scales
-    const int64_t expected = per_block ? n / block : n;
+    int64_t expected = per_block ? n / block : n;
+    if (moments == MO_INT4 && k >= 2) expected = int4_numel(k - 2, n, col(C_MO3_NUMEL));
+    if (expected < 0) return false;
     if (col(C_S0_NUMEL + k) != expected || (expected > 0 && col(ptr_col) == 0)) return false;
   }
   return true;
@@ -944,7 +1213,8 @@ int mixprec_step_multi(int rule, int master, int moments, int maximize, int64_t 
     a.grad = ptr(C_GRAD, t);
     a.s0 = ptr(C_S0, t);
     a.s1 = ptr(C_S1, t);
-    for (int k = 0; k < 6; ++k) a.mo[k] = ptr(C_MO0 + k, t);
+    for (int k = 0; k < 8; ++k) a.mo[k] = ptr(C_MO0 + k, t);
+    a.int4 = nullptr;
     rule_scalars(rule, hyper, step, a.scalars);
     a.n = col(C_NUMEL, t);
     a.block = int8 ? block : 1;
@@ -956,6 +1226,17 @@ int mixprec_step_multi(int rule, int master, int moments, int maximize, int64_t 
     codec(master, static_cast<int>(col(C_PDT, t)), a.decode, a.encode);
     const int64_t units = int8 ? a.n / block : a.n;
     first[t + 1] = first[t] + (units + per_item - 1) / per_item;
+  }
+  if (moments == MO_INT4) {  // two passes over rows (int4_run)
+    int64_t* rows = new int64_t[count];
+    for (int64_t t = 0; t < count; ++t) rows[t] = col(C_MO3_NUMEL, t);
+    const int squares = rule_slots(rule) > 1 ? rule_slots(rule) - 1 : 0;
+    int4_run(args, rows, fns, int4_maxima_for(rule), squares, count, threads);
+    delete[] rows;
+    delete[] first;
+    delete[] args;
+    delete[] fns;
+    return 0;
   }
   const int64_t total = first[count];
   int nthreads = threads < 1 ? 1 : threads;

@@ -1,0 +1,98 @@
+"""The native kernel's int4 case (two passes over rows) is bitwise the eager step."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import torch
+
+from mixprec.optim import MASTER_KINDS, native
+from mixprec.optim.rule_optimizer import RuleOptimizer
+from mixprec.optim.rules import RULES
+
+from .test_native_rules import MAKERS
+
+try:
+    native.library()
+    HAVE_NATIVE, WHY = True, ""
+except native.NativeUnavailableError as exc:  # pragma: no cover - machines without a compiler
+    HAVE_NATIVE, WHY = False, str(exc)
+
+pytestmark = pytest.mark.skipif(not HAVE_NATIVE, reason=f"native kernel unavailable: {WHY}")
+
+# Rows of 256 (16 rows a work item), rows longer than a work item (65 blocks), a 3-D
+# parameter (cols 256), and a tensor that keeps fp32 moments.
+SHAPES = [(64, 256), (3, 8320), (24, 4, 64), (300,)]
+#: Every master with bf16 parameters, and fp32 parameters without one.
+PARAM_KINDS = [(master, torch.bfloat16) for master in MASTER_KINDS] + [("none", torch.float32)]
+STEPS = 4
+SKIPPED = 2  # the step at which the first parameter of each group has no gradient
+
+
+def _groups(seed: int) -> list[dict[str, Any]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        {
+            "params": [
+                (torch.randn(s, generator=gen) * 2).to(dtype).requires_grad_() for s in SHAPES
+            ],
+            "master": master,
+            "moments": "int4",
+            "maximize": maximize,
+        }
+        for (master, dtype), maximize in itertools.product(PARAM_KINDS, (False, True))
+    ]
+
+
+def _set_grads(opt: RuleOptimizer, step: int) -> None:
+    gen = torch.Generator().manual_seed(100 + step)
+    for group in opt.param_groups:
+        group["lr"] = group["lr"] * 0.9  # a scheduler: the scalars change each step
+        for i, p in enumerate(group["params"]):
+            grad_dtype = (torch.bfloat16, torch.float32)[(step + i) % 2]
+            grad = torch.randn(p.shape, generator=gen) * 10.0 ** (2 * (step % 4) - 4)
+            grad[..., ::5] = 0.0  # zeros: sign(0) for Lion, an untouched max for AMSGrad
+            grad.view(grad.shape[0], -1)[1] *= 1e3  # a row of large values
+            p.grad_dtype = None  # allow fp32 gradients on bf16 params
+            p.grad = None if (step == SKIPPED and i == 0) else grad.to(grad_dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).view(torch.uint8)
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_every_int4_family_of_a_rule_is_bitwise_the_eager_step(rule: str) -> None:
+    """Every master, fp32 params, maximize, both gradient dtypes, a skipped parameter,
+    on two threads (the column maxima are reduced across them)."""
+    eager = MAKERS[rule](_groups(0), fused=False, seed=5)
+    fast = MAKERS[rule](_groups(0), fused=True, seed=5)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for step in range(STEPS):
+            _set_grads(eager, step)
+            _set_grads(fast, step)
+            eager.step()
+            fast.step()
+    finally:
+        torch.set_num_threads(threads)
+    assert set(fast.kernel_backends().values()) == {"native"}
+    int4_keys = 0
+    params = [
+        (a, b)
+        for ga, gb in zip(eager.param_groups, fast.param_groups, strict=True)
+        for a, b in zip(ga["params"], gb["params"], strict=True)
+    ]
+    for a, b in params:
+        assert torch.equal(_bits(a), _bits(b))
+        assert eager.state[a].keys() == fast.state[b].keys()
+        for key, value in eager.state[a].items():
+            assert torch.equal(_bits(value), _bits(fast.state[b][key])), (key, a.shape)
+        int4_keys += sum(key.endswith(("_i4", "_u4")) for key in fast.state[b])
+        expected = STEPS - 1 if a.shape == SHAPES[0] else STEPS
+        assert float(fast.state[b]["step"]) == expected
+    # every group's three matrices kept int4 moments (plain SGD keeps none)
+    assert int4_keys == len(params) // len(SHAPES) * 3 * len(RULES[rule].slots)

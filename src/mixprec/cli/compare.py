@@ -169,7 +169,7 @@ def _contract_from_args(args: argparse.Namespace) -> tuple[Any, str]:
 def run(args: argparse.Namespace) -> int:
     """Run the experiment the flags (and ``--config``) describe; 1 when none is recommended."""
     from mixprec.experiment.compare import run_contract
-    from mixprec.experiment.plan import check_release, settings_for
+    from mixprec.experiment.plan import settings_for
     from mixprec.experiment.report import render_summary
     from mixprec.experiment.runner import check_out_dir, workload_options
     from mixprec.workloads import load_workload
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     workload = load_workload(
         contract.workload, allow_import=allow_import, **workload_options(contract)
     )
-    check_release(contract.policies, settings_for(contract, workload).train)
+    settings_for(contract, workload).check_release(contract.policies)
     check_out_dir(args.out)  # after the workload: a refused one leaves no folder behind
     out: Path = args.out
     stream = None if args.quiet or args.json else sys.stderr  # as train: --json is quiet

@@ -34,7 +34,6 @@ __all__ = [
     "MIN_CURVE_POINTS",
     "RunSettings",
     "RunSpec",
-    "check_release",
     "curve_every",
     "default_candidates",
     "evaluation_steps",
@@ -80,6 +79,22 @@ class RunSettings:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1 (steps), got {value!r}")
 
+    def check_release(self, policies: Iterable[str]) -> None:
+        """Refuse a policy that releases gradients (`Policy.release_gradients`) in runs
+        that clip them by a finite global norm: it steps each parameter during backward,
+        before that norm exists (docs/release.md). Checked before any run trains."""
+        clip = self.train.grad_clip_norm
+        if clip is None or math.isinf(clip):
+            return  # (inf clips nothing: `training_step` leaves such policies unclipped)
+        released = [name for name in policies if preset(name).release_gradients]
+        if released:
+            raise ValueError(
+                f"{', '.join(released)} release(s) gradients during backward, before their "
+                f"global norm exists, so grad_clip_norm={clip} cannot apply: set "
+                "`grad_clip_norm: .inf` in a --config file (every policy then trains "
+                f"without clipping), or leave {', '.join(released)} out"
+            )
+
 
 class RunSpec(Protocol):
     """What a run is made of, as a `Contract` or a training `Recipe` names it."""
@@ -116,22 +131,6 @@ def settings_for(contract: RunSpec, workload: Workload) -> RunSettings:
         optimizer=contract.optimizer,
         optimizer_args=dict(contract.optimizer_args),
     )
-
-
-def check_release(policies: Iterable[str], train: TrainSettings) -> None:
-    """Refuse a policy that releases gradients (`Policy.release_gradients`) in runs that
-    clip them by a finite global norm: it steps each parameter during backward, before
-    that norm exists (docs/release.md). Checked before any run trains."""
-    if train.grad_clip_norm is None or math.isinf(train.grad_clip_norm):
-        return  # (inf clips nothing: `training_step` leaves such policies unclipped)
-    released = [name for name in policies if preset(name).release_gradients]
-    if released:
-        raise ValueError(
-            f"{', '.join(released)} release(s) gradients during backward, before their "
-            f"global norm exists, so grad_clip_norm={train.grad_clip_norm} cannot apply: "
-            "set `grad_clip_norm: .inf` in a --config file (every policy then trains "
-            f"without clipping), or leave {', '.join(released)} out"
-        )
 
 
 def settings_dict(settings: RunSettings) -> dict[str, Any]:

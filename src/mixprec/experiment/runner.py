@@ -38,7 +38,6 @@ from mixprec.experiment.optimizer import build_optimizer, optimizer_label
 from mixprec.experiment.orchestration import CONTRACT_FILE, RunFn, check_out_dir, run_all
 from mixprec.experiment.plan import (
     RunSettings,
-    check_release,
     evaluation_steps,
     settings_dict,
     settings_for,
@@ -411,7 +410,7 @@ def run_experiment(
             contract.workload, allow_import=allow_import, **workload_options(contract)
         )
     settings = settings_for(contract, workload)
-    check_release(contract.policies, settings.train)
+    settings.check_release(contract.policies)
     return workload, run_all(
         contract,
         out_dir,

@@ -52,13 +52,7 @@ from mixprec.errors import PerformanceWarning, PrecisionWarning
 from mixprec.experiment.metrics_log import MetricsLog, NoMetrics
 from mixprec.experiment.optimizer import build_optimizer
 from mixprec.experiment.orchestration import check_out_dir, exclusive
-from mixprec.experiment.plan import (
-    RunSettings,
-    check_release,
-    settings_dict,
-    settings_for,
-    workload_options,
-)
+from mixprec.experiment.plan import RunSettings, settings_dict, settings_for, workload_options
 from mixprec.experiment.progress import Progress, finding_line
 from mixprec.experiment.recipe import Recipe
 from mixprec.experiment.records import strict_json, write_json_atomic
@@ -197,7 +191,7 @@ def train(
             recipe.workload, allow_import=allow_import, **workload_options(recipe)
         )
     settings = settings_for(recipe, workload)
-    check_release([recipe.policy], settings.train)
+    settings.check_release([recipe.policy])
     world = distributed.world_size()
     if settings.train.batch_size % world:
         raise ValueError(

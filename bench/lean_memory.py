@@ -13,13 +13,14 @@ Per setup it prints:
 * the training state by component in bytes per parameter, measured by
   `mixprec.memory.measure` on a step after the optimizer state exists, next to
   `mixprec.memory.estimate`'s prediction (what ``mixprec budget`` prints);
+* under gradient release, the largest gradient held during backward (``released_grads``);
 * the peak memory of one training step: the process's resident high-water mark
   during that step (reset through ``/proc/self/clear_refs``) less its resident size
   before the model was built. glibc's mmap threshold is pinned
   (``MALLOC_MMAP_THRESHOLD_``), so freed tensors leave the resident set.
 
-Run: ``OMP_NUM_THREADS=2 PYTHONPATH=src python bench/lean_memory.py [--setups torch,bf16_lean,bf16_lean4]``.
-Linux only (``/proc``).
+Run: ``OMP_NUM_THREADS=2 PYTHONPATH=src python bench/lean_memory.py`` (``--setups`` picks
+setups, default ``torch,bf16_lean,bf16_lean4``). Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import time
 from typing import Any
 
 COMPONENTS = ("params", "grads", "master", "moments")
+#: Held during backward only (under gradient release: the largest gradient).
+TRANSIENT = "released_grads"
 MiB = 2**20
 
 
@@ -110,6 +113,7 @@ def one(setup: str, batch: int, seq: int) -> dict[str, Any]:
         "params": n,
         "measured": {c: getattr(got.bytes, c) / n for c in COMPONENTS},
         "predicted": {c: getattr(want.bytes, c) / n for c in COMPONENTS},
+        "released": (got.bytes.released_grads / MiB, want.bytes.released_grads / MiB),
         "peak_mib": peak / MiB,
         "step_s": seconds,
     }
@@ -138,8 +142,9 @@ def main() -> None:
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     torch_peak = next((r["peak_mib"] for r in rows if r["setup"] == "torch"), None)
     print(f"# GPT-2 small on CPU, batch {args.batch} x {args.seq} tokens")
-    print("| setup | " + " | ".join(COMPONENTS) + " | total B/param | step peak MiB | vs torch |")
-    print("|---|" + "---|" * (len(COMPONENTS) + 3))
+    header = " | ".join(COMPONENTS)
+    print(f"| setup | {header} | total B/param | released MiB | step peak MiB | vs torch |")
+    print("|---|" + "---|" * (len(COMPONENTS) + 4))
     for r in rows:
         cells = [
             f"{r['measured'][c]:.3f} ({r['predicted'][c]:.3f})"
@@ -149,11 +154,14 @@ def main() -> None:
         ]
         total = sum(r["measured"].values())
         ratio = f"{r['peak_mib'] / torch_peak:.2f}" if torch_peak else "-"
+        got, want = r["released"]
+        released = f"{got:.1f}" if got == want else f"{got:.1f} ({want:.1f})"
         print(
-            f"| {r['setup']} | " + " | ".join(cells) + f" | {total:.3f} | {r['peak_mib']:.0f} | "
-            f"{ratio} |"
+            f"| {r['setup']} | " + " | ".join(cells) + f" | {total:.3f} | {released} | "
+            f"{r['peak_mib']:.0f} | {ratio} |"
         )
-    print("(a component shows the prediction in parentheses where it differs)")
+    print("(a component shows the prediction in parentheses where it differs; released: the")
+    print(" most gradient bytes held at once during backward under gradient release)")
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def test_int4_state_is_laid_out_by_rows() -> None:
 
 def _params(seed: int) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    # two int4, three fp32 fallbacks (1-D, small, rows that are not whole blocks)
+    # two int4; fallbacks: fp32 (1-D, small), int8 (rows that are not whole blocks)
     shapes = [(64, 128), (32, 4, 64), (300,), (8, 8), (64, 96)]
     return [torch.randn(s, generator=gen).bfloat16().requires_grad_() for s in shapes]
 
@@ -183,7 +183,7 @@ def test_int4_state_round_trips_bitwise_through_state_dict(
             assert torch.equal(value, b.state[pb][key]), key
 
 
-def test_int4_refuses_no_tensor_it_cannot_hold_and_keeps_fp32_below_the_threshold() -> None:
+def test_int4_refuses_no_tensor_it_cannot_hold_and_falls_back_to_int8_then_fp32() -> None:
     params = _params(0)
     opt = AdamW(params, moments="int4", fused=False)
     _steps(opt, params, range(1))
@@ -191,7 +191,9 @@ def test_int4_refuses_no_tensor_it_cannot_hold_and_keeps_fp32_below_the_threshol
     assert "exp_avg_u4" not in kept[(64, 128)]  # the signed moment is _i4, the square _u4
     assert "exp_avg_sq_u4" in kept[(64, 128)] and "exp_avg_sq_u4" in kept[(32, 4, 64)]
     assert "exp_avg_sq" in kept[(300,)] and "exp_avg_sq" in kept[(8, 8)]
-    assert "exp_avg_sq" in kept[(64, 96)]
+    # rows of 96: not whole int4 blocks, but 6144 elements are whole int8 blocks of 256
+    assert "exp_avg_sq_u8" in kept[(64, 96)]
+    assert [m for _, m in opt.formats()] == ["int4", "int4", "fp32", "fp32", "int8"]
 
 
 @pytest.mark.compile

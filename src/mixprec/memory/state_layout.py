@@ -47,17 +47,22 @@ def state_nbytes(
     and RNG state are not counted.
     `quantizable` overrides the int8 eligibility rule (for aggregate counts, which
     stand for many large tensors). `shape`, where known, applies int4's own rule
-    (`Int4Moments.fits`) and sizes its per-row and per-column statistics (else a
-    square matrix is assumed).
+    (`Int4Moments.fits`; a tensor it does not fit gets int8 moments where int8's rule
+    allows, else fp32, as the optimizer plans) and sizes its per-row and per-column
+    statistics (else a square matrix is assumed).
     """
     master_bytes = master_spec(master).nbytes(numel)
     spec = moment_spec(moments)
-    if spec.blockwise:
-        size = spec.block_size or block_size
+    if spec.name == "int4":  # int4 where it fits, else int8 where that fits, else fp32
+        if shape is not None:
+            fits = numel >= min_int8_numel and Int4Moments.fits(shape)
+        else:
+            fits = numel >= min_int8_numel if quantizable is None else quantizable
+        if not fits:
+            spec = moment_spec("int8")
+    if spec.blockwise and spec.name != "int4":
         if quantizable is None:
-            quantizable = numel >= min_int8_numel and numel % size == 0
-        if shape is not None and spec.name == "int4":
-            quantizable = quantizable and Int4Moments.fits(shape)
+            quantizable = numel >= min_int8_numel and numel % block_size == 0
         if not quantizable:  # the optimizer keeps fp32 moments for such tensors
             spec = moment_spec("fp32")
     rows = shape[0] if shape is not None and len(shape) >= 2 else None

@@ -172,12 +172,22 @@ def plan_param(
     parameter is its own master (``none``: an fp32 island in a bf16 model shares its
     group); blockwise moments only for tensors of whole blocks, others keep fp32 moments
     (as does a rule that keeps no moments: it stores none); int4 moments only for
-    tensors `Int4Moments.fits`, sharded (if at all) on dim 0 over one mesh dim."""
+    tensors `Int4Moments.fits`, sharded (if at all) on dim 0 over one mesh dim, and
+    int8's rule for the others (the next narrowest format)."""
     requested = group["master"]
     if p.dtype == torch.float32 and requested != "auto":
         requested = "none"
     master = resolve_master(requested, p.dtype)
     moments = moment_format(group["moments"] if rule.slots else "fp32", block_size=block_size)
+    if isinstance(moments, Int4Moments):  # where int4 does not fit, int8's rule decides
+        fits = (
+            sharding.local(p.detach()).is_contiguous()
+            and p.numel() >= min_int8_numel
+            and Int4Moments.fits(tuple(p.shape))
+            and sharding.column_stats_fit(p)
+        )
+        if not fits:
+            moments = moment_format("int8", block_size=block_size)
     if isinstance(moments, Int8Moments):
         whole_blocks = (
             sharding.local(p.detach()).is_contiguous()  # blocks run in row-major order
@@ -186,15 +196,6 @@ def plan_param(
             and sharding.int8_blocks_fit(p, block_size, moments.scale_shape(p.shape))
         )
         if not whole_blocks:
-            moments = moment_format("fp32")
-    elif isinstance(moments, Int4Moments):
-        fits = (
-            sharding.local(p.detach()).is_contiguous()
-            and p.numel() >= min_int8_numel
-            and Int4Moments.fits(tuple(p.shape))
-            and sharding.column_stats_fit(p)
-        )
-        if not fits:
             moments = moment_format("fp32")
     requested_formats = (group["master"], group["moments"])
     return ParamPlan(rule, master, moments, mode, p.dtype, index, requested_formats)

@@ -645,6 +645,19 @@ using RangeFn = void (*)(const Args&, int64_t, int64_t);
 #include "../../formats/moments/int4.h"
 
 constexpr int64_t kInt4Block = 128;  // int4.py BLOCK_SIZE (== kStage)
+// Software prefetch distance of the int4 passes, in elements. The passes spend their
+// time in arithmetic, which fills the reorder window, so fewer of the hardware
+// prefetcher's lines are in flight (as in the Kahan loop).
+constexpr int64_t kInt4Prefetch = 1024;
+
+// Prefetches the `bytes` bytes at p (for writing: `write`), one line at a time.
+inline void prefetch_run(const void* p, int64_t bytes, bool write) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) {
+    if (write) __builtin_prefetch(c + o, 1, 3);
+    else __builtin_prefetch(c + o, 0, 3);
+  }
+}
 
 // One tensor's matrix view and its square slots' new maxima (slot k + 1 at [k]).
 struct Int4Aux {
@@ -654,6 +667,38 @@ struct Int4Aux {
   float* col_f[2];        // int4_square_factor of each new column maximum (between)
 };
 
+// Pass 1's arithmetic over one block: rule_math's new v (and AMSGrad's max) from the
+// decoded old ones in vbuf (overwritten), the gradient (dtype GDT) and, for Adam's L2
+// term, the master p; their stored values' bits reduced into rowbits and part.
+template <int RULE, int GDT>
+inline void int4_new_squares(const Args& a, int64_t s, const float* p, float (*vbuf)[kInt4Block],
+                             uint32_t* rowbits, uint32_t* const* part) {
+  constexpr int squares = rule_slots(RULE) - 1;
+  constexpr bool l2 = RULE == R_ADAM || RULE == R_ADAM_AMSGRAD;  // g + wd * p
+  const float s0 = a.scalars[0], s2 = a.scalars[2], s3 = a.scalars[3], sign = a.grad_sign;
+  uint32_t bits0 = rowbits[0], bits1 = rowbits[1];
+  uint32_t* const part0 = part[0];
+  uint32_t* const part1 = part[1];
+#pragma GCC ivdep
+  for (int64_t j = 0; j < kInt4Block; ++j) {
+    float gj = load_p<GDT>(a.grad, s + j) * sign;
+    if constexpr (l2) gj = gj + s0 * p[j];
+    const float v = vbuf[0][j] * s2 + (s3 * gj) * gj;
+    const uint32_t b0 = fbits(int4_square_stored(v)) & 0x7FFFFFFFu;
+    bits0 = b0 > bits0 ? b0 : bits0;
+    part0[j] = b0 > part0[j] ? b0 : part0[j];
+    if constexpr (squares == 2) {
+      const float old = vbuf[1][j];
+      const float vmax = (old != old || old > v) ? old : v;
+      const uint32_t b1 = fbits(int4_square_stored(vmax)) & 0x7FFFFFFFu;
+      bits1 = b1 > bits1 ? b1 : bits1;
+      part1[j] = b1 > part1[j] ? b1 : part1[j];
+    }
+  }
+  rowbits[0] = bits0;
+  rowbits[1] = bits1;
+}
+
 // Pass 1 over rows [row_lo, row_hi): the new row maxima into a.int4->rowmax, the
 // column maxima's bits of these rows into colpart (cols per square slot).
 template <int RULE>
@@ -662,41 +707,27 @@ void int4_maxima(const Args& args, int64_t row_lo, int64_t row_hi, uint32_t* col
   const Int4Aux& x = *a.int4;
   constexpr int squares = rule_slots(RULE) - 1;
   constexpr bool l2 = RULE == R_ADAM || RULE == R_ADAM_AMSGRAD;  // g + wd * p
-  const float s0 = a.scalars[0], s2 = a.scalars[2], s3 = a.scalars[3];
   const int64_t cols = x.cols;
-  alignas(64) float pbuf[kInt4Block], gbuf[kInt4Block], vbuf[2][kInt4Block];
+  alignas(64) float pbuf[kInt4Block], vbuf[2][kInt4Block];
   for (int64_t r = row_lo; r < row_hi; ++r) {
     uint32_t rowbits[2] = {0u, 0u};
     for (int64_t c = 0; c < cols; c += kInt4Block) {
       const int64_t s = r * cols + c;
-      const float* const g = stage_grad(a, s, kInt4Block, gbuf);
+      if (s + kInt4Prefetch < a.n) {
+        const int64_t f = s + kInt4Prefetch;
+        prefetch_run(static_cast<const char*>(a.grad) + f * (a.gdt == DT_F32 ? 4 : 2),
+                     kInt4Block * (a.gdt == DT_F32 ? 4 : 2), false);
+        for (int k = 0; k < squares; ++k)
+          prefetch_run(static_cast<const uint8_t*>(a.mo[3 * k + 2]) + f / 2, kInt4Block / 2, false);
+      }
       const float* const p = l2 ? stage_value(a, s, kInt4Block, pbuf) : nullptr;
       for (int k = 0; k < squares; ++k)
         int4_decode_square(static_cast<const uint8_t*>(a.mo[3 * k + 2]) + s / 2,
                            static_cast<const float*>(a.mo[3 * k + 3])[r],
                            static_cast<const float*>(a.mo[3 * k + 4]) + c, kInt4Block, vbuf[k]);
-#pragma GCC ivdep
-      for (int64_t j = 0; j < kInt4Block; ++j) {  // rule_math's v (and AMSGrad's max)
-        float gj = g[j] * a.grad_sign;
-        if constexpr (l2) gj = gj + s0 * p[j];
-        const float v = vbuf[0][j] * s2 + (s3 * gj) * gj;
-        if constexpr (squares == 2) {
-          const float old = vbuf[1][j];
-          vbuf[1][j] = (old != old || old > v) ? old : v;
-        }
-        vbuf[0][j] = v;
-      }
-      for (int k = 0; k < squares; ++k) {
-        uint32_t* const part = colpart + k * cols + c;
-        uint32_t bits = rowbits[k];
-#pragma GCC ivdep
-        for (int64_t j = 0; j < kInt4Block; ++j) {
-          const uint32_t b = fbits(int4_square_stored(vbuf[k][j])) & 0x7FFFFFFFu;
-          bits = b > bits ? b : bits;
-          part[j] = b > part[j] ? b : part[j];
-        }
-        rowbits[k] = bits;
-      }
+      uint32_t* const part[2] = {colpart + c, colpart + (squares - 1) * cols + c};
+      if (a.gdt == DT_F32) int4_new_squares<RULE, DT_F32>(a, s, p, vbuf, rowbits, part);
+      else int4_new_squares<RULE, DT_BF16>(a, s, p, vbuf, rowbits, part);
     }
     for (int k = 0; k < squares; ++k) x.rowmax[k][r] = bitsf(rowbits[k]);
   }
@@ -735,6 +766,58 @@ void int4_apply(const Args& args, int64_t row_lo, int64_t row_hi) {
                            static_cast<uint8_t*>(a.mo[3 * k + 2]) + s / 2);
     }
     for (int k = 0; k + 1 < slots; ++k) static_cast<float*>(a.mo[3 * k + 3])[r] = x.rowmax[k][r];
+  }
+}
+
+// int4_apply for AdamW with the master and dtypes inlined, int8_range's structure: the
+// block's moments decoded into L1, one loop of Math::apply (rule_math's AdamW, in its
+// order), then encoded.
+template <int MASTER, int PDT, int GDT>
+void int4_adamw_apply(const Args& args, int64_t row_lo, int64_t row_hi) {
+  const Args a = args;  // a private copy: stores through the data pointers cannot alias it
+  const Int4Aux& x = *a.int4;
+  const Math k(a.scalars);
+  const int64_t cols = x.cols;
+  uint8_t* const mq = static_cast<uint8_t*>(a.mo[0]);
+  float* const mabs = static_cast<float*>(a.mo[1]);
+  uint8_t* const vq = static_cast<uint8_t*>(a.mo[2]);
+  float* const rmax = static_cast<float*>(a.mo[3]);
+  const float* const cmax = static_cast<const float*>(a.mo[4]);
+  alignas(64) float mloc[kInt4Block], vloc[kInt4Block];
+  for (int64_t r = row_lo; r < row_hi; ++r) {
+    const float row_f = int4_square_factor(x.rowmax[0][r]);
+    for (int64_t c = 0; c < cols; c += kInt4Block) {
+      const int64_t s = r * cols + c;
+      if (s + kInt4Prefetch < a.n) {
+        const int64_t f = s + kInt4Prefetch;
+        prefetch_run(static_cast<const char*>(a.grad) + f * (GDT == DT_F32 ? 4 : 2),
+                     kInt4Block * (GDT == DT_F32 ? 4 : 2), false);
+        prefetch_run(static_cast<const char*>(a.param) + f * (PDT == DT_F32 ? 4 : 2),
+                     kInt4Block * (PDT == DT_F32 ? 4 : 2), true);
+        prefetch_run(mq + f / 2, kInt4Block / 2, true);
+        prefetch_run(vq + f / 2, kInt4Block / 2, true);
+      }
+      int4_decode_signed(mq + s / 2, mabs[s / kInt4Block], kInt4Block, mloc);
+      int4_decode_square(vq + s / 2, rmax[r], cmax + c, kInt4Block, vloc);
+      uint32_t mbits = 0;
+#pragma GCC ivdep
+      for (int64_t j = 0; j < kInt4Block; ++j) {
+        const int64_t i = s + j;
+        float p = decode_master<MASTER, PDT>(a, i);
+        float g = load_p<GDT>(a.grad, i) * a.grad_sign;
+        float m = mloc[j], v = vloc[j], u;
+        k.apply(p, g, m, v, u);
+        encode_master<MASTER, PDT>(a, i, p);
+        mloc[j] = m;
+        vloc[j] = v;
+        const uint32_t mb = fbits(m) & 0x7FFFFFFFu;
+        mbits = mb > mbits ? mb : mbits;
+      }
+      int4_encode_signed_codes(mloc, kInt4Block, bitsf(mbits), mq + s / 2);
+      mabs[s / kInt4Block] = bitsf(mbits);
+      int4_encode_square(vloc, row_f, x.col_f[0] + c, kInt4Block, vq + s / 2);
+    }
+    rmax[r] = x.rowmax[0][r];
   }
 }
 
@@ -853,6 +936,7 @@ void int4_run(Args* args, const int64_t* rows_of, RangeFn const* apply, Int4Maxi
 template <int MASTER, int PDT, int MO, int GDT>
 constexpr RangeFn pick() {
   if constexpr (MO == MO_INT8) return &int8_range<MASTER, PDT, GDT>;
+  else if constexpr (MO == MO_INT4) return &int4_adamw_apply<MASTER, PDT, GDT>;
   else return &dense_range<MASTER, PDT, MO, GDT>;
 }
 
@@ -867,6 +951,7 @@ RangeFn lookup_grad(int mo, int gdt) {
     case MO_FP32: return lookup_grad<MASTER, PDT, MO_FP32>(gdt);
     case MO_BF16: return lookup_grad<MASTER, PDT, MO_BF16>(gdt);
     case MO_INT8: return lookup_grad<MASTER, PDT, MO_INT8>(gdt);
+    case MO_INT4: return lookup_grad<MASTER, PDT, MO_INT4>(gdt);
     default: return nullptr;
   }
 }
@@ -900,7 +985,6 @@ RangeFn staged_for(int mo) {
 // (the rules with a square slot).
 RangeFn int4_for(int rule) {
   switch (rule) {
-    case R_ADAMW: return &int4_apply<R_ADAMW>;
     case R_ADAMW_AMSGRAD: return &int4_apply<R_ADAMW_AMSGRAD>;
     case R_ADAM: return &int4_apply<R_ADAM>;
     case R_ADAM_AMSGRAD: return &int4_apply<R_ADAM_AMSGRAD>;
@@ -941,7 +1025,7 @@ bool codec(int master, int pdt, DecodeFn& decode, EncodeFn& encode) {
 
 // The loop for one tensor of `rule`, or null where this source has none.
 RangeFn lookup(int rule, int master, int pdt, int mo, int gdt) {
-  if (rule == R_ADAMW && mo != MO_INT4) return adamw_lookup(master, pdt, mo, gdt);
+  if (rule == R_ADAMW) return adamw_lookup(master, pdt, mo, gdt);
   DecodeFn decode;
   EncodeFn encode;
   if ((gdt != DT_F32 && gdt != DT_BF16) || !codec(master, pdt, decode, encode)) return nullptr;

@@ -12,8 +12,10 @@
 // store of the fp32 master's bf16 parameter (stream_lines: __AVX512F__ /
 // __AVX__ / __SSE2__, else memcpy) and the Kahan master's loop with fp32
 // moments (kahan_fp32_avx512: __AVX512F__ and __AVX512BF16__, else the generic
-// loop), both AdamW's. AdamW has fused loops per master, moment format and
-// dtypes; the other rules share staged loops (below: "Every other rule").
+// loop), both AdamW's, and int4's table lookups (formats/moments/int4.h:
+// __AVX512F__, else plain loops). AdamW has fused loops per master, moment format and
+// dtypes; the other rules share staged loops (below: "Every other rule"); int4
+// moments take two passes over rows (below: "int4 moments").
 //
 // Layout of the pointers (see mixprec/optim/native/binding.py):
 //   master state s0, s1: fp32 master | exact: remainder_hi, remainder_lo (int8)

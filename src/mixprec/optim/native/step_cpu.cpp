@@ -148,6 +148,80 @@ struct Math {
 // moments/int8.py U_MAX: the largest sqrt(v) stored, so a decoded v stays finite.
 constexpr float kUMax = 9223372036854775808.0f;  // 2**63
 
+// moments/int8.py's codes of one element: signed, round(sqrt(|m| * f)) with m's sign;
+// square, round(sqrt(u * f)), and 1 for a positive u whose code would be 0. f is the
+// block's factor (code_max**2 / block max).
+inline int8_t code_signed(float m, float f) {
+  const float q = std::rint(std::sqrt(std::fabs(m) * f));
+  return static_cast<int8_t>(static_cast<int32_t>(m < 0.0f ? -q : q));
+}
+inline uint8_t code_square(float u, float f) {
+  float q = std::rint(std::sqrt(u * f));
+  q = (q == 0.0f && u > 0.0f) ? 1.0f : q;
+  return static_cast<uint8_t>(static_cast<int32_t>(q));
+}
+
+#if defined(__AVX512F__)
+#define MIXPREC_INT8_AVX512 1
+// bf2f of 16 lanes.
+inline __m512 bf16x16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Adding 2**23 to a float in [0, 2**22] rounds it to an integer (nearest even, as
+// std::rint) and leaves that integer in the low mantissa bits: the low byte of the
+// sum's bits is the int8 code, with no rounding or conversion instruction.
+constexpr float kMagic = 8388608.0f;  // 2**23
+
+// std::rint(std::sqrt(x)) + 2**23 of 16 lanes, bitwise, for x in [0, 2**18] (the
+// codes' range: x <= 255**2 and a little), and for NaN, infinite and zero x. The
+// int8 step takes two square roots an element for the codes besides AdamW's own
+// square root and division, and all four share the one divider (an AVX-512 square
+// root holds it for 12 cycles per 16 lanes), which with the rest made the int8 step
+// about twice torch fused AdamW's time. Here the root of the signed code comes from
+// vrsqrt14ps (relative error < 2**-14) and one Newton step (then < 2**-20: absolute
+// < 2**-11 below 512), so its rounding to an integer is the exact root's unless it
+// lies within 2**-9 of a half integer; those lanes (about 0.4%), and NaN or infinite
+// x, take vsqrtps. Checked against the scalar on every float in [0, 2**18]. The
+// square code keeps vsqrtps: with one root on each path the divider and the vector
+// ports are both about as busy (both on the estimate was slower).
+inline __m512i rint_sqrt16_estimated(__m512 x) {
+  const __m512 half = _mm512_set1_ps(0.5f);
+  const __m512 magic = _mm512_set1_ps(kMagic);
+  const __m512 y = _mm512_rsqrt14_ps(x);
+  const __m512 s0 = _mm512_mul_ps(x, y);
+  const __m512 r = _mm512_fnmadd_ps(s0, _mm512_mul_ps(y, half), half);  // 0.5 - s0 * y / 2
+  __m512 s = _mm512_fmadd_ps(s0, r, s0);
+  s = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NEQ_UQ), s);
+  __m512 t = _mm512_add_ps(s, magic);
+  const __m512 off = _mm512_abs_ps(_mm512_sub_ps(s, _mm512_sub_ps(t, magic)));
+  // 0.5 - 2**-9; NaN (x infinite or NaN) compares false and takes the exact root.
+  const __mmask16 sure = _mm512_cmp_ps_mask(off, _mm512_set1_ps(0.498046875f), _CMP_LE_OQ);
+  if (__builtin_expect(sure != 0xFFFF, 0)) {
+    const __m512 exact = _mm512_add_ps(_mm512_sqrt_ps(x), magic);
+    t = _mm512_mask_mov_ps(t, static_cast<__mmask16>(~sure), exact);
+  }
+  return _mm512_castps_si512(t);
+}
+inline __m512i rint_sqrt16_exact(__m512 x) {
+  return _mm512_castps_si512(_mm512_add_ps(_mm512_sqrt_ps(x), _mm512_set1_ps(kMagic)));
+}
+// code_signed and code_square of 16 lanes (vpmovdb keeps each lane's low byte, as the
+// scalar casts do).
+inline __m128i code_signed16(__m512 m, __m512 f) {
+  const __m512i q = rint_sqrt16_estimated(_mm512_mul_ps(_mm512_abs_ps(m), f));
+  const __mmask16 neg = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_LT_OQ);
+  return _mm512_cvtepi32_epi8(_mm512_mask_sub_epi32(q, neg, _mm512_setzero_si512(), q));
+}
+inline __m128i code_square16(__m512 u, __m512 f) {
+  __m512i q = rint_sqrt16_exact(_mm512_mul_ps(u, f));
+  const __mmask16 one =
+      _mm512_cmp_epi32_mask(q, _mm512_castps_si512(_mm512_set1_ps(kMagic)), _MM_CMPINT_EQ) &
+      _mm512_cmp_ps_mask(u, _mm512_setzero_ps(), _CMP_GT_OQ);
+  return _mm512_cvtepi32_epi8(_mm512_mask_mov_epi32(q, one, _mm512_set1_epi32(1)));
+}
+#endif
+
 // Elements [lo, hi) of one tensor with dense moments. TO_BUF (fp32 master only):
 // the bf16 parameter of element i goes to buf[i - lo] instead of the parameter.
 template <int MASTER, int PDT, int MO, int GDT, bool TO_BUF>
@@ -207,10 +281,6 @@ inline void stream_lines(void* dst, const void* src, int64_t lines) {
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define MIXPREC_KAHAN_AVX512 1
-// bf2f of 16 lanes.
-inline __m512 bf16x16(__m256i h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 
 // Software prefetch distance of the Kahan loop, in elements (512 bytes ahead on
 // the fp32 moments). Measured on a Zen 4 EPYC: without it one thread's step on a
@@ -318,6 +388,68 @@ void dense_range(const Args& args, int64_t lo, int64_t hi) {
   dense_loop<MASTER, PDT, MO, GDT, false>(a, k, lo, hi, nullptr);
 }
 
+#if defined(MIXPREC_INT8_AVX512)
+// int8_range's decode and update loops in one, 16 elements at a time, for the
+// remainder8 master over bf16 parameters: the codes are decoded where they are read,
+// and MasterCodec<M_REM8>'s decode and encode, the update, the U_MAX clamp and the
+// block maxima are int8_range's operations in its order. GCC vectorizes the generic
+// loops 64 elements at a time (for the int8 stores), which spills registers; here one
+// element in flight per lane. Returns how many elements of the block it did (the rest
+// take the generic loops).
+template <int GDT>
+inline int64_t int8_rem8_avx512(const Args& a, const Math& k, int64_t base, int64_t bs,
+                                float ms, float us, float* mloc, float* uloc, uint32_t& mbits,
+                                uint32_t& ubits) {
+  uint16_t* const param = static_cast<uint16_t*>(a.param) + base;
+  int8_t* const rem = static_cast<int8_t*>(a.s0) + base;
+  const int8_t* const mq = static_cast<const int8_t*>(a.mo[0]) + base;
+  const uint8_t* const vq = static_cast<const uint8_t*>(a.mo[2]) + base;
+  const __m512i abs_bits = _mm512_set1_epi32(0x7FFFFFFF);
+  __m512i mmax = _mm512_setzero_si512(), umax = _mm512_setzero_si512();
+  int64_t j = 0;
+  for (; j + 16 <= bs; j += 16) {
+    const __m512 q = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mq + j))));
+    __m512 m = (q * _mm512_abs_ps(q)) * ms;
+    const __m512 qv = _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vq + j))));
+    const __m512 ub = (qv * qv) * us;
+    __m512 v = ub * ub;
+    const __m512i hi = _mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(param + j))),
+        16);
+    const __m512i lo = _mm512_slli_epi32(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rem + j))), 8);
+    __m512 p = _mm512_castsi512_ps(_mm512_add_epi32(hi, lo));
+    const int64_t i = base + j;
+    __m512 g = GDT == DT_F32 ? _mm512_loadu_ps(static_cast<const float*>(a.grad) + i)
+                             : bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                   static_cast<const uint16_t*>(a.grad) + i)));
+    g = g * a.grad_sign;
+    __m512 u;
+    k.apply(p, g, m, v, u);
+    // MasterCodec<M_REM8>::encode; canon: a NaN (fpclass quiet or signalling) -> 0x7FC00000.
+    __m512i b = _mm512_mask_mov_epi32(_mm512_castps_si512(p), _mm512_fpclass_ps_mask(p, 0x81),
+                                      _mm512_set1_epi32(0x7FC00000));
+    b = _mm512_add_epi32(b, _mm512_and_si512(_mm512_srli_epi32(b, 8), _mm512_set1_epi32(1)));
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(param + j),
+        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x807F)), 16)));
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(rem + j),
+        _mm512_cvtepi32_epi8(_mm512_srli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(127)), 8)));
+    u = _mm512_min_ps(_mm512_set1_ps(kUMax), u);  // kUMax < u ? kUMax : u (NaN stays NaN)
+    _mm512_storeu_ps(mloc + j, m);
+    _mm512_storeu_ps(uloc + j, u);
+    mmax = _mm512_max_epu32(mmax, _mm512_and_si512(_mm512_castps_si512(m), abs_bits));
+    umax = _mm512_max_epu32(umax, _mm512_and_si512(_mm512_castps_si512(u), abs_bits));
+  }
+  mbits = _mm512_reduce_max_epu32(mmax);
+  ubits = _mm512_reduce_max_epu32(umax);
+  return j;
+}
+#endif
+
 // moments/int8.py: m as 127*sqrt(|m|/absmax) with sign, v through u = sqrt(v)
 // as 255*sqrt(u/umax); decode, update and re-encode one block at a time.
 template <int MASTER, int PDT, int GDT>
@@ -339,17 +471,22 @@ void int8_range(const Args& args, int64_t block_lo, int64_t block_hi) {
     const float us = umax[b] * inv255sq;
     // Decode, update and encode are three loops over the block; the block's fp32
     // moments stay in L1 between them, so memory is read and written once.
+    int64_t j0 = 0;
+    uint32_t mbits = 0, ubits = 0;
+#if defined(MIXPREC_INT8_AVX512)
+    if constexpr (MASTER == M_REM8 && PDT == DT_BF16)
+      j0 = int8_rem8_avx512<GDT>(a, k, base, bs, ms, us, mloc, uloc, mbits, ubits);
+#endif
 #pragma GCC ivdep
-    for (int64_t j = 0; j < bs; ++j) {
+    for (int64_t j = j0; j < bs; ++j) {
       const float q = static_cast<float>(mq[base + j]);
       mloc[j] = (q * std::fabs(q)) * ms;
       const float qv = static_cast<float>(vq[base + j]);
       const float ub = (qv * qv) * us;
       uloc[j] = ub * ub;
     }
-    uint32_t mbits = 0, ubits = 0;
 #pragma GCC ivdep
-    for (int64_t j = 0; j < bs; ++j) {
+    for (int64_t j = j0; j < bs; ++j) {
       const int64_t i = base + j;
       float p = decode_master<MASTER, PDT>(a, i);
       float g = load_p<GDT>(a.grad, i) * a.grad_sign;
@@ -358,7 +495,7 @@ void int8_range(const Args& args, int64_t block_lo, int64_t block_hi) {
       float u;
       k.apply(p, g, m, v, u);
       encode_master<MASTER, PDT>(a, i, p);
-      u = u > kUMax ? kUMax : u;  // moments/int8.py U_MAX (NaN stays NaN)
+      u = kUMax < u ? kUMax : u;  // moments/int8.py U_MAX (NaN stays NaN): vminps
       mloc[j] = m;
       uloc[j] = u;
       uint32_t mb = fbits(m) & 0x7FFFFFFFu;
@@ -370,15 +507,18 @@ void int8_range(const Args& args, int64_t block_lo, int64_t block_hi) {
     const float au = bitsf(ubits);
     const float mf = (1.0f / (am > 0.0f ? am : 1.0f)) * (127.0f * 127.0f);
     const float uf = (1.0f / (au > 0.0f ? au : 1.0f)) * (255.0f * 255.0f);
-#pragma GCC ivdep
-    for (int64_t j = 0; j < bs; ++j) {
-      const float m = mloc[j];
-      const float u = uloc[j];
-      float q = std::rint(std::sqrt(std::fabs(m) * mf));
-      mq[base + j] = static_cast<int8_t>(static_cast<int32_t>(m < 0.0f ? -q : q));
-      float qv = std::rint(std::sqrt(u * uf));
-      qv = (qv == 0.0f && u > 0.0f) ? 1.0f : qv;
-      vq[base + j] = static_cast<uint8_t>(static_cast<int32_t>(qv));
+    int64_t j = 0;
+#if defined(MIXPREC_INT8_AVX512)
+    for (; j + 16 <= bs; j += 16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(mq + base + j),
+                       code_signed16(_mm512_loadu_ps(mloc + j), _mm512_set1_ps(mf)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(vq + base + j),
+                       code_square16(_mm512_loadu_ps(uloc + j), _mm512_set1_ps(uf)));
+    }
+#endif
+    for (; j < bs; ++j) {
+      mq[base + j] = code_signed(mloc[j], mf);
+      vq[base + j] = code_square(uloc[j], uf);
     }
     mmax[b] = am;
     umax[b] = au;

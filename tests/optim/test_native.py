@@ -168,6 +168,53 @@ def test_native_kahan_is_bitwise_eager_on_denormal_and_non_finite_values(
     assert saw_inf and saw_denormal and bool(ref_p[0].isnan().any())
 
 
+def _near_code_boundaries(rows: int, code_max: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows of 256 gradients (one int8 block each) whose first-step moments land within a few
+    ulps of the int8 codes' rounding boundaries: element 0 is the block's largest (1.0), the
+    others ``((k + 0.5) / code_max)**2`` for random codes k, nudged by -8..8 ulps, signs random."""
+    k = torch.randint(0, code_max, (rows, 256), generator=gen).double()
+    value = ((k + 0.5) / code_max) ** 2
+    ulps = torch.randint(-8, 9, (rows, 256), generator=gen).double()
+    grads = (value * (1.0 + ulps * 2.0**-23)).float()
+    grads = grads * (torch.randint(0, 2, (rows, 256), generator=gen) * 2 - 1)
+    grads[:, 0] = 1.0
+    return grads
+
+
+@needs_native
+@pytest.mark.parametrize("maximize", [False, True])
+def test_native_int8_codes_are_bitwise_eager_at_their_rounding_boundaries(maximize: bool) -> None:
+    """The AVX-512 int8 loops round the codes' square roots from an estimate (rsqrt14 and a
+    Newton step) and take the exact root only within 2**-9 of a half integer: moments a few
+    ulps from every code boundary (signed and square), zero blocks (a block maximum of 0) and
+    denormal moments must still give eager's codes and parameters, bitwise."""
+    gen = torch.Generator().manual_seed(11)
+    rows = 48
+    start = (torch.randn(rows, 256, generator=gen) * 0.02).to(torch.bfloat16)
+    ref_p = [start.clone().requires_grad_()]
+    nat_p = [start.clone().requires_grad_()]
+    kw: dict[str, object] = {"master": "remainder8", "moments": "int8", "maximize": maximize}
+    ref = AdamW(ref_p, fused=False, **kw)  # type: ignore[arg-type]
+    nat = AdamW(nat_p, fused=True, **kw)  # type: ignore[arg-type]
+    # m's codes: 127 * sqrt(|m| / max), u's: 255 * sqrt(u / max) with u = |g| sqrt(1 - beta2)
+    # at the first step; later steps move the moments off the boundaries (random values).
+    steps = [
+        torch.cat([_near_code_boundaries(20, 127, gen), _near_code_boundaries(20, 255, gen)]),
+        torch.randn(rows, 256, generator=gen),
+        torch.randn(rows, 256, generator=gen) * 1e-20,  # squares underflow: denormal v
+    ]
+    for step, grads in enumerate(steps):
+        grads = torch.cat([grads[: rows - 8], torch.zeros(8, 256)])  # 8 blocks never move
+        if step == 0:
+            grads[rows - 16 : rows - 8] *= 1e-42  # denormal gradients
+        for opt, params in ((ref, ref_p), (nat, nat_p)):
+            params[0].grad_dtype = None
+            params[0].grad = grads.clone()
+            opt.step()
+        _assert_same(ref, ref_p, nat, nat_p)
+    assert set(nat.kernel_backends().values()) == {"native"}
+
+
 @needs_native
 def test_native_results_do_not_depend_on_the_thread_count() -> None:
     threads = torch.get_num_threads()

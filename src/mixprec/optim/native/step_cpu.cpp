@@ -161,19 +161,19 @@ inline uint8_t code_square(float u, float f) {
   return static_cast<uint8_t>(static_cast<int32_t>(q));
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
 #define MIXPREC_INT8_AVX512 1
 // bf2f of 16 lanes.
 inline __m512 bf16x16(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// Adding 2**23 to a float in [0, 2**22] rounds it to an integer (nearest even, as
-// std::rint) and leaves that integer in the low mantissa bits: the low byte of the
-// sum's bits is the int8 code, with no rounding or conversion instruction.
-constexpr float kMagic = 8388608.0f;  // 2**23
+// Adding 1.5 * 2**23 to a float in [-2**22, 2**22] rounds it to an integer (nearest
+// even, as std::rint) and leaves that integer in the low mantissa bits: the low byte
+// of the sum's bits is the int8 code, with no rounding or conversion instruction.
+constexpr float kMagic = 12582912.0f;  // 1.5 * 2**23
 
-// std::rint(std::sqrt(x)) + 2**23 of 16 lanes, bitwise, for x in [0, 2**18] (the
+// std::rint(std::sqrt(x)) + kMagic of 16 lanes (with the sign of `sign`), bitwise, for x in [0, 2**18] (the
 // codes' range: x <= 255**2 and a little), and for NaN, infinite and zero x. The
 // int8 step takes two square roots an element for the codes besides AdamW's own
 // square root and division, and all four share the one divider (an AVX-512 square
@@ -185,7 +185,7 @@ constexpr float kMagic = 8388608.0f;  // 2**23
 // x, take vsqrtps. Checked against the scalar on every float in [0, 2**18]. The
 // square code keeps vsqrtps: with one root on each path the divider and the vector
 // ports are both about as busy (both on the estimate was slower).
-inline __m512i rint_sqrt16_estimated(__m512 x) {
+inline __m512i rint_sqrt16_estimated(__m512 x, __m512 sign) {
   const __m512 half = _mm512_set1_ps(0.5f);
   const __m512 magic = _mm512_set1_ps(kMagic);
   const __m512 y = _mm512_rsqrt14_ps(x);
@@ -193,12 +193,13 @@ inline __m512i rint_sqrt16_estimated(__m512 x) {
   const __m512 r = _mm512_fnmadd_ps(s0, _mm512_mul_ps(y, half), half);  // 0.5 - s0 * y / 2
   __m512 s = _mm512_fmadd_ps(s0, r, s0);
   s = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NEQ_UQ), s);
+  s = _mm512_or_ps(s, sign);
   __m512 t = _mm512_add_ps(s, magic);
   const __m512 off = _mm512_abs_ps(_mm512_sub_ps(s, _mm512_sub_ps(t, magic)));
   // 0.5 - 2**-9; NaN (x infinite or NaN) compares false and takes the exact root.
   const __mmask16 sure = _mm512_cmp_ps_mask(off, _mm512_set1_ps(0.498046875f), _CMP_LE_OQ);
   if (__builtin_expect(sure != 0xFFFF, 0)) {
-    const __m512 exact = _mm512_add_ps(_mm512_sqrt_ps(x), magic);
+    const __m512 exact = _mm512_add_ps(_mm512_or_ps(_mm512_sqrt_ps(x), sign), magic);
     t = _mm512_mask_mov_ps(t, static_cast<__mmask16>(~sure), exact);
   }
   return _mm512_castps_si512(t);
@@ -206,19 +207,39 @@ inline __m512i rint_sqrt16_estimated(__m512 x) {
 inline __m512i rint_sqrt16_exact(__m512 x) {
   return _mm512_castps_si512(_mm512_add_ps(_mm512_sqrt_ps(x), _mm512_set1_ps(kMagic)));
 }
-// code_signed and code_square of 16 lanes (vpmovdb keeps each lane's low byte, as the
-// scalar casts do).
-inline __m128i code_signed16(__m512 m, __m512 f) {
-  const __m512i q = rint_sqrt16_estimated(_mm512_mul_ps(_mm512_abs_ps(m), f));
-  const __mmask16 neg = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_LT_OQ);
-  return _mm512_cvtepi32_epi8(_mm512_mask_sub_epi32(q, neg, _mm512_setzero_si512(), q));
+// code_signed and code_square of 16 lanes, in the low byte of each 32-bit lane. The
+// signed code: its sign is put on the root before the magic sum (1.5 * 2**23 keeps
+// the sum of a negative root in [2**23, 2**24), where floats are the integers, and
+// sqrt(-0) and negation round the same way), so its low byte is the two's-complement
+// code; a negative zero gives code 0 as m < 0 does in code_signed.
+inline __m512i code_signed16(__m512 m, __m512 f) {
+  const __m512 sign = _mm512_and_ps(m, _mm512_set1_ps(-0.0f));
+  return rint_sqrt16_estimated(_mm512_mul_ps(_mm512_abs_ps(m), f), sign);
 }
-inline __m128i code_square16(__m512 u, __m512 f) {
-  __m512i q = rint_sqrt16_exact(_mm512_mul_ps(u, f));
+inline __m512i code_square16(__m512 u, __m512 f) {
+  const __m512i q = rint_sqrt16_exact(_mm512_mul_ps(u, f));
   const __mmask16 one =
       _mm512_cmp_epi32_mask(q, _mm512_castps_si512(_mm512_set1_ps(kMagic)), _MM_CMPINT_EQ) &
       _mm512_cmp_ps_mask(u, _mm512_setzero_ps(), _CMP_GT_OQ);
-  return _mm512_cvtepi32_epi8(_mm512_mask_mov_epi32(q, one, _mm512_set1_epi32(1)));
+  return _mm512_mask_mov_epi32(q, one, _mm512_set1_epi32(1));
+}
+// Byte `k` of each 32-bit lane of a, then of b: 32 bytes in one permute (vpmovdb
+// takes two micro-operations for 16).
+template <int K>
+inline __m256i byte_of_lanes32(__m512i a, __m512i b) {
+  alignas(64) static const uint8_t index[64] = {
+      K,      K + 4,  K + 8,  K + 12, K + 16, K + 20, K + 24, K + 28, K + 32, K + 36, K + 40,
+      K + 44, K + 48, K + 52, K + 56, K + 60, K + 64, K + 68, K + 72, K + 76, K + 80, K + 84,
+      K + 88, K + 92, K + 96, K + 100, K + 104, K + 108, K + 112, K + 116, K + 120, K + 124};
+  return _mm512_castsi512_si256(
+      _mm512_permutex2var_epi8(a, _mm512_load_si512(reinterpret_cast<const void*>(index)), b));
+}
+// The upper 16 bits of each 32-bit lane of a, then of b.
+inline __m512i high_halves32(__m512i a, __m512i b) {
+  alignas(64) static const uint16_t index[32] = {
+      1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+      33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  return _mm512_permutex2var_epi16(a, _mm512_load_si512(reinterpret_cast<const void*>(index)), b);
 }
 #endif
 
@@ -389,63 +410,76 @@ void dense_range(const Args& args, int64_t lo, int64_t hi) {
 }
 
 #if defined(MIXPREC_INT8_AVX512)
-// int8_range's decode and update loops in one, 16 elements at a time, for the
+// One element per lane of int8_rem8_avx512: decodes its codes, master and gradient,
+// updates it, stores its new m and clamped u into the block's buffers and takes them
+// into the block maxima; returns the rounded bits r of MasterCodec<M_REM8>::encode
+// (without its mask) for the caller to split and store.
+template <int GDT>
+inline __m512i int8_rem8_lanes(const Args& a, const Math& k, int64_t i, float ms, float us,
+                               float* mloc, float* uloc, __m512& mmax, __m512& umax) {
+  const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(a.mo[0]) + i))));
+  __m512 m = (q * _mm512_abs_ps(q)) * ms;
+  const __m512 qv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(a.mo[2]) + i))));
+  const __m512 ub = (qv * qv) * us;
+  __m512 v = ub * ub;
+  const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                           reinterpret_cast<const __m256i*>(
+                                               static_cast<const uint16_t*>(a.param) + i))),
+                                       16);
+  const __m512i lo = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                           reinterpret_cast<const __m128i*>(
+                                               static_cast<const int8_t*>(a.s0) + i))),
+                                       8);
+  __m512 p = _mm512_castsi512_ps(_mm512_add_epi32(hi, lo));
+  __m512 g = GDT == DT_F32 ? _mm512_loadu_ps(static_cast<const float*>(a.grad) + i)
+                           : bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                 static_cast<const uint16_t*>(a.grad) + i)));
+  g = g * a.grad_sign;
+  __m512 u;
+  k.apply(p, g, m, v, u);
+  u = _mm512_min_ps(_mm512_set1_ps(kUMax), u);  // kUMax < u ? kUMax : u (NaN stays NaN)
+  _mm512_storeu_ps(mloc, m);
+  _mm512_storeu_ps(uloc, u);
+  // The block maxima of |m| and u: vrangeps 0x0B, the larger magnitude with its sign
+  // cleared (for numbers, the larger of the bits without the sign, as int8_range).
+  mmax = _mm512_range_ps(mmax, m, 0x0B);
+  umax = _mm512_range_ps(umax, u, 0x0B);
+  // canon: a NaN (fpclass quiet or signalling) -> 0x7FC00000.
+  const __m512i b = _mm512_mask_mov_epi32(_mm512_castps_si512(p), _mm512_fpclass_ps_mask(p, 0x81),
+                                          _mm512_set1_epi32(0x7FC00000));
+  return _mm512_add_epi32(b, _mm512_and_si512(_mm512_srli_epi32(b, 8), _mm512_set1_epi32(1)));
+}
+
+// int8_range's decode and update loops in one, 32 elements at a time, for the
 // remainder8 master over bf16 parameters: the codes are decoded where they are read,
 // and MasterCodec<M_REM8>'s decode and encode, the update, the U_MAX clamp and the
-// block maxima are int8_range's operations in its order. GCC vectorizes the generic
-// loops 64 elements at a time (for the int8 stores), which spills registers; here one
-// element in flight per lane. Returns how many elements of the block it did (the rest
-// take the generic loops).
+// block maxima are int8_range's operations in its order. (GCC vectorizes the generic
+// loops 64 elements at a time, for the int8 stores, and spills registers.) Returns how
+// many elements of the block it did: the rest take the generic loops.
 template <int GDT>
 inline int64_t int8_rem8_avx512(const Args& a, const Math& k, int64_t base, int64_t bs,
                                 float ms, float us, float* mloc, float* uloc, uint32_t& mbits,
                                 uint32_t& ubits) {
   uint16_t* const param = static_cast<uint16_t*>(a.param) + base;
   int8_t* const rem = static_cast<int8_t*>(a.s0) + base;
-  const int8_t* const mq = static_cast<const int8_t*>(a.mo[0]) + base;
-  const uint8_t* const vq = static_cast<const uint8_t*>(a.mo[2]) + base;
-  const __m512i abs_bits = _mm512_set1_epi32(0x7FFFFFFF);
-  __m512i mmax = _mm512_setzero_si512(), umax = _mm512_setzero_si512();
+  __m512 mmax = _mm512_setzero_ps(), umax = _mm512_setzero_ps();
   int64_t j = 0;
-  for (; j + 16 <= bs; j += 16) {
-    const __m512 q = _mm512_cvtepi32_ps(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mq + j))));
-    __m512 m = (q * _mm512_abs_ps(q)) * ms;
-    const __m512 qv = _mm512_cvtepi32_ps(
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vq + j))));
-    const __m512 ub = (qv * qv) * us;
-    __m512 v = ub * ub;
-    const __m512i hi = _mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(param + j))),
-        16);
-    const __m512i lo = _mm512_slli_epi32(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rem + j))), 8);
-    __m512 p = _mm512_castsi512_ps(_mm512_add_epi32(hi, lo));
-    const int64_t i = base + j;
-    __m512 g = GDT == DT_F32 ? _mm512_loadu_ps(static_cast<const float*>(a.grad) + i)
-                             : bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                                   static_cast<const uint16_t*>(a.grad) + i)));
-    g = g * a.grad_sign;
-    __m512 u;
-    k.apply(p, g, m, v, u);
-    // MasterCodec<M_REM8>::encode; canon: a NaN (fpclass quiet or signalling) -> 0x7FC00000.
-    __m512i b = _mm512_mask_mov_epi32(_mm512_castps_si512(p), _mm512_fpclass_ps_mask(p, 0x81),
-                                      _mm512_set1_epi32(0x7FC00000));
-    b = _mm512_add_epi32(b, _mm512_and_si512(_mm512_srli_epi32(b, 8), _mm512_set1_epi32(1)));
-    _mm256_storeu_si256(
-        reinterpret_cast<__m256i*>(param + j),
-        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x807F)), 16)));
-    _mm_storeu_si128(
-        reinterpret_cast<__m128i*>(rem + j),
-        _mm512_cvtepi32_epi8(_mm512_srli_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(127)), 8)));
-    u = _mm512_min_ps(_mm512_set1_ps(kUMax), u);  // kUMax < u ? kUMax : u (NaN stays NaN)
-    _mm512_storeu_ps(mloc + j, m);
-    _mm512_storeu_ps(uloc + j, u);
-    mmax = _mm512_max_epu32(mmax, _mm512_and_si512(_mm512_castps_si512(m), abs_bits));
-    umax = _mm512_max_epu32(umax, _mm512_and_si512(_mm512_castps_si512(u), abs_bits));
+  for (; j + 32 <= bs; j += 32) {
+    const __m512i r0 = int8_rem8_lanes<GDT>(a, k, base + j, ms, us, mloc + j, uloc + j, mmax, umax);
+    const __m512i r1 =
+        int8_rem8_lanes<GDT>(a, k, base + j + 16, ms, us, mloc + j + 16, uloc + j + 16, mmax, umax);
+    // MasterCodec<M_REM8>::encode's split: the parameter (r + 0x807F) >> 16, the
+    // remainder byte 1 of r + 127.
+    const __m512i c0 = _mm512_set1_epi32(0x807F), c1 = _mm512_set1_epi32(127);
+    _mm512_storeu_si512(param + j,
+                        high_halves32(_mm512_add_epi32(r0, c0), _mm512_add_epi32(r1, c0)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(rem + j),
+                        byte_of_lanes32<1>(_mm512_add_epi32(r0, c1), _mm512_add_epi32(r1, c1)));
   }
-  mbits = _mm512_reduce_max_epu32(mmax);
-  ubits = _mm512_reduce_max_epu32(umax);
+  mbits = static_cast<uint32_t>(_mm512_reduce_max_epu32(_mm512_castps_si512(mmax)));
+  ubits = static_cast<uint32_t>(_mm512_reduce_max_epu32(_mm512_castps_si512(umax)));
   return j;
 }
 #endif
@@ -509,11 +543,14 @@ void int8_range(const Args& args, int64_t block_lo, int64_t block_hi) {
     const float uf = (1.0f / (au > 0.0f ? au : 1.0f)) * (255.0f * 255.0f);
     int64_t j = 0;
 #if defined(MIXPREC_INT8_AVX512)
-    for (; j + 16 <= bs; j += 16) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(mq + base + j),
-                       code_signed16(_mm512_loadu_ps(mloc + j), _mm512_set1_ps(mf)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(vq + base + j),
-                       code_square16(_mm512_loadu_ps(uloc + j), _mm512_set1_ps(uf)));
+    for (; j + 32 <= bs; j += 32) {
+      const __m512 f = _mm512_set1_ps(mf), fu = _mm512_set1_ps(uf);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(mq + base + j),
+                          byte_of_lanes32<0>(code_signed16(_mm512_loadu_ps(mloc + j), f),
+                                             code_signed16(_mm512_loadu_ps(mloc + j + 16), f)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(vq + base + j),
+                          byte_of_lanes32<0>(code_square16(_mm512_loadu_ps(uloc + j), fu),
+                                             code_square16(_mm512_loadu_ps(uloc + j + 16), fu)));
     }
 #endif
     for (; j < bs; ++j) {

@@ -33,6 +33,10 @@ the same window, so a neighbour's load shifts both. Columns:
 (`mixprec.optim.native`). ``--inductor`` adds the same combinations stepped
 through ``torch.compile`` (``MIXPREC_NATIVE=0``) for comparison.
 
+``--clock thread`` (with ``OMP_NUM_THREADS=1``) times each step in the thread's CPU
+time instead of wall time: on a machine shared with other work, a step the scheduler
+pauses is not charged for the pause.
+
 ``--rule adamw,lion`` (or ``all``): each update rule's native step on one tensor of
 each ``--sizes`` and on GPT-2 small's tensors, fp32 params without a master and bf16
 params with the exact master, fp32 moments, against the fastest torch
@@ -81,10 +85,16 @@ def _size(text: str) -> int:
     return int(float(text.rstrip("M")) * 2**20) if text.endswith("M") else int(text)
 
 
+#: What `_timed` reads: wall time, or with ``--clock thread`` this thread's CPU time
+#: (``time.thread_time``), which leaves out the time a busy machine's other processes
+#: hold the core (one thread only: both kernels then run on the calling thread).
+_clock: Callable[[], float] = time.perf_counter
+
+
 def _timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
+    t0 = _clock()
     fn()
-    return time.perf_counter() - t0
+    return _clock() - t0
 
 
 class InPlacePass:
@@ -275,7 +285,7 @@ def run_model(name: str, combos: list[tuple[str, str]], steps: int) -> None:
     """The `--model` table: each combination on the model's tensors and on one tensor."""
     shapes = MODELS[name]()
     numel = sum(math.prod(s) for s in shapes)
-    print(f"\n## {name}: {len(shapes)} tensors, {numel:,} parameters\n")
+    print(f"\n## {name}: {len(shapes)} tensors, {numel:,} parameters ({_clock.__name__})\n")
     print("| optimizer | ms best | ratio | 1-tensor ratio |")
     print("| --- | --- | --- | --- |")
     ref_model = torch.optim.AdamW(_model_params(shapes, torch.float32), fused=True)
@@ -414,7 +424,21 @@ def main() -> None:
     parser.add_argument(
         "--rule", default="", help="comma-separated update rules (or 'all') against torch's"
     )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="wall time, or this thread's CPU time (needs OMP_NUM_THREADS=1)",
+    )
     args = parser.parse_args()
+    if args.clock == "thread":
+        if torch.get_num_threads() != 1:
+            parser.error(
+                "--clock thread times one thread: set OMP_NUM_THREADS=1 "
+                f"(torch has {torch.get_num_threads()})"
+            )
+        global _clock
+        _clock = time.thread_time
     all_combos: list[tuple[str, str]] = [(m, mo) for m in MASTER_KINDS for mo in MOMENT_KINDS]
 
     def parse(text: str) -> list[tuple[str, str]]:

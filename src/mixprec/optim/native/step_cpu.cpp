@@ -173,18 +173,19 @@ inline __m512 bf16x16(__m256i h) {
 // of the sum's bits is the int8 code, with no rounding or conversion instruction.
 constexpr float kMagic = 12582912.0f;  // 1.5 * 2**23
 
-// std::rint(std::sqrt(x)) + kMagic of 16 lanes (with the sign of `sign`), bitwise, for x in [0, 2**18] (the
-// codes' range: x <= 255**2 and a little), and for NaN, infinite and zero x. The
-// int8 step takes two square roots an element for the codes besides AdamW's own
-// square root and division, and all four share the one divider (an AVX-512 square
-// root holds it for 12 cycles per 16 lanes), which with the rest made the int8 step
-// about twice torch fused AdamW's time. Here the root of the signed code comes from
-// vrsqrt14ps (relative error < 2**-14) and one Newton step (then < 2**-20: absolute
-// < 2**-11 below 512), so its rounding to an integer is the exact root's unless it
-// lies within 2**-9 of a half integer; those lanes (about 0.4%), and NaN or infinite
-// x, take vsqrtps. Checked against the scalar on every float in [0, 2**18]. The
-// square code keeps vsqrtps: with one root on each path the divider and the vector
-// ports are both about as busy (both on the estimate was slower).
+// std::rint(std::sqrt(x)) with the sign of `sign`, plus kMagic, of 16 lanes: bitwise
+// the scalar's for x in [0, 2**18] (the codes' range: x <= 255**2 and a little) and
+// for NaN, infinite and zero x. The int8 step takes two square roots an element for
+// the codes besides AdamW's own square root and division, and all four share the one
+// divider (about 11 cycles per 16-lane vsqrtps here), which with the rest made the
+// int8 step about twice torch fused AdamW's time. Here the root comes from vrsqrt14ps
+// (relative error < 2**-14) and one Newton step (then < 2**-20: absolute < 2**-11
+// below 512), so its rounding to an integer is the exact root's unless it lies within
+// 2**-9 of a half integer; those lanes (about 0.4%), and NaN or infinite x, take
+// vsqrtps. code_signed16 and code_square16 were checked against code_signed and
+// code_square on every float of magnitude up to 2**18, both signs. The square code
+// keeps vsqrtps: with one root on each path the divider and the vector ports are about
+// equally busy (both roots estimated was slower).
 inline __m512i rint_sqrt16_estimated(__m512 x, __m512 sign) {
   const __m512 half = _mm512_set1_ps(0.5f);
   const __m512 magic = _mm512_set1_ps(kMagic);

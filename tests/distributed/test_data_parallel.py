@@ -15,18 +15,8 @@ import pytest
 import torch
 
 from . import cases
-from .launch import run_ranks
+from .launch import PARALLEL_SCENARIOS, scenario_error
 
-SCENARIOS = (
-    "fsdp_parity",
-    "fsdp_parity_noclip",
-    "ddp_parity",
-    "ddp_default_fp32",
-    "payload",
-    "order",
-    "skips",
-    "load_mismatch",
-)
 #: With clipping, FSDP2's global norm sums the shards' squares in another order than
 #: one process does: the clip coefficient moves by ulps. Under fp32 gradients that
 #: stays at ulps; under bf16 gradients a coefficient an ulp apart rounds some
@@ -43,13 +33,11 @@ CLIPPED_FSDP_TOLERANCE = {  # policy: (norm rel, loss abs, master abs)
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    results = run_ranks(tmp_path_factory.mktemp("dp"), *SCENARIOS)
-    for rank in results:
-        for name, value in rank.items():
-            if isinstance(value, dict) and isinstance(value.get("error"), str):
-                pytest.fail(f"scenario {name} raised on a rank:\n{value['error']}")
-    return results
+def ranks(scenario_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    error = scenario_error(scenario_results, PARALLEL_SCENARIOS)
+    if error:
+        pytest.fail(error)
+    return scenario_results
 
 
 @pytest.fixture(autouse=True)

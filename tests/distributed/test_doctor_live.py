@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from . import cases
-from .launch import run_ranks
+from .launch import DOCTOR_SCENARIO, scenario_error
 
 #: Parameter elements of `cases.Net`'s LayerNorms (one per block and a final one, weight
 #: and bias each): fp32 islands; the rest is stored in bf16 under bf16_master.
@@ -16,15 +16,11 @@ NORMS = sum(p.numel() for n, p in cases.make_model().named_parameters() if "norm
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    results = run_ranks(tmp_path_factory.mktemp("doctor"), "doctor")
-    out = []
-    for rank in results:
-        value = rank["doctor"]
-        if isinstance(value.get("error"), str):
-            pytest.fail(f"scenario doctor raised on a rank:\n{value['error']}")
-        out.append(value)
-    return out
+def ranks(scenario_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    error = scenario_error(scenario_results, (DOCTOR_SCENARIO,))
+    if error:
+        pytest.fail(error)
+    return [rank[DOCTOR_SCENARIO] for rank in scenario_results]
 
 
 def _only(findings: list[dict[str, Any]], rule: str) -> dict[str, Any]:

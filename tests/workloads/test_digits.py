@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from mixprec.workloads import Workload, load_workload
+from mixprec.workloads import Workload, digits, load_workload
 from mixprec.workloads.digits import load_digits_split, stratified_split
 
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
@@ -27,6 +28,20 @@ def tiny() -> Workload:
 
 def _bf16() -> contextlib.AbstractContextManager[object]:
     return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def test_the_data_is_scikit_learns_read_without_importing_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each new process training digits imported scikit-learn (scipy.stats among it)
+    only to read one bundled file: as long as importing torch."""
+    from sklearn.datasets import load_digits
+
+    want = load_digits()
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # importing it now fails
+    features, labels = digits._load_digits_arrays.__wrapped__()
+    assert features.dtype == np.float64 and labels.dtype == np.int64
+    assert np.array_equal(features, want.data) and np.array_equal(labels, want.target)
 
 
 def test_stratified_split_keeps_class_proportions() -> None:

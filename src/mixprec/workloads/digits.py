@@ -1,7 +1,8 @@
 """The `digits` workload: an MLP classifying scikit-learn's bundled 8x8 digit images.
 
 Data: `sklearn.datasets.load_digits` (1797 images, 10 classes; shipped inside
-scikit-learn, so nothing is downloaded). A stratified split with a fixed seed
+scikit-learn, so nothing is downloaded), its file read without importing
+scikit-learn. A stratified split with a fixed seed
 holds out `held_out_fraction` of each class. Inputs are standardized with the
 mean and standard deviation of the training split only.
 
@@ -15,8 +16,11 @@ Metric: macro-F1 on the held-out split (higher is better); extras: accuracy.
 from __future__ import annotations
 
 import functools
+import gzip
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
@@ -149,6 +153,10 @@ def stratified_split(
     return train_index, held_index
 
 
+#: The digits data inside the scikit-learn package (what `load_digits` reads).
+_DIGITS_FILE = ("datasets", "data", "digits.csv.gz")
+
+
 def load_digits_split(*, held_out_fraction: float = 0.2, split_seed: int = 0) -> DigitsData:
     """Load, split and standardize the digits data (cached per split)."""
     return _load_digits_split(held_out_fraction, split_seed)
@@ -181,13 +189,22 @@ def _load_digits_split(held_out_fraction: float, split_seed: int) -> DigitsData:
 
 @functools.lru_cache(maxsize=1)
 def _load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as error:
+    # scikit-learn's own file, read as `load_digits` reads it (np.loadtxt of the gzipped
+    # CSV; the label last) without importing scikit-learn: its import (scipy.stats
+    # among it) cost each new process running digits as much as importing torch.
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
         raise ImportError(
             "the digits workload reads scikit-learn's bundled digits data; install it with: "
             "pip install 'mixprec[data]' (or pip install scikit-learn)"
-        ) from error
+        )
+    path = Path(next(iter(spec.submodule_search_locations)), *_DIGITS_FILE)
+    if path.is_file():
+        with gzip.open(path, mode="rt", encoding="utf-8") as f:
+            data = np.loadtxt(f, delimiter=",")
+        return data[:, :-1].astype(np.float64), data[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits  # a scikit-learn that keeps it elsewhere
+
     bunch = load_digits()
     return np.asarray(bunch.data, dtype=np.float64), np.asarray(bunch.target, dtype=np.int64)
 

@@ -13,7 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from .test_train import _assert_bitwise, _cli, _env, _exported, _final_state, _finish, _metrics
+from mixprec.cli import main
+
+from .test_train import (
+    HERE,
+    _assert_bitwise,
+    _cli,
+    _env,
+    _exported,
+    _final_state,
+    _finish,
+    _metrics,
+)
 
 SPEC = "signal_workload:make_workload"  # tiny digits; step 4 waits for a signal
 
@@ -21,7 +32,10 @@ SPEC = "signal_workload:make_workload"  # tiny digits; step 4 waits for a signal
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
 def test_two_ranks_stopped_by_sigterm_resume_bitwise_equal_to_a_torchrun_run(
-    tmp_path: Path, strategy: str
+    tmp_path: Path,
+    strategy: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     run = ["train", "--workload", SPEC, "--policy", "bf16_master", "--steps", "10"]
     run += ["--strategy", strategy]
@@ -48,7 +62,11 @@ def test_two_ranks_stopped_by_sigterm_resume_bitwise_equal_to_a_torchrun_run(
     )
     assert [line["step"] for line in _metrics(stopped)] == [1, 2, 3, 4]
     # Found in issue 30: a resume without --nproc went on in one process without a word.
-    code, out, err = _finish(_cli("train", "--workload", SPEC, "--out", str(stopped), "--resume"))
+    # (Refused before training: this process, not a new one, runs it.)
+    monkeypatch.syspath_prepend(str(HERE))  # signal_workload
+    capsys.readouterr()
+    code = main(["train", "--workload", SPEC, "--out", str(stopped), "--resume"])
+    out, err = capsys.readouterr()
     assert code == 2 and out == "" and "Traceback" not in err
     assert err == (
         f"mixprec: error: {stopped / 'checkpoints' / 'step_00000004'} was saved by 2 ranks "

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -102,70 +103,76 @@ def test_fabric_is_bitwise_the_own_loop(name: str) -> None:
         assert torch.equal(a, b)
 
 
-FABRIC_RESUME = """
+#: Both resumes below in one new process (each new process spent its time importing
+#: torch and Lightning): ``fabric.load`` of FABRIC_STATE, then ``fit(ckpt_path=...)``
+#: of Lightning's checkpoint; the results go to OUT.
+RESUME = """
 import json, sys
+from pathlib import Path
 import torch
-from lightning_setup import fabric_run
-losses, net, prec, opt = fabric_run("amp_fp16", save_at=20, path=sys.argv[1], resume=True)
-json.dump({"losses": losses, "scale": prec.loss_scale}, open(sys.argv[2], "w"))
-torch.save({"model": net.state_dict(), "optimizer": opt}, sys.argv[3])
+from lightning_setup import Module, fabric_run, loader, policy, trainer
+import mixprec
+from mixprec.integrations.lightning import MixprecPrecision
+fabric_state, ckpt, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+losses, net, prec, opt = fabric_run("amp_fp16", save_at=20, path=fabric_state, resume=True)
+json.dump({"losses": losses, "scale": prec.loss_scale}, open(out / "fabric.json", "w"))
+torch.save({"model": net.state_dict(), "optimizer": opt}, out / "fabric.pt")
+prec = mixprec.Precision(policy("amp_fp16"))
+module = Module(prec)
+run = trainer(MixprecPrecision(prec), out / "lightning")
+run.fit(module, loader(), ckpt_path=ckpt)
+json.dump({"losses": module.losses, "lrs": module.lrs, "scale": prec.loss_scale,
+           "skipped": prec.stats.skipped_steps}, open(out / "lightning.json", "w"))
+optimizer = run.optimizers[0].state_dict()["state"]
+torch.save({"model": module.state_dict(), "optimizer": optimizer}, out / "lightning.pt")
 """
 
 
-def test_a_fabric_save_resumes_bitwise_in_a_new_process(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The uninterrupted runs, each saving after step 20 of 40 (Fabric's ``fabric.save``
+    and Lightning's own checkpoint), and both resumed in one new process."""
+    tmp = tmp_path_factory.mktemp("resume")
+    fabric_state = tmp / "state.ckpt"
+    fabric = fabric_run("amp_fp16", save_at=20, path=str(fabric_state))
+    checkpoint = pl.pytorch.callbacks.ModelCheckpoint(
+        dirpath=str(tmp / "ckpt"), every_n_train_steps=20, save_top_k=-1
+    )
+    prec = mixprec.Precision(policy("amp_fp16"))
+    module = Module(prec)
+    whole = trainer(integration.MixprecPrecision(prec), tmp, callbacks=[checkpoint])
+    whole.fit(module, loader())
+    [mid] = [p for p in (tmp / "ckpt").iterdir() if "step=20" in p.name]
+    out = tmp / "resumed"
+    out.mkdir()
+    _run_in_new_process(RESUME, str(fabric_state), str(mid), str(out))
+    return {"fabric": fabric, "lightning": (prec, module, whole), "out": out}
+
+
+def test_a_fabric_save_resumes_bitwise_in_a_new_process(resumed: dict[str, Any]) -> None:
     """``fabric.save`` after step 20 (model, optimizer, scheduler and the plugin's loss
     scale), ``fabric.load`` in a new process: the rest of the run is the same."""
-    path = str(tmp_path / "state.ckpt")
-    losses, net, prec, opt = fabric_run("amp_fp16", save_at=20, path=path)
-    out, weights = tmp_path / "resumed.json", tmp_path / "weights.pt"
-    _run_in_new_process(FABRIC_RESUME, path, str(out), str(weights))
-    resumed = json.loads(out.read_text())
-    assert bitwise(resumed["losses"], losses[20:])
-    assert resumed["scale"] == prec.loss_scale
-    saved = torch.load(weights, weights_only=True)
+    losses, net, prec, opt = resumed["fabric"]
+    out = resumed["out"]
+    result = json.loads((out / "fabric.json").read_text())
+    assert bitwise(result["losses"], losses[20:])
+    assert result["scale"] == prec.loss_scale
+    saved = torch.load(out / "fabric.pt", weights_only=True)
     assert same_state(saved["model"], net.state_dict())
     assert same_state(saved["optimizer"], opt)  # masters and moments
 
 
-RESUME = """
-import json, sys
-import torch
-from lightning_setup import Module, loader, trainer
-import mixprec
-from mixprec.integrations.lightning import MixprecPrecision
-from lightning_setup import policy
-ckpt, out = sys.argv[1], sys.argv[2]
-prec = mixprec.Precision(policy("amp_fp16"))
-module = Module(prec)
-run = trainer(MixprecPrecision(prec), __import__("pathlib").Path(out))
-run.fit(module, loader(), ckpt_path=ckpt)
-json.dump({"losses": module.losses, "lrs": module.lrs, "scale": prec.loss_scale,
-           "skipped": prec.stats.skipped_steps}, open(out + "/resumed.json", "w"))
-optimizer = run.optimizers[0].state_dict()["state"]
-torch.save({"model": module.state_dict(), "optimizer": optimizer}, out + "/weights.pt")
-"""
-
-
-def test_a_lightning_checkpoint_resumes_bitwise_in_a_new_process(tmp_path: Path) -> None:
+def test_a_lightning_checkpoint_resumes_bitwise_in_a_new_process(resumed: dict[str, Any]) -> None:
     """Lightning's own checkpoint, mid-run (after step 20 of 40), resumed in a new process
     continues as the uninterrupted run: losses, schedule, loss scale, weights and the
     optimizer's state (masters, moments)."""
-    checkpoint = pl.pytorch.callbacks.ModelCheckpoint(
-        dirpath=str(tmp_path / "ckpt"), every_n_train_steps=20, save_top_k=-1
-    )
-    prec = mixprec.Precision(policy("amp_fp16"))
-    module = Module(prec)
-    whole = trainer(integration.MixprecPrecision(prec), tmp_path, callbacks=[checkpoint])
-    whole.fit(module, loader())
-    [mid] = [p for p in (tmp_path / "ckpt").iterdir() if "step=20" in p.name]
-    out = tmp_path / "resumed"
-    out.mkdir()
-    _run_in_new_process(RESUME, str(mid), str(out))
-    resumed = json.loads((out / "resumed.json").read_text())
-    assert bitwise(resumed["losses"], module.losses[20:])
-    assert resumed["lrs"] == module.lrs[20:]
-    assert resumed["scale"] == prec.loss_scale
-    saved = torch.load(out / "weights.pt", weights_only=True)
+    prec, module, whole = resumed["lightning"]
+    out = resumed["out"]
+    result = json.loads((out / "lightning.json").read_text())
+    assert bitwise(result["losses"], module.losses[20:])
+    assert result["lrs"] == module.lrs[20:]
+    assert result["scale"] == prec.loss_scale
+    saved = torch.load(out / "lightning.pt", weights_only=True)
     assert same_state(saved["model"], module.state_dict())
     assert same_state(saved["optimizer"], whole.optimizers[0].state_dict()["state"])
 

@@ -13,7 +13,7 @@ __all__ = ["add_parser"]
 
 def add_parser(sub: Any) -> None:
     """Register the ``formats`` subcommand."""
-    p = sub.add_parser("formats", help="fp32/fp16/bf16/fp8 limits and what they mean for training")
+    p = sub.add_parser("formats", help="number formats and the optimizer's storage formats")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=run)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import pytest
@@ -40,9 +39,9 @@ def _groups(seed: int) -> list[dict[str, Any]]:
             ],
             "master": master,
             "moments": "int4",
-            "maximize": maximize,
+            "maximize": i % 2 == 1,  # every other group
         }
-        for (master, dtype), maximize in itertools.product(PARAM_KINDS, (False, True))
+        for i, (master, dtype) in enumerate(PARAM_KINDS)
     ]
 
 

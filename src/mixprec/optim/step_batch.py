@@ -165,8 +165,6 @@ class StepKernel:
         # Packed codes are matrices of each parameter's own width, and rank-1 statistics
         # span a whole parameter: such parameters are never concatenated.
         self._concat = all(t.per_element or t.per_block for t in family.moment_tensors)
-        # Row-aligned state (int4: blocks never straddle rows): codes and scales by rows.
-        self._by_rows = any(t.packed for t in family.moment_tensors)
         # (key, dtype, follows the parameter's dtype) and (key, dtype, layout) per slot
         self._master = tuple((t.name, t.torch_dtype, t.follows_param) for t in spec.state)
         self._moments = tuple((t.name, t.torch_dtype, t) for t in family.moment_tensors)
@@ -362,16 +360,6 @@ class StepKernel:
         rows, cols = self.family.moments.kernel_shape(p.shape)
         return rows if layout.per_row else cols
 
-    def _stat_view(
-        self, t: torch.Tensor, layout: StateTensor, shape: tuple[int, ...]
-    ) -> torch.Tensor:
-        """A moment state tensor that is not per element, as the kernel takes it: a
-        row-aligned format's (int4: packed codes, per-block scales) as rows of the
-        kernel shape, other statistics (int8 scales, row and column maxima) flat."""
-        if self._by_rows and (layout.packed or layout.per_block):
-            return t.view(shape[0], t.numel() // shape[0] if shape[0] else t.shape[-1])
-        return t.view(-1)
-
     def _master_dtypes(self, params: Sequence[torch.Tensor]) -> list[torch.dtype]:
         """The master state's dtypes for `params`, in batch order."""
         if not self._master_follows_param:
@@ -393,7 +381,7 @@ class StepKernel:
             batch.grads[i].view(shape),
             [t.view(shape) for t in masters],
             [
-                t.view(shape) if layout.per_element else self._stat_view(t, layout, shape)
+                t.view(shape) if layout.per_element else _packed_or_flat(t, layout, shape)
                 for t, layout in zip(moments, self._layouts, strict=True)
             ],
         )
@@ -489,6 +477,13 @@ class StepKernel:
 _DTYPE = operator.attrgetter("dtype")
 _NUMEL = torch.Tensor.numel
 _TENSOR = itertools.repeat(torch.Tensor)
+
+
+def _packed_or_flat(t: torch.Tensor, layout: StateTensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Packed codes as rows of the kernel shape (half as wide); statistics flat."""
+    if not layout.packed:
+        return t.view(-1)
+    return t.view(shape[0], t.numel() // shape[0] if shape[0] else t.shape[-1])  # (no rows)
 
 
 def state_misfit(what: str, tensor: object, numel: int, dtype: torch.dtype | None) -> str | None:

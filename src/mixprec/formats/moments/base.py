@@ -4,8 +4,7 @@
 moments, for the moments an update rule keeps (`slots`: ``(key, kind)`` pairs,
 `mixprec.optim.rules`); both are pure and work on parameter-shaped tensors viewed
 as `kernel_shape` (per-block, per-row and per-column tensors such as scales stay
-1-D, or rows of the matrix view where the format's blocks follow rows; packed 4-bit
-codes are those rows, half as wide). What the format
+1-D; packed 4-bit codes keep the leading dim and half the last). What the format
 stores for each kind of moment is declared once in its `spec`.
 """
 

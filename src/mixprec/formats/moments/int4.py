@@ -241,15 +241,17 @@ class Int4Moments:
         kinds: tuple[str, ...],
         reduce_columns: ColumnReduce | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        """Packed codes and statistics, moment after moment (each moment a matrix
-        ``(rows, cols)``; `reduce_columns`: see `quantize_rank1`)."""
-        return tuple(
-            t
-            for m, kind in zip(moments, kinds, strict=True)
-            for t in (
-                quantize_signed4(m) if kind == "signed" else quantize_rank1(m, reduce_columns)
-            )
-        )
+        """Packed codes ``(rows, cols // 2)`` and statistics (1-D, as every format's
+        scales: the absmax in row-major block order), moment after moment (each moment a
+        matrix ``(rows, cols)``; `reduce_columns`: see `quantize_rank1`)."""
+        out: list[torch.Tensor] = []
+        for m, kind in zip(moments, kinds, strict=True):
+            if kind == "signed":
+                packed, absmax = quantize_signed4(m)
+                out += (packed, absmax.reshape(-1))
+            else:
+                out += quantize_rank1(m, reduce_columns)
+        return tuple(out)
 
 
 register_moments(SPEC, lambda block_size: Int4Moments())

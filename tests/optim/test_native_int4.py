@@ -95,3 +95,33 @@ def test_every_int4_family_of_a_rule_is_bitwise_the_eager_step(rule: str) -> Non
         assert float(fast.state[b]["step"]) == expected
     # every group's three matrices kept int4 moments (plain SGD keeps none)
     assert int4_keys == len(params) // len(SHAPES) * 3 * len(RULES[rule].slots)
+
+
+def test_int4_steps_tensors_window_by_window_bitwise_the_eager_step() -> None:
+    """Both passes run over windows of about 2**19 elements a thread: a tensor that fills
+    one alone between smaller ones grouped in others (one thread)."""
+    shapes = [(32, 128), (48, 256), (512, 1024), (40, 384), (16, 128)]
+    gen = torch.Generator().manual_seed(0)
+    params = [(torch.randn(s, generator=gen) * 2).bfloat16() for s in shapes]
+    eager_p = [p.clone().requires_grad_() for p in params]
+    fast_p = [p.clone().requires_grad_() for p in params]
+    kw: dict[str, Any] = {"master": "remainder8", "moments": "int4"}
+    eager = MAKERS["adamw"](eager_p, fused=False, **kw)
+    fast = MAKERS["adamw"](fast_p, fused=True, **kw)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for step in range(2):
+            gen = torch.Generator().manual_seed(100 + step)
+            for a, b in zip(eager_p, fast_p, strict=True):
+                a.grad = (torch.randn(a.shape, generator=gen) * 1e-2).bfloat16()
+                b.grad = a.grad.clone()
+            eager.step()
+            fast.step()
+    finally:
+        torch.set_num_threads(threads)
+    assert set(fast.kernel_backends().values()) == {"native"}
+    for a, b in zip(eager_p, fast_p, strict=True):
+        assert torch.equal(_bits(a), _bits(b))
+        for key, value in eager.state[a].items():
+            assert torch.equal(_bits(value), _bits(fast.state[b][key])), (key, a.shape)

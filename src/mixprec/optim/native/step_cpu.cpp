@@ -825,6 +825,7 @@ using RangeFn = void (*)(const Args&, int64_t, int64_t);
 #include "../../formats/moments/int4.h"
 
 constexpr int64_t kInt4Block = 128;  // int4.py BLOCK_SIZE (== kStage)
+constexpr int64_t kInt4Window = int64_t{1} << 19;  // elements a thread (int4_run)
 // Software prefetch distance of the int4 passes, in elements. The passes spend their
 // time in arithmetic, which fills the reorder window, so fewer of the hardware
 // prefetcher's lines are in flight (as in the Kahan loop).
@@ -1066,6 +1067,10 @@ void int4_run(Args* args, const int64_t* rows_of, RangeFn const* apply, Int4Maxi
       item = end;
     }
   };
+  // Windows of consecutive tensors, about kInt4Window elements a thread: both passes run
+  // over one window before the next, so the gradients and square codes pass 1 read are
+  // still in cache when pass 2 reads them again. Every thread finds the same windows.
+  const int64_t window = kInt4Window * nthreads;
 #pragma omp parallel num_threads(nthreads)
   {
 #ifdef _OPENMP
@@ -1073,32 +1078,41 @@ void int4_run(Args* args, const int64_t* rows_of, RangeFn const* apply, Int4Maxi
 #else
     const int64_t tid = 0, nt = 1;
 #endif
-    const int64_t lo = total * tid / nt, hi = total * (tid + 1) / nt;
-    if (maxima != nullptr) {
-      uint32_t* const part = new uint32_t[squares * (max_cols > 0 ? max_cols : 1)];
-      walk(
-          lo, hi,
-          [&](int64_t t, int64_t r_lo, int64_t r_hi) {
-            std::memset(part, 0, sizeof(uint32_t) * squares * aux[t].cols);
-            maxima(args[t], r_lo, r_hi, part);
-          },
-          [&](int64_t t) {
-            const Int4Aux& x = aux[t];
-            for (int k = 0; k < squares; ++k)
-              for (int64_t j = 0; j < x.cols; ++j) atomic_max_bits(x.colbits[k] + j, part[k * x.cols + j]);
-          });
-      delete[] part;
+    uint32_t* const part =
+        maxima != nullptr ? new uint32_t[squares * (max_cols > 0 ? max_cols : 1)] : nullptr;
+    for (int64_t w_lo = 0, w_hi = 0; w_lo < count; w_lo = w_hi) {
+      int64_t elems = aux[w_lo].rows * aux[w_lo].cols;
+      for (w_hi = w_lo + 1; w_hi < count && elems + aux[w_hi].rows * aux[w_hi].cols <= window;
+           ++w_hi)
+        elems += aux[w_hi].rows * aux[w_hi].cols;
+      const int64_t base = first[w_lo], items = first[w_hi] - base;
+      const int64_t lo = base + items * tid / nt, hi = base + items * (tid + 1) / nt;
+      if (maxima != nullptr) {
+        walk(
+            lo, hi,
+            [&](int64_t t, int64_t r_lo, int64_t r_hi) {
+              std::memset(part, 0, sizeof(uint32_t) * squares * aux[t].cols);
+              maxima(args[t], r_lo, r_hi, part);
+            },
+            [&](int64_t t) {
+              const Int4Aux& x = aux[t];
+              for (int k = 0; k < squares; ++k)
+                for (int64_t j = 0; j < x.cols; ++j)
+                  atomic_max_bits(x.colbits[k] + j, part[k * x.cols + j]);
+            });
 #pragma omp barrier
-      // The column maxima are complete (a sharded parameter's would be all-reduced here).
+        // The column maxima are complete (a sharded parameter's would be all-reduced here).
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < count; ++t)
-        for (int k = 0; k < squares; ++k)
-          for (int64_t j = 0; j < aux[t].cols; ++j)
-            aux[t].col_f[k][j] = int4_square_factor(bitsf(aux[t].colbits[k][j]));
+        for (int64_t t = w_lo; t < w_hi; ++t)
+          for (int k = 0; k < squares; ++k)
+            for (int64_t j = 0; j < aux[t].cols; ++j)
+              aux[t].col_f[k][j] = int4_square_factor(bitsf(aux[t].colbits[k][j]));
+      }
+      walk(
+          lo, hi, [&](int64_t t, int64_t r_lo, int64_t r_hi) { apply[t](args[t], r_lo, r_hi); },
+          [](int64_t) {});
     }
-    walk(
-        lo, hi, [&](int64_t t, int64_t r_lo, int64_t r_hi) { apply[t](args[t], r_lo, r_hi); },
-        [](int64_t) {});
+    delete[] part;
   }
   for (int64_t t = 0; t < count; ++t)  // the new column maxima, once every row is coded
     for (int k = 0; k < squares; ++k)

@@ -4,7 +4,9 @@ small steps many times slower) and deterministic seeds."""
 from __future__ import annotations
 
 import os
+import struct
 import sys
+import zlib
 from collections.abc import Iterator
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -30,6 +32,40 @@ def _fresh_accelerate_state() -> Iterator[None]:
     if state is not None:
         state.AcceleratorState._reset_state(reset_partial_state=True)
         state.GradientState._reset_state()
+
+
+def _png_1x1() -> bytes:
+    """A valid 1x1 black RGB PNG (the TensorBoard tracker decodes the plots it logs)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\x00\x00\x00\x00"))
+        + chunk(b"IEND", b"")
+    )
+
+
+@pytest.fixture
+def stand_in_plots(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report's plots drawn as a 1x1 PNG each, unless the test is marked ``plots``.
+
+    matplotlib drew about 10 s of an 11 s tiny compare; the tests of compare, the CLI and
+    the property tests check nothing about the pixels, so their directories use this
+    fixture (autouse there). The report's files, names and embedded images are still
+    written; the plots themselves are tested in tests/experiment/report (marked ``plots``).
+    A fixture of a wider scope runs before this one: a report it writes draws for real.
+    """
+    if request.node.get_closest_marker("plots") is not None:
+        return
+    from mixprec.experiment.report import plots
+
+    png = _png_1x1()
+    monkeypatch.setattr(plots, "draw", lambda keys, *_args, **_kwargs: dict.fromkeys(keys, png))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

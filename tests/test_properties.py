@@ -21,6 +21,7 @@ from mixprec.cli import main
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.usefixtures("stand_in_plots"),  # no property here is about a plot's pixels
     pytest.mark.filterwarnings("ignore::mixprec.errors.PerformanceWarning"),
     pytest.mark.filterwarnings("ignore::mixprec.errors.PrecisionWarning"),
 ]

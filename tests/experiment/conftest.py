@@ -10,6 +10,12 @@ from mixprec.experiment import Contract, run_experiment
 from mixprec.policy import PRESET_NAMES
 
 
+@pytest.fixture(autouse=True)
+def _cheap_plots(stand_in_plots: None) -> None:
+    """Compares draw the report's plots by a stand-in, except in tests marked ``plots``
+    (tests/experiment/report, where the plots are tested)."""
+
+
 @pytest.fixture(scope="session")
 def every_preset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Contract, list]:  # type: ignore[type-arg]
     out = tmp_path_factory.mktemp("cmp")

@@ -19,6 +19,8 @@ from mixprec.experiment.report.view import ReportView
 from .judged import Judged
 from .judged_default import LOADED_SEEDS, SHARED_NOTE, STEPS, make_default_judged
 
+pytestmark = pytest.mark.plots  # draws the plots for real (see tests/conftest.py)
+
 PNG = b"\x89PNG\r\n\x1a\n"
 SETTINGS = {"steps": STEPS, "lr": 0.003, "min_lr": 0.003 * 0.1, "betas": [0.9, 0.95]}
 

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import mixprec
 from mixprec.experiment import Contract, decide, render
 from mixprec.experiment.report import (
@@ -20,6 +22,8 @@ from mixprec.experiment.report import (
 )
 
 from .judged import STEPS, Judged
+
+pytestmark = pytest.mark.plots  # draws the plots for real (see tests/conftest.py)
 
 
 def test_report_renders_without_display(

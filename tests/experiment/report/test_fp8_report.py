@@ -28,6 +28,8 @@ from ..test_fp8_trace import sample, stats
 from .judged import Judged
 from .judged_fp8 import BASE, GAPS, WORST, make_judged_fp8
 
+pytestmark = pytest.mark.plots  # draws the plots for real (see tests/conftest.py)
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

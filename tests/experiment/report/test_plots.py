@@ -12,6 +12,8 @@ from mixprec.experiment.report import plots
 
 from .judged import Judged
 
+pytestmark = pytest.mark.plots  # draws the plots for real (see tests/conftest.py)
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

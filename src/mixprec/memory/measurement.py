@@ -198,7 +198,7 @@ def measure(
                 def seen(g: torch.Tensor) -> None:
                     released[0] = max(released[0], _local(g).untyped_storage().nbytes())
 
-                handles.append(p.register_hook(seen))
+                handles.append(p.register_hook(seen))  # type: ignore[no-untyped-call]
     cuda = any(p.is_cuda for _, p in params)
     if cuda:
         torch.cuda.reset_peak_memory_stats()

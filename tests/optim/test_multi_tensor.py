@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from mixprec.formats import moment_format, moment_spec, resolve_master
+from mixprec.formats import moment_format, resolve_master
 from mixprec.optim import MASTER_KINDS, MOMENT_KINDS, AdamW, native, ops, step_batch
 from mixprec.optim.kernels import StepFamily, step_
 from mixprec.optim.rng import step_key
@@ -109,8 +109,6 @@ CASES = [(m, mo) for m in MASTER_KINDS for mo in MOMENT_KINDS]
 def test_one_call_per_group_is_bitwise_the_per_parameter_reference(
     master: str, moments: str, fused: bool
 ) -> None:
-    if fused and moment_spec(moments).kernel_code is None:
-        pytest.skip("no native case (int4): its compiled step is tests/formats/test_int4.py's")
     dtype = torch.float32 if master == "none" else torch.bfloat16
     kw: dict[str, Any] = {**HYPER, "master": master, "moments": moments, "seed": 5}
     kw.update(min_int8_numel=0, maximize=True)

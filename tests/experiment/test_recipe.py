@@ -73,3 +73,17 @@ def test_bad_recipes_are_refused_naming_the_value(changes: dict[str, object], me
 def test_a_contract_still_refuses_recipe_only_keys() -> None:
     with pytest.raises(ValueError, match=r"unknown contract keys \['policy', 'save_every'\]"):
         Contract.from_dict({"workload": "digits", "policy": "fp32", "save_every": 5})
+
+
+def test_an_infinite_clip_survives_recipe_json() -> None:
+    """Found in review: a bf16_lean4 run (grad_clip_norm .inf) could not resume, since
+    recipe.json is strict JSON and stored the inf as null, read back as the default 1.0."""
+    import json
+
+    from mixprec.experiment.records import strict_json
+
+    recipe = Recipe.from_dict({**SHARED, "policy": "bf16_lean4", "grad_clip_norm": float("inf")})
+    stored = json.loads(json.dumps(strict_json(recipe.to_dict()), allow_nan=False))
+    again = Recipe.from_dict(stored)
+    assert again.train["grad_clip_norm"] == float("inf") == recipe.train["grad_clip_norm"]
+    assert again == recipe

@@ -11,6 +11,7 @@ kept, and the dtype of the exported weights.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,6 +146,10 @@ class Recipe:
 
 
 def _plain(value: object) -> object:
+    # A non-finite float as text (`grad_clip_norm: inf`): recipe.json is strict JSON,
+    # where it would become null, which reads back as "not overridden".
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
     return list(value) if isinstance(value, tuple) else value
 
 

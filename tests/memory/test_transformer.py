@@ -122,3 +122,16 @@ def test_grouped_query_attention_saves_fewer_keys_and_values() -> None:
         formula[kv_heads] = estimate(shape, "bf16_master").bytes.activations
     assert measured[8] > measured[2]
     assert formula[8] - formula[2] == measured[8] - measured[2]
+
+
+def test_a_config_under_gradient_release_holds_its_largest_matrix_gradient() -> None:
+    """Found in review: from a config, released_grads was the fp32 norms' size (150 KiB
+    on GPT-2 small) where the model holds the embedding's gradient (73.6 MiB)."""
+    shape = TransformerShape(n_layer=12, hidden=768, n_head=12, vocab=50257, seq_len=128)
+    got = estimate(shape, "bf16_lean4")
+    assert got.per_rank.released_grads == 50257 * 768 * 2  # bf16, the tied embedding's
+    assert got.per_rank.grads == 0
+    # held during backward only: outside the state bytes per parameter
+    state = got.per_rank.params + got.per_rank.fp32_islands + got.per_rank.master
+    state += got.per_rank.moments
+    assert got.state_bytes_per_param == pytest.approx(state / got.params)

@@ -362,7 +362,7 @@ def _budget_table(results: Sequence[Any], world_size: int) -> str:
     if any(r.per_rank.released_grads for r in results):
         lines.append(
             "released: released_grads, gradients released in backward: at most the largest "
-            "is held at once (docs/release.md)"
+            "is held at once, during backward (in the total, not in B/param; docs/release.md)"
         )
     if fp8:
         lines.append(

@@ -191,11 +191,13 @@ class MemoryBreakdown:
 
     @property
     def state_bytes_per_param(self) -> float:
-        """Training-state bytes (everything but buffers, activations and FP8 cast
-        temporaries) of one model replica per parameter: all ranks together under FSDP2
-        (padding included), one rank otherwise."""
+        """Training-state bytes (everything but buffers and what a step holds only for a
+        while: activations, released gradients, FP8 cast temporaries) of one model
+        replica per parameter: all ranks together under FSDP2 (padding included), one
+        rank otherwise."""
         held = self.bytes if self.sharding == "fsdp" else self.per_rank
-        state = held.total - held.buffers - held.activations - held.fp8_cast_temporaries
+        transient = held.activations + held.released_grads + held.fp8_cast_temporaries
+        state = held.total - held.buffers - transient
         return state / self.params if self.params else 0.0
 
     def to_dict(self) -> dict[str, Any]:

@@ -281,7 +281,8 @@ def estimate(
         rank0, whole = rank0 + one, whole + every
 
     if pol.release_gradients:
-        rank0, whole = _released(tensors, pol, rank0, whole, world_size, notes)
+        largest = model.largest_matrix() if isinstance(model, TransformerShape) else None
+        rank0, whole = _released(tensors, pol, rank0, whole, world_size, notes, largest)
 
     # Each rank's collective buffers per step (the sum over ranks is W times this).
     comm: dict[str, int] = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
@@ -371,9 +372,12 @@ def _released(
     whole: Components,
     world_size: int,
     notes: list[str],
+    largest_matrix: int | None,
 ) -> tuple[Components, Components]:
     """Gradient release (`Policy.release_gradients`): no gradient is held between backward
-    and the step; during backward, the largest one at most (`released_grads`)."""
+    and the step; during backward, the largest one at most (`released_grads`; a
+    transformer config's largest matrix, `largest_matrix` elements, stands for its
+    aggregated matrices)."""
     if world_size > 1:
         raise ValueError(
             f"policy {pol.name!r} releases gradients, which runs in one process (DDP and "
@@ -385,7 +389,9 @@ def _released(
         for t in tensors
         if t.trainable and not t.aggregate
     ]
-    if len(sizes) < sum(t.trainable for t in tensors):
+    if largest_matrix is not None:
+        sizes.append(largest_matrix * _nbytes(pol.param_dtype))
+    elif len(sizes) < sum(t.trainable for t in tensors):
         notes.append(
             "gradients released: the largest one, held during backward, is unknown from a "
             "count (released_grads counts the known tensors only)"

@@ -101,6 +101,11 @@ class TransformerShape:
         """Width of the keys, and of the values: kv_heads x head_dim."""
         return self.kv_heads * (self.head_dim or self.hidden // self.n_head)
 
+    def largest_matrix(self) -> int:
+        """Elements of the largest single weight: the token embedding (tied or not, a
+        vocab x hidden matrix), an MLP matrix, or the query projection."""
+        return max(self.vocab * self.hidden, self.hidden * self.ffn, self.hidden * self.q_width)
+
     def param_counts(self) -> tuple[int, int]:
         """(parameters in 16-bit-eligible matrices, biases and embeddings, parameters in norms)."""
         h, f, q, kv = self.hidden, self.ffn, self.q_width, self.kv_width

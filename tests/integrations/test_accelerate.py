@@ -50,6 +50,14 @@ def test_an_accelerator_with_its_own_mixed_precision_is_refused() -> None:
         AcceleratedPrecision(acc, mixprec.Precision("bf16_master"))
 
 
+def test_a_policy_that_releases_gradients_is_refused_when_the_loop_is_built() -> None:
+    acc = accelerate.Accelerator(cpu=True)
+    with pytest.raises(
+        mixprec.PrecisionError, match=r"^AcceleratedPrecision with policy 'bf16_lean4'"
+    ):
+        AcceleratedPrecision(acc, "bf16_lean4")
+
+
 RESUME = """
 import json, sys
 import torch

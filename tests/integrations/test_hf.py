@@ -401,6 +401,9 @@ def test_other_optimizers_and_model_init_are_refused(tmp_path: Path) -> None:
     args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
     with pytest.raises(ValueError, match=r"^PrecisionTrainer needs model=\.\.\.: model_init"):
         RecordingTrainer(model_init=make_model, args=args, precision="bf16_master")
+    # Found in review: bf16_lean4 failed after the first backward had stepped every weight.
+    with pytest.raises(PrecisionError, match=r"^PrecisionTrainer with policy 'bf16_lean4': "):
+        RecordingTrainer(model=make_model(), args=args, precision="bf16_lean4")
 
 
 def test_a_transformers_without_the_private_hooks_is_refused() -> None:

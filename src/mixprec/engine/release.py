@@ -48,8 +48,9 @@ from mixprec.engine.wrappers import fsdp_modules, is_ddp
 from mixprec.errors import PrecisionError
 from mixprec.optim.rule_optimizer import RuleOptimizer
 from mixprec.optim.sharding import is_dtensor
+from mixprec.policy import Policy
 
-__all__ = ["GradientRelease", "refuse_distributed"]
+__all__ = ["GradientRelease", "refuse_distributed", "refuse_trainer"]
 
 #: A hooked parameter's entry: the parameter, its optimizer, whether its hook is on.
 _Owner = tuple["weakref.ref[torch.Tensor]", "weakref.ref[RuleOptimizer]", bool]
@@ -71,6 +72,18 @@ def refuse_distributed(
         raise PrecisionError(
             f"policy {policy!r}: {_WHY}, before DDP or FSDP2 reduce that gradient across "
             f"ranks (their reduction runs after the hook), so it is refused with them; {_FIX}"
+        )
+
+
+def refuse_trainer(policy: Policy, trainer: str) -> None:
+    """Raise `PrecisionError` for a trainer integration (`trainer`) under a policy that
+    releases gradients: the trainer runs its own backward, clipping and optimizer step,
+    where release needs `prec.backward` to step each parameter."""
+    if policy.release_gradients:
+        raise PrecisionError(
+            f"{trainer} with policy {policy.name!r}: {_WHY} inside prec.backward, and the "
+            f"trainer runs its own backward, clipping and optimizer step; {_FIX}, or your "
+            "own loop with prec.backward and prec.step (docs/release.md)"
         )
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from mixprec.engine import Precision, StepReport
+from mixprec.engine.release import refuse_trainer
 from mixprec.integrations.metrics import step_metrics
 
 __all__ = ["AcceleratedPrecision"]
@@ -48,6 +49,7 @@ class AcceleratedPrecision:
 
     def __init__(self, accelerator: Any, prec: Precision | str) -> None:
         self.prec = Precision(prec) if isinstance(prec, str) else prec
+        refuse_trainer(self.prec.policy, "AcceleratedPrecision")
         mixed = str(accelerator.mixed_precision)
         if mixed != "no":
             raise ValueError(

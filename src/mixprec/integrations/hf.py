@@ -34,6 +34,7 @@ from torch import nn
 from transformers import Trainer, TrainingArguments
 
 from mixprec.engine import Precision, StepReport
+from mixprec.engine.release import refuse_trainer
 from mixprec.errors import PrecisionError
 from mixprec.integrations.metrics import step_metrics
 from mixprec.policy import Policy
@@ -166,6 +167,7 @@ class PrecisionTrainerMixin(_TrainerBase):
     def __init__(self, *args: Any, precision: Precision | Policy | str, **kwargs: Any) -> None:
         # Set before the trainer's __init__, which builds the accelerator through us.
         self.precision = precision if isinstance(precision, Precision) else Precision(precision)
+        refuse_trainer(self.precision.policy, "PrecisionTrainer")
         super().__init__(*args, **kwargs)
         check_arguments(self.args, self.precision)
         if self.model is None or self.model_init is not None:

@@ -89,10 +89,10 @@ class RunSettings:
         released = [name for name in policies if preset(name).release_gradients]
         if released:
             raise ValueError(
-                f"{', '.join(released)} release(s) gradients during backward, before their "
+                f"{', '.join(released)}: gradients released during backward, before their "
                 f"global norm exists, so grad_clip_norm={clip} cannot apply: set "
-                "`grad_clip_norm: .inf` in a --config file (every policy then trains "
-                f"without clipping), or leave {', '.join(released)} out"
+                "`grad_clip_norm: .inf` (clips nothing) in a --config file, or train a "
+                "policy that keeps gradients (e.g. bf16_lean)"
             )
 
 

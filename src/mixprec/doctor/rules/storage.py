@@ -111,8 +111,8 @@ def optimizer_state_16bit(facts: TrainingFacts) -> list[Finding]:
             message=(
                 f"{opt.name} keeps updates at about fp32 precision (master: "
                 f"{coarse[0].master}) but stores its {state} in {', '.join(moments)}: "
-                "16-bit optimizer state is usually fine, but it loses small changes of a "
-                "running average (a second moment most) late in long runs"
+                "optimizer state narrower than fp32 is usually fine, but it loses small "
+                "changes of a running average (a second moment most) late in long runs"
             ),
             evidence={
                 **base,

@@ -59,7 +59,7 @@ def train(
         with prec.autocast():
             loss = nn.functional.cross_entropy(model(x).float(), y)
         prec.backward(loss)
-        if not prec.policy.release_gradients:  # (stepped in backward: nothing to clip)
+        if not prec.plan.release_gradients:  # (stepped in backward: nothing to clip)
             prec.clip_grad_norm_(model.parameters(), 1.0)
         prec.step(optimizer)
         optimizer.zero_grad(set_to_none=True)

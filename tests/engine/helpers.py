@@ -47,7 +47,7 @@ def train(prec: Precision, steps: int, lr: float = 1e-2) -> list[float]:
         with prec.autocast():
             loss = loss_fn(model(xb), yb)
         prec.backward(loss)
-        if not prec.policy.release_gradients:  # (each parameter was stepped in backward)
+        if not prec.plan.release_gradients:  # (each parameter was stepped in backward)
             prec.clip_grad_norm_(model.parameters(), 5.0)
         report = prec.step(opt)
         assert report.applied

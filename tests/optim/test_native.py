@@ -181,6 +181,38 @@ def _near_code_boundaries(rows: int, code_max: int, gen: torch.Generator) -> tor
     return grads
 
 
+def assert_native_codes_at_boundaries(
+    first: torch.Tensor, moments: str, maximize: bool, gen: torch.Generator
+) -> None:
+    """Three steps of AdamW (remainder8 master) on one bf16 matrix of ``first``'s shape,
+    eager against native, bitwise after each: ``first`` (gradients whose first-step moments
+    lie near the codes' rounding boundaries), random ones, then ones whose squares
+    underflow (denormal v). The last 8 rows never move (maxima of 0), and at the first step
+    the 8 before them are denormal."""
+    rows, cols = first.shape
+    start = (torch.randn(rows, cols, generator=gen) * 0.02).to(torch.bfloat16)
+    ref_p = [start.clone().requires_grad_()]
+    nat_p = [start.clone().requires_grad_()]
+    kw: dict[str, object] = {"master": "remainder8", "moments": moments, "maximize": maximize}
+    ref = AdamW(ref_p, fused=False, **kw)  # type: ignore[arg-type]
+    nat = AdamW(nat_p, fused=True, **kw)  # type: ignore[arg-type]
+    steps = [
+        first,
+        torch.randn(rows, cols, generator=gen),
+        torch.randn(rows, cols, generator=gen) * 1e-20,
+    ]
+    for step, grads in enumerate(steps):
+        grads = torch.cat([grads[: rows - 8], torch.zeros(8, cols)])
+        if step == 0:
+            grads[rows - 16 : rows - 8] *= 1e-42
+        for opt, params in ((ref, ref_p), (nat, nat_p)):
+            params[0].grad_dtype = None
+            params[0].grad = grads.clone()
+            opt.step()
+        _assert_same(ref, ref_p, nat, nat_p)
+    assert set(nat.kernel_backends().values()) == {"native"}
+
+
 @needs_native
 @pytest.mark.parametrize("maximize", [False, True])
 def test_native_int8_codes_are_bitwise_eager_at_their_rounding_boundaries(maximize: bool) -> None:
@@ -189,30 +221,12 @@ def test_native_int8_codes_are_bitwise_eager_at_their_rounding_boundaries(maximi
     ulps from every code boundary (signed and square), zero blocks (a block maximum of 0) and
     denormal moments must still give eager's codes and parameters, bitwise."""
     gen = torch.Generator().manual_seed(11)
-    rows = 48
-    start = (torch.randn(rows, 256, generator=gen) * 0.02).to(torch.bfloat16)
-    ref_p = [start.clone().requires_grad_()]
-    nat_p = [start.clone().requires_grad_()]
-    kw: dict[str, object] = {"master": "remainder8", "moments": "int8", "maximize": maximize}
-    ref = AdamW(ref_p, fused=False, **kw)  # type: ignore[arg-type]
-    nat = AdamW(nat_p, fused=True, **kw)  # type: ignore[arg-type]
     # m's codes: 127 * sqrt(|m| / max), u's: 255 * sqrt(u / max) with u = |g| sqrt(1 - beta2)
     # at the first step; later steps move the moments off the boundaries (random values).
-    steps = [
-        torch.cat([_near_code_boundaries(20, 127, gen), _near_code_boundaries(20, 255, gen)]),
-        torch.randn(rows, 256, generator=gen),
-        torch.randn(rows, 256, generator=gen) * 1e-20,  # squares underflow: denormal v
-    ]
-    for step, grads in enumerate(steps):
-        grads = torch.cat([grads[: rows - 8], torch.zeros(8, 256)])  # 8 blocks never move
-        if step == 0:
-            grads[rows - 16 : rows - 8] *= 1e-42  # denormal gradients
-        for opt, params in ((ref, ref_p), (nat, nat_p)):
-            params[0].grad_dtype = None
-            params[0].grad = grads.clone()
-            opt.step()
-        _assert_same(ref, ref_p, nat, nat_p)
-    assert set(nat.kernel_backends().values()) == {"native"}
+    first = torch.cat([_near_code_boundaries(20, 127, gen), _near_code_boundaries(20, 255, gen)])
+    assert_native_codes_at_boundaries(
+        torch.cat([first, torch.zeros(8, 256)]), "int8", maximize, gen
+    )
 
 
 @needs_native

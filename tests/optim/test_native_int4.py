@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ from mixprec.optim import MASTER_KINDS, native
 from mixprec.optim.rule_optimizer import RuleOptimizer
 from mixprec.optim.rules import RULES
 
+from .test_native import assert_native_codes_at_boundaries
 from .test_native_rules import MAKERS
 
 try:
@@ -125,3 +128,57 @@ def test_int4_steps_tensors_window_by_window_bitwise_the_eager_step() -> None:
         assert torch.equal(_bits(a), _bits(b))
         for key, value in eager.state[a].items():
             assert torch.equal(_bits(value), _bits(fast.state[b][key])), (key, a.shape)
+
+
+CODES_CHECK = Path(__file__).with_name("int4_codes_check.cpp")
+
+
+@pytest.mark.slow
+def test_the_avx512_int4_codes_are_the_scalar_codes_on_every_float(tmp_path: Path) -> None:
+    """The fast loops code int4 moments from a root estimate (signed) and a magic-sum
+    rounding (square): every float of their ranges must code as the scalar functions do
+    (int4_codes_check.cpp, built with the kernel's flags)."""
+    flags = [f for f in native.build.flag_sets()[0] if f not in ("-shared", "-fPIC", "-O3")]
+    exe = tmp_path / "check"
+    source = native.build.SOURCE
+    subprocess.run(
+        ["g++", *flags, "-O1", f"-I{source.parent}", str(CODES_CHECK), "-o", str(exe)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300, check=False)
+    if run.returncode == 2:
+        pytest.skip(run.stdout.strip())
+    assert run.returncode == 0, run.stdout
+    assert run.stdout.endswith(" 0 differ\n")
+
+
+def _near_int4_boundaries(rows: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows of 256 gradients whose first-step moments land within a few ulps of an int4
+    code's rounding boundary: element 0 of each block of 128 and of each column (on row
+    `column % rows`) is 1.0, the largest, so the signed code is rint(7 * sqrt(|g|)) and the
+    square code rint(16 * g**2) - 1; each other element sits near one of either (chosen
+    at random), nudged by -8..8 ulps, with a random sign."""
+    cols = 256
+    k_signed = torch.randint(0, 7, (rows, cols), generator=gen).double()
+    signed = ((k_signed + 0.5) / 7) ** 2
+    k_square = torch.randint(0, 16, (rows, cols), generator=gen).double()
+    square = ((k_square + 0.5) / 16) ** 0.5
+    value = torch.where(torch.rand(rows, cols, generator=gen) < 0.5, signed, square)
+    ulps = torch.randint(-8, 9, (rows, cols), generator=gen).double()
+    grads = (value * (1.0 + ulps * 2.0**-23)).float()
+    grads = grads * (torch.randint(0, 2, (rows, cols), generator=gen) * 2 - 1)
+    grads[:, ::128] = 1.0
+    grads[torch.arange(cols) % rows, torch.arange(cols)] = 1.0
+    return grads
+
+
+@pytest.mark.parametrize("maximize", [False, True])
+def test_int4_codes_are_bitwise_eager_at_their_rounding_boundaries(maximize: bool) -> None:
+    """The AVX-512 int4 loop rounds the signed codes' roots from an estimate (rsqrt14, no
+    Newton step) and the square codes by a magic sum: moments a few ulps from every code
+    boundary, rows that never move (maxima of 0) and squares that underflow to subnormals
+    (an infinite factor) give eager's codes and parameters, bitwise."""
+    gen = torch.Generator().manual_seed(11)
+    assert_native_codes_at_boundaries(_near_int4_boundaries(48, gen), "int4", maximize, gen)

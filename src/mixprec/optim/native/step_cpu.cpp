@@ -7,15 +7,17 @@
 // masters/*, moments/*) so results are bitwise identical to it for finite
 // values (tests/optim/test_native*.py check every family; NaN payloads, and
 // int8 codes computed from NaN moments, may differ: callers never apply a
-// non-finite step). Plain C++ that GCC vectorizes, with two intrinsic paths
-// behind guards so it builds on any CPU the compiler targets: the streaming
-// store of the fp32 master's bf16 parameter (stream_lines: __AVX512F__ /
-// __AVX__ / __SSE2__, else memcpy) and the Kahan master's loop with fp32
-// moments (kahan_fp32_avx512: __AVX512F__ and __AVX512BF16__, else the generic
-// loop), both AdamW's, and int4's table lookups (formats/moments/int4.h:
-// __AVX512F__, else plain loops). AdamW has fused loops per master, moment format and
-// dtypes; the other rules share staged loops (below: "Every other rule"); int4
-// moments take two passes over rows (below: "int4 moments").
+// non-finite step). Plain C++ that GCC vectorizes, with intrinsic paths behind
+// guards so it builds on any CPU the compiler targets: the streaming store of the
+// fp32 master's bf16 parameter (stream_lines: __AVX512F__ / __AVX__ / __SSE2__, else
+// memcpy), the Kahan master's loop with fp32 moments (kahan_fp32_avx512: __AVX512F__
+// and __AVX512BF16__, else the generic loop), int4's table lookups
+// (formats/moments/int4.h: __AVX512F__, else plain loops), and AdamW's loops for the
+// remainder8 master over bf16 parameters with int8 or int4 moments
+// (MIXPREC_INT8_AVX512: AVX-512 F, BW and VBMI, else the generic loops). AdamW has
+// fused loops per master, moment format and dtypes; the other rules share staged
+// loops (below: "Every other rule"); int4 moments take two passes over rows (below:
+// "int4 moments").
 //
 // Layout of the pointers (see mixprec/optim/native/binding.py):
 //   master state s0, s1: fp32 master | exact: remainder_hi, remainder_lo (int8)
@@ -411,20 +413,13 @@ void dense_range(const Args& args, int64_t lo, int64_t hi) {
 }
 
 #if defined(MIXPREC_INT8_AVX512)
-// One element per lane of int8_rem8_avx512: decodes its codes, master and gradient,
-// updates it, stores its new m and clamped u into the block's buffers and takes them
-// into the block maxima; returns the rounded bits r of MasterCodec<M_REM8>::encode
-// (without its mask) for the caller to split and store.
+// The AdamW update of 16 elements from i on with the remainder8 master over bf16
+// parameters, from their decoded moments m and v (updated in place; u: the new
+// sqrt(v)): MasterCodec<M_REM8>'s decode, Math::apply, and the rounded bits r of its
+// encode (without its mask), which rem8_store32 splits and stores.
 template <int GDT>
-inline __m512i int8_rem8_lanes(const Args& a, const Math& k, int64_t i, float ms, float us,
-                               float* mloc, float* uloc, __m512& mmax, __m512& umax) {
-  const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(a.mo[0]) + i))));
-  __m512 m = (q * _mm512_abs_ps(q)) * ms;
-  const __m512 qv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(a.mo[2]) + i))));
-  const __m512 ub = (qv * qv) * us;
-  __m512 v = ub * ub;
+inline __m512i rem8_adamw16(const Args& a, const Math& k, int64_t i, __m512& m, __m512& v,
+                            __m512& u) {
   const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
                                            reinterpret_cast<const __m256i*>(
                                                static_cast<const uint16_t*>(a.param) + i))),
@@ -438,8 +433,38 @@ inline __m512i int8_rem8_lanes(const Args& a, const Math& k, int64_t i, float ms
                            : bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
                                  static_cast<const uint16_t*>(a.grad) + i)));
   g = g * a.grad_sign;
-  __m512 u;
   k.apply(p, g, m, v, u);
+  // canon: a NaN (fpclass quiet or signalling) -> 0x7FC00000.
+  const __m512i b = _mm512_mask_mov_epi32(_mm512_castps_si512(p), _mm512_fpclass_ps_mask(p, 0x81),
+                                          _mm512_set1_epi32(0x7FC00000));
+  return _mm512_add_epi32(b, _mm512_and_si512(_mm512_srli_epi32(b, 8), _mm512_set1_epi32(1)));
+}
+
+// MasterCodec<M_REM8>::encode's split of 32 elements from i on (r0: the first 16):
+// the parameter (r + 0x807F) >> 16, the remainder byte 1 of r + 127.
+inline void rem8_store32(const Args& a, int64_t i, __m512i r0, __m512i r1) {
+  const __m512i c0 = _mm512_set1_epi32(0x807F), c1 = _mm512_set1_epi32(127);
+  _mm512_storeu_si512(static_cast<uint16_t*>(a.param) + i,
+                      high_halves32(_mm512_add_epi32(r0, c0), _mm512_add_epi32(r1, c0)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<int8_t*>(a.s0) + i),
+                      byte_of_lanes32<1>(_mm512_add_epi32(r0, c1), _mm512_add_epi32(r1, c1)));
+}
+
+// One element per lane of int8_rem8_avx512: decodes its codes, updates it
+// (rem8_adamw16), stores its new m and clamped u into the block's buffers and takes
+// them into the block maxima; returns rem8_adamw16's bits.
+template <int GDT>
+inline __m512i int8_rem8_lanes(const Args& a, const Math& k, int64_t i, float ms, float us,
+                               float* mloc, float* uloc, __m512& mmax, __m512& umax) {
+  const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(a.mo[0]) + i))));
+  __m512 m = (q * _mm512_abs_ps(q)) * ms;
+  const __m512 qv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(a.mo[2]) + i))));
+  const __m512 ub = (qv * qv) * us;
+  __m512 v = ub * ub;
+  __m512 u;
+  const __m512i r = rem8_adamw16<GDT>(a, k, i, m, v, u);
   u = _mm512_min_ps(_mm512_set1_ps(kUMax), u);  // kUMax < u ? kUMax : u (NaN stays NaN)
   _mm512_storeu_ps(mloc, m);
   _mm512_storeu_ps(uloc, u);
@@ -447,10 +472,7 @@ inline __m512i int8_rem8_lanes(const Args& a, const Math& k, int64_t i, float ms
   // cleared (for numbers, the larger of the bits without the sign, as int8_range).
   mmax = _mm512_range_ps(mmax, m, 0x0B);
   umax = _mm512_range_ps(umax, u, 0x0B);
-  // canon: a NaN (fpclass quiet or signalling) -> 0x7FC00000.
-  const __m512i b = _mm512_mask_mov_epi32(_mm512_castps_si512(p), _mm512_fpclass_ps_mask(p, 0x81),
-                                          _mm512_set1_epi32(0x7FC00000));
-  return _mm512_add_epi32(b, _mm512_and_si512(_mm512_srli_epi32(b, 8), _mm512_set1_epi32(1)));
+  return r;
 }
 
 // int8_range's decode and update loops in one, 32 elements at a time, for the
@@ -463,21 +485,13 @@ template <int GDT>
 inline int64_t int8_rem8_avx512(const Args& a, const Math& k, int64_t base, int64_t bs,
                                 float ms, float us, float* mloc, float* uloc, uint32_t& mbits,
                                 uint32_t& ubits) {
-  uint16_t* const param = static_cast<uint16_t*>(a.param) + base;
-  int8_t* const rem = static_cast<int8_t*>(a.s0) + base;
   __m512 mmax = _mm512_setzero_ps(), umax = _mm512_setzero_ps();
   int64_t j = 0;
   for (; j + 32 <= bs; j += 32) {
     const __m512i r0 = int8_rem8_lanes<GDT>(a, k, base + j, ms, us, mloc + j, uloc + j, mmax, umax);
     const __m512i r1 =
         int8_rem8_lanes<GDT>(a, k, base + j + 16, ms, us, mloc + j + 16, uloc + j + 16, mmax, umax);
-    // MasterCodec<M_REM8>::encode's split: the parameter (r + 0x807F) >> 16, the
-    // remainder byte 1 of r + 127.
-    const __m512i c0 = _mm512_set1_epi32(0x807F), c1 = _mm512_set1_epi32(127);
-    _mm512_storeu_si512(param + j,
-                        high_halves32(_mm512_add_epi32(r0, c0), _mm512_add_epi32(r1, c0)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(rem + j),
-                        byte_of_lanes32<1>(_mm512_add_epi32(r0, c1), _mm512_add_epi32(r1, c1)));
+    rem8_store32(a, base + j, r0, r1);
   }
   mbits = static_cast<uint32_t>(_mm512_reduce_max_epu32(_mm512_castps_si512(mmax)));
   ubits = static_cast<uint32_t>(_mm512_reduce_max_epu32(_mm512_castps_si512(umax)));
@@ -950,6 +964,43 @@ void int4_apply(const Args& args, int64_t row_lo, int64_t row_hi) {
   }
 }
 
+#if defined(MIXPREC_INT8_AVX512)
+// int4_adamw_apply's block of 128 elements from s on for the remainder8 master over bf16
+// parameters, 32 elements at a time: the old codes decoded where they are read (the
+// lookups of int4_decode_signed and int4_decode_square, whose row maximum `row_max` is
+// not NaN), the update of rem8_adamw16, and each new v coded at once with the new
+// maxima (int4_encode_square's codes: `col_f` and `colmax` point at the block's first
+// column). The new m go to mloc: their signed codes need the block's absmax, whose
+// bits are returned.
+template <int GDT>
+inline uint32_t int4_rem8_block(const Args& a, const Math& k, int64_t s, float absmax,
+                                float row_max, const float* colmax, float row_f,
+                                const float* col_f, float* mloc) {
+  const uint8_t* const mq = static_cast<const uint8_t*>(a.mo[0]) + s / 2;
+  uint8_t* const vq = static_cast<uint8_t*>(a.mo[2]) + s / 2;
+  const __m512 mtable = int4_signed_table(absmax), levels = int4_square_levels();
+  const __m512 rv = _mm512_set1_ps(row_max), rf = _mm512_set1_ps(row_f);
+  __m512 mmax = _mm512_setzero_ps();
+  for (int64_t j = 0; j < kInt4Block; j += 32) {
+    __m512i bits[2], codes[2];
+    for (int h = 0; h < 2; ++h) {
+      const int64_t t = j + 16 * h;
+      __m512 m = int4_lookup16(mq + t / 2, mtable);
+      __m512 v = _mm512_mul_ps(int4_lookup16(vq + t / 2, levels),
+                               _mm512_min_ps(rv, _mm512_loadu_ps(colmax + t)));  // r < c ? r : c
+      __m512 u;
+      bits[h] = rem8_adamw16<GDT>(a, k, s + t, m, v, u);
+      _mm512_store_ps(mloc + t, m);
+      mmax = _mm512_range_ps(mmax, m, 0x0B);  // as int8_rem8_lanes
+      codes[h] = int4_square_code16(v, rf, _mm512_loadu_ps(col_f + t));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(vq + j / 2), int4_pack32(codes[0], codes[1]));
+    rem8_store32(a, s + j, bits[0], bits[1]);
+  }
+  return static_cast<uint32_t>(_mm512_reduce_max_epu32(_mm512_castps_si512(mmax)));
+}
+#endif
+
 // int4_apply for AdamW with the master and dtypes inlined, int8_range's structure: the
 // block's moments decoded into L1, one loop of Math::apply (rule_math's AdamW, in its
 // order), then encoded.
@@ -967,6 +1018,8 @@ void int4_adamw_apply(const Args& args, int64_t row_lo, int64_t row_hi) {
   alignas(64) float mloc[kInt4Block], vloc[kInt4Block];
   for (int64_t r = row_lo; r < row_hi; ++r) {
     const float row_f = int4_square_factor(x.rowmax[0][r]);
+    const float row_max = rmax[r];  // the old maximum (decoding), replaced after the row
+    const bool fast_row = row_max == row_max;  // a NaN one takes int4_decode_square's path
     for (int64_t c = 0; c < cols; c += kInt4Block) {
       const int64_t s = r * cols + c;
       if (s + kInt4Prefetch < a.n) {
@@ -978,6 +1031,17 @@ void int4_adamw_apply(const Args& args, int64_t row_lo, int64_t row_hi) {
         prefetch_run(mq + f / 2, kInt4Block / 2, true);
         prefetch_run(vq + f / 2, kInt4Block / 2, true);
       }
+#if defined(MIXPREC_INT8_AVX512)
+      if constexpr (MASTER == M_REM8 && PDT == DT_BF16) {
+        if (fast_row) {
+          const uint32_t bits = int4_rem8_block<GDT>(a, k, s, mabs[s / kInt4Block], row_max,
+                                                     cmax + c, row_f, x.col_f[0] + c, mloc);
+          int4_encode_signed_codes(mloc, kInt4Block, bitsf(bits), mq + s / 2);
+          mabs[s / kInt4Block] = bitsf(bits);
+          continue;
+        }
+      }
+#endif
       int4_decode_signed(mq + s / 2, mabs[s / kInt4Block], kInt4Block, mloc);
       int4_decode_square(vq + s / 2, rmax[r], cmax + c, kInt4Block, vloc);
       uint32_t mbits = 0;

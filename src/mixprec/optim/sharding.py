@@ -32,11 +32,9 @@ __all__ = [
     "int8_blocks_fit",
     "int8_shards_fit",
     "is_dtensor",
-    "is_sharded",
     "local",
     "max_over",
     "replicate_like",
-    "shard_count",
     "shard_like",
     "write_version",
 ]
@@ -176,21 +174,15 @@ def int8_blocks_fit(param: torch.Tensor, block_size: int, scale_shape: tuple[int
     return int8_shards_fit(tuple(param.shape), block_size, scale_shape, mesh.size(sharded[0]))
 
 
-def shard_count(t: torch.Tensor) -> int:
-    """Over how many ranks DTensor `t` is split (1 for plain or replicated tensors)."""
-    if not is_dtensor(t):
-        return 1
+def _split_dims(t: torch.Tensor) -> list[int]:
+    """The mesh dims over which DTensor `t` is split (Shard placements over more than
+    one rank)."""
     mesh = t.device_mesh  # type: ignore[attr-defined]
-    count = 1
-    for i, placement in enumerate(t.placements):  # type: ignore[attr-defined]
-        if isinstance(placement, Shard):
-            count *= mesh.size(i)
-    return count
-
-
-def is_sharded(t: torch.Tensor) -> bool:
-    """Whether DTensor `t` is split over more than one rank."""
-    return shard_count(t) > 1
+    return [
+        i
+        for i, p in enumerate(t.placements)  # type: ignore[attr-defined]
+        if isinstance(p, Shard) and mesh.size(i) > 1
+    ]
 
 
 def column_group(t: torch.Tensor) -> Any:
@@ -200,12 +192,8 @@ def column_group(t: torch.Tensor) -> Any:
     dim (callers keep such tensors off formats with column statistics)."""
     if not is_dtensor(t):
         return None
-    split = [i for i, p in enumerate(t.placements) if isinstance(p, Shard)]  # type: ignore[attr-defined]
-    mesh = t.device_mesh  # type: ignore[attr-defined]
-    split = [i for i in split if mesh.size(i) > 1]
-    if not split:
-        return None
-    return mesh.get_group(split[0])
+    split = _split_dims(t)
+    return t.device_mesh.get_group(split[0]) if split else None  # type: ignore[attr-defined]
 
 
 def column_stats_fit(t: torch.Tensor) -> bool:
@@ -213,15 +201,7 @@ def column_stats_fit(t: torch.Tensor) -> bool:
     DTensor split on dim 0 over at most one mesh dim."""
     if not is_dtensor(t):
         return True
-    if not _dim0_only(t):
-        return False
-    mesh = t.device_mesh  # type: ignore[attr-defined]
-    split = [
-        i
-        for i, p in enumerate(t.placements)  # type: ignore[attr-defined]
-        if isinstance(p, Shard) and mesh.size(i) > 1
-    ]
-    return len(split) <= 1
+    return _dim0_only(t) and len(_split_dims(t)) <= 1
 
 
 def max_over(group: Any) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-from mixprec.optim import MASTER_KINDS, native
+from mixprec.optim import native
 from mixprec.optim.rule_optimizer import RuleOptimizer
 from mixprec.optim.rules import RULES
 
 from .test_native import assert_native_codes_at_boundaries
-from .test_native_rules import MAKERS
+from .test_native_rules import MAKERS, PARAM_KINDS, param_groups
 
 try:
     native.library()
@@ -27,25 +27,14 @@ pytestmark = pytest.mark.skipif(not HAVE_NATIVE, reason=f"native kernel unavaila
 # Rows of 256 (16 rows a work item), rows longer than a work item (65 blocks), a 3-D
 # parameter (cols 256), and a tensor that keeps fp32 moments.
 SHAPES = [(64, 256), (3, 8320), (24, 4, 64), (300,)]
-#: Every master with bf16 parameters, and fp32 parameters without one.
-PARAM_KINDS = [(master, torch.bfloat16) for master in MASTER_KINDS] + [("none", torch.float32)]
 STEPS = 4
 SKIPPED = 2  # the step at which the first parameter of each group has no gradient
 
 
 def _groups(seed: int) -> list[dict[str, Any]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        {
-            "params": [
-                (torch.randn(s, generator=gen) * 2).to(dtype).requires_grad_() for s in SHAPES
-            ],
-            "master": master,
-            "moments": "int4",
-            "maximize": i % 2 == 1,  # every other group
-        }
-        for i, (master, dtype) in enumerate(PARAM_KINDS)
-    ]
+    # int4 moments for every kind, maximize in every other group
+    kinds = [(kind, "int4", i % 2 == 1) for i, kind in enumerate(PARAM_KINDS)]
+    return param_groups(seed, SHAPES, kinds)
 
 
 def _set_grads(opt: RuleOptimizer, step: int) -> None:

@@ -49,19 +49,29 @@ STEPS = 4
 SKIPPED = 2  # the step at which the first parameter of each group has no gradient
 
 
-def _groups(seed: int) -> list[dict[str, Any]]:
+def param_groups(
+    seed: int,
+    shapes: list[tuple[int, ...]],
+    kinds: list[tuple[tuple[str, torch.dtype], str, bool]],
+) -> list[dict[str, Any]]:
+    """A group of parameters of `shapes` (random, seeded) per ((master, dtype), moments,
+    maximize) of `kinds`."""
     gen = torch.Generator().manual_seed(seed)
     return [
         {
             "params": [
-                (torch.randn(s, generator=gen) * 2).to(dtype).requires_grad_() for s in SHAPES
+                (torch.randn(s, generator=gen) * 2).to(dtype).requires_grad_() for s in shapes
             ],
             "master": master,
             "moments": moments,
             "maximize": maximize,
         }
-        for (master, dtype), moments, maximize in GROUP_KINDS
+        for (master, dtype), moments, maximize in kinds
     ]
+
+
+def _groups(seed: int) -> list[dict[str, Any]]:
+    return param_groups(seed, SHAPES, GROUP_KINDS)
 
 
 def _params(opt: RuleOptimizer) -> list[torch.Tensor]:

@@ -178,6 +178,14 @@ def _amp_policy(**changes: object) -> Policy:
     return _released("amp_fp16", loss_scaling=scaling, **changes)
 
 
+def _inf_injector(params: list[torch.Tensor], at: int | None) -> dict[str, bool]:
+    """A switch (``["on"]``) that makes the gradient of ``params[at]`` all inf."""
+    inject = {"on": False}
+    if at is not None:
+        params[at].register_hook(lambda g: torch.full_like(g, math.inf) if inject["on"] else g)
+    return inject
+
+
 def _grad_scaler_run(
     inject_at: int | None, bad_step: int
 ) -> Iterator[tuple[list[torch.Tensor], float]]:
@@ -187,11 +195,7 @@ def _grad_scaler_run(
     opt = mixprec.optim.AdamW(model.parameters(), lr=1e-2)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
     params = list(model.parameters())
-    inject = {"on": False}
-    if inject_at is not None:
-        params[inject_at].register_hook(
-            lambda g: torch.full_like(g, math.inf) if inject["on"] else g
-        )
+    inject = _inf_injector(params, inject_at)
     for step in range(STEPS):
         inject["on"] = step == bad_step
         x, y = _batch(step)
@@ -212,11 +216,7 @@ def _released_run(
     model = prec.prepare(_model())
     opt = prec.optimizer(model, lr=1e-2)
     params = list(model.parameters())
-    inject = {"on": False}
-    if inject_at is not None:
-        params[inject_at].register_hook(
-            lambda g: torch.full_like(g, math.inf) if inject["on"] else g
-        )
+    inject = _inf_injector(params, inject_at)
     for step in range(STEPS):
         inject["on"] = step == bad_step
         prec.backward(_loss(prec, model, step))

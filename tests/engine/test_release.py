@@ -301,10 +301,20 @@ def test_accumulation_is_refused() -> None:
         _released("bf16_lean", grad_accum_dtype=torch.float32)
 
 
-def test_a_backward_outside_prec_backward_is_refused() -> None:
-    prec, model, _ = _ready()
+def test_a_backward_outside_prec_backward_is_refused_and_leaves_no_gradient() -> None:
+    """The refused backward's gradient is not kept for the next step to add to its own:
+    that step is bitwise one that never saw it."""
+    prec, model, opt = _ready()
     with pytest.raises(PrecisionError, match=r"outside prec.backward"):
         _loss(prec, model, 0).backward()
+    assert all(p.grad is None for p in model.parameters())
+    prec.backward(_loss(prec, model, 1))
+    prec.step(opt)
+    ref_prec, ref_model, ref_opt = _ready()
+    ref_prec.backward(_loss(ref_prec, ref_model, 1))
+    ref_prec.step(ref_opt)
+    for a, b in zip(model.parameters(), ref_model.parameters(), strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 @pytest.mark.parametrize(

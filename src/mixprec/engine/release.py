@@ -180,6 +180,7 @@ class GradientRelease:
     def _take(self, p: torch.Tensor) -> None:
         """`p`'s hook: its gradient is complete (see `_release`)."""
         if not self._in_backward:
+            p.grad = None  # refused, so not kept for the next step to add to its own
             self._refuse_outside()
         owner = self._owners.get(id(p))
         optimizer = None if owner is None or owner[0]() is not p else owner[1]()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -119,24 +120,27 @@ def test_int4_steps_tensors_window_by_window_bitwise_the_eager_step() -> None:
             assert torch.equal(_bits(value), _bits(fast.state[b][key])), (key, a.shape)
 
 
-CODES_CHECK = Path(__file__).with_name("int4_codes_check.cpp")
+CODES_CHECK = Path(__file__).with_name("native_codes_check.cpp")
 
 
 @pytest.mark.slow
-def test_the_avx512_int4_codes_are_the_scalar_codes_on_every_float(tmp_path: Path) -> None:
-    """The fast loops code int4 moments from a root estimate (signed) and a magic-sum
-    rounding (square): every float of their ranges must code as the scalar functions do
-    (int4_codes_check.cpp, built with the kernel's flags)."""
+def test_the_avx512_codes_are_the_scalar_codes_on_every_float(tmp_path: Path) -> None:
+    """The fast loops code int8 and int4 moments from root estimates and magic sums:
+    every float of their ranges must code as the scalar functions do
+    (native_codes_check.cpp, built with the kernel's flags)."""
     flags = [f for f in native.build.flag_sets()[0] if f not in ("-shared", "-fPIC", "-O3")]
     exe = tmp_path / "check"
     source = native.build.SOURCE
     subprocess.run(
-        ["g++", *flags, "-O1", f"-I{source.parent}", str(CODES_CHECK), "-o", str(exe)],
+        ["g++", *flags, "-O2", f"-I{source.parent}", str(CODES_CHECK), "-o", str(exe)],
         check=True,
         capture_output=True,
         timeout=300,
     )
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300, check=False)
+    env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1)}  # it splits its ranges
+    run = subprocess.run(
+        [str(exe)], capture_output=True, text=True, timeout=300, check=False, env=env
+    )
     if run.returncode == 2:
         pytest.skip(run.stdout.strip())
     assert run.returncode == 0, run.stdout

@@ -184,10 +184,11 @@ constexpr float kMagic = 12582912.0f;  // 1.5 * 2**23
 // (relative error < 2**-14) and one Newton step (then < 2**-20: absolute < 2**-11
 // below 512), so its rounding to an integer is the exact root's unless it lies within
 // 2**-9 of a half integer; those lanes (about 0.4%), and NaN or infinite x, take
-// vsqrtps. code_signed16 and code_square16 were checked against code_signed and
-// code_square on every float of magnitude up to 2**18, both signs. The square code
-// keeps vsqrtps: with one root on each path the divider and the vector ports are about
-// equally busy (both roots estimated was slower).
+// vsqrtps. code_signed16 and code_square16 are checked against code_signed and
+// code_square on every float of magnitude up to 2**18, both signs
+// (tests/optim/native_codes_check.cpp). The square code keeps vsqrtps: with one root
+// on each path the divider and the vector ports are about equally busy (both roots
+// estimated was slower).
 inline __m512i rint_sqrt16_estimated(__m512 x, __m512 sign) {
   const __m512 half = _mm512_set1_ps(0.5f);
   const __m512 magic = _mm512_set1_ps(kMagic);
@@ -198,17 +199,15 @@ inline __m512i rint_sqrt16_estimated(__m512 x, __m512 sign) {
   s = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NEQ_UQ), s);
   s = _mm512_or_ps(s, sign);
   __m512 t = _mm512_add_ps(s, magic);
-  const __m512 off = _mm512_abs_ps(_mm512_sub_ps(s, _mm512_sub_ps(t, magic)));
-  // 0.5 - 2**-9; NaN (x infinite or NaN) compares false and takes the exact root.
+  // s - rint(s) (vreduceps, nearest even); 0.5 - 2**-9; NaN (x infinite or NaN)
+  // compares false and takes the exact root.
+  const __m512 off = _mm512_abs_ps(_mm512_reduce_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   const __mmask16 sure = _mm512_cmp_ps_mask(off, _mm512_set1_ps(0.498046875f), _CMP_LE_OQ);
   if (__builtin_expect(sure != 0xFFFF, 0)) {
     const __m512 exact = _mm512_add_ps(_mm512_or_ps(_mm512_sqrt_ps(x), sign), magic);
     t = _mm512_mask_mov_ps(t, static_cast<__mmask16>(~sure), exact);
   }
   return _mm512_castps_si512(t);
-}
-inline __m512i rint_sqrt16_exact(__m512 x) {
-  return _mm512_castps_si512(_mm512_add_ps(_mm512_sqrt_ps(x), _mm512_set1_ps(kMagic)));
 }
 // code_signed and code_square of 16 lanes, in the low byte of each 32-bit lane. The
 // signed code: its sign is put on the root before the magic sum (1.5 * 2**23 keeps
@@ -220,11 +219,10 @@ inline __m512i code_signed16(__m512 m, __m512 f) {
   return rint_sqrt16_estimated(_mm512_mul_ps(_mm512_abs_ps(m), f), sign);
 }
 inline __m512i code_square16(__m512 u, __m512 f) {
-  const __m512i q = rint_sqrt16_exact(_mm512_mul_ps(u, f));
-  const __mmask16 one =
-      _mm512_cmp_epi32_mask(q, _mm512_castps_si512(_mm512_set1_ps(kMagic)), _MM_CMPINT_EQ) &
-      _mm512_cmp_ps_mask(u, _mm512_setzero_ps(), _CMP_GT_OQ);
-  return _mm512_mask_mov_epi32(q, one, _mm512_set1_epi32(1));
+  // code 1 for a positive u whose root rounds to 0: the sum raised to kMagic + 1 there
+  const __m512 t = _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(u, f)), _mm512_set1_ps(kMagic));
+  const __mmask16 positive = _mm512_cmp_ps_mask(u, _mm512_setzero_ps(), _CMP_GT_OQ);
+  return _mm512_castps_si512(_mm512_mask_max_ps(t, positive, t, _mm512_set1_ps(kMagic + 1.0f)));
 }
 // Byte `k` of each 32-bit lane of a, then of b: 32 bytes in one permute (vpmovdb
 // takes two micro-operations for 16).

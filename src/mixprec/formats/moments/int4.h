@@ -27,7 +27,7 @@ inline __m512 int4_square_levels() {
 }
 #endif
 
-// The AVX-512 helpers of int8's fast loop (MIXPREC_INT8_AVX512: BW and VBMI too).
+// Helpers of the AVX-512 loops (MIXPREC_INT8_AVX512, as int8's: AVX-512 F, BW and VBMI).
 #if defined(MIXPREC_INT8_AVX512)
 // 32 codes, the low nibble of each 32-bit lane of c0 then c1, packed into 16 bytes: per
 // 64-bit lane, the even element's nibble and the odd one's shifted beside it (bits 0-3
@@ -62,7 +62,7 @@ inline __m512 int4_lookup16(const uint8_t* packed, __m512 table) {
 // 7.0001 * (2**-14 + 2**-24) < 2**-11 of the exact root, and an estimate at least 2**-9
 // from a half integer rounds as the exact root and as its float (within 2**-22 of it);
 // the other lanes, and NaN or infinite x, take vsqrtps. Checked against
-// int4_signed_code on every float x in [0, 64] (tests/optim/test_native_int4.py).
+// int4_signed_code on every float x in [0, 64] (tests/optim/native_codes_check.cpp).
 inline __m512i int4_code_signed16(__m512 m, __m512 f) {
   const __m512 sign = _mm512_and_ps(m, _mm512_set1_ps(-0.0f));
   const __m512 x = _mm512_mul_ps(_mm512_abs_ps(m), f);
@@ -87,8 +87,10 @@ inline __m512i int4_code_signed16(__m512 m, __m512 f) {
 // max(rf, cf) is at most 16 * (1 + 2**-21) for a v no larger than its row's and
 // column's maxima (which are maxima of these stored values), so rint(x) <= 16 and the
 // code is max(rint(x), 1) - 1, with rint from the magic sum (kMagic's low bits are 0).
-// vmaxps returns its second operand for a NaN x (a v of 0 times an infinite factor, the
-// maximum subnormal): code 0, as the scalar's conversion gives; an infinite x gives 15.
+// vmaxps returns its second operand for a NaN x (a v of 0 times the infinite factor of a
+// tiny subnormal maximum): code 0, as the scalar's conversion gives; an infinite x, 15.
+// Checked against int4_square_code on every float x in [0, 16.5)
+// (tests/optim/native_codes_check.cpp).
 inline __m512i int4_square_code16(__m512 v, __m512 rf, __m512 cf) {
   const __m512 x = _mm512_mul_ps(_mm512_min_ps(_mm512_set1_ps(kInt4VMax), v), _mm512_max_ps(rf, cf));
   const __m512 t = _mm512_max_ps(_mm512_add_ps(x, _mm512_set1_ps(kMagic)), _mm512_set1_ps(kMagic + 1.0f));
@@ -228,7 +230,7 @@ inline void int4_encode_square(const float* v, float row_f, const float* col_f, 
 #if defined(MIXPREC_INT8_AVX512)
   const __m512 rf = _mm512_set1_ps(row_f);
   for (; j + 32 <= n; j += 32)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + j / 2), 
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + j / 2),
                      int4_pack32(int4_square_code16(_mm512_loadu_ps(v + j), rf, _mm512_loadu_ps(col_f + j)),
                                  int4_square_code16(_mm512_loadu_ps(v + j + 16), rf,
                                                     _mm512_loadu_ps(col_f + j + 16))));

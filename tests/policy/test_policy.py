@@ -226,6 +226,9 @@ def test_replace_revalidates() -> None:
     with pytest.raises(ValueError, match="needs bf16 params"):
         preset("bf16_master").replace(param_dtype=FP16)
     assert preset("bf16_master").replace(moments="int8").name == "custom"
+    # a replace that changes nothing keeps the name (refusals then name the preset)
+    assert preset("bf16_lean4").replace(release_gradients=True).name == "bf16_lean4"
+    assert preset("bf16_lean4").replace(release_gradients=False).name == "custom"
 
 
 def _caps(**kw: object) -> DeviceCaps:

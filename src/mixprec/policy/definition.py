@@ -297,8 +297,10 @@ class Policy:
 
     def replace(self, **changes: Any) -> Policy:
         """A copy with some fields changed (validated again); name becomes ``custom``
-        unless given."""
-        changes.setdefault("name", "custom")
+        unless given, or unless no field changes (``bf16_lean4.replace(
+        release_gradients=True)`` is still ``bf16_lean4``)."""
+        if any(getattr(self, field) != value for field, value in changes.items()):
+            changes.setdefault("name", "custom")
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -318,17 +319,28 @@ def test_a_backward_outside_prec_backward_is_refused_and_leaves_no_gradient() ->
 
 
 @pytest.mark.parametrize(
-    "build",
+    ("build", "name"),
     [
-        lambda prec, model: prec.optimizer(model, optimizer=torch.optim.SGD, lr=0.1),
-        lambda prec, model: prec.register(torch.optim.SGD(model.parameters(), lr=0.1)),
+        (
+            lambda prec, model: prec.optimizer(model, optimizer=torch.optim.SGD, lr=0.1),
+            "mixprec.optim.mastered.Mastered",
+        ),
+        (
+            lambda prec, model: prec.register(torch.optim.AdamW(model.parameters(), lr=0.1)),
+            "torch.optim.adamw.AdamW",  # not to be read as mixprec's AdamW
+        ),
     ],
     ids=["mastered", "torch"],
 )
-def test_other_optimizers_are_refused(build: Callable[[Precision, nn.Module], object]) -> None:
+def test_other_optimizers_are_refused(
+    build: Callable[[Precision, nn.Module], object], name: str
+) -> None:
     prec = Precision(_released("fp32"))
     model = prec.prepare(_model())
-    with pytest.raises(PrecisionError, match=r"mixprec's own optimizers .*AdamW, Adam, SGD, Lion"):
+    with pytest.raises(
+        PrecisionError,
+        match=rf"mixprec's own optimizers .*AdamW, Adam, SGD, Lion\); {re.escape(name)} cannot",
+    ):
         build(prec, model)
 
 

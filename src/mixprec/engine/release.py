@@ -126,7 +126,8 @@ class GradientRelease:
         if not isinstance(optimizer, RuleOptimizer):
             raise PrecisionError(
                 f"policy {self.policy_name!r}: {_WHY}, alone, through mixprec's own "
-                f"optimizers (AdamW, Adam, SGD, Lion); {type(optimizer).__name__} cannot do "
+                f"optimizers (mixprec.optim.AdamW, Adam, SGD, Lion); "
+                f"{type(optimizer).__module__}.{type(optimizer).__qualname__} cannot do "
                 f"that: use one of them, or {_FIX}"
             )
         params = optimizer_params(optimizer)

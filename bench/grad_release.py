@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from mixprec import Precision, preset
+from mixprec.policy import preset_names
 from mixprec.workloads.gpt import GPT, GPTConfig
 
 
@@ -108,11 +109,11 @@ def _passed(args: argparse.Namespace) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", default="bf16_lean")
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--policy", default="bf16_lean", choices=preset_names(include_auto=False))
+    parser.add_argument("--seq", type=_positive, default=128)
+    parser.add_argument("--batch", type=_positive, default=1)
+    parser.add_argument("--layers", type=_positive, default=12)
+    parser.add_argument("--steps", type=_positive, default=4)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--variant", choices=("ordinary", "release"), help=argparse.SUPPRESS)
@@ -134,12 +135,12 @@ def main() -> None:
             loops["ordinary"].model.parameters(), loops["release"].model.parameters(), strict=True
         )
     )
+    params = sum(p.numel() for p in loops["ordinary"].model.parameters())
     del loops
     median = {name: statistics.median(t) for name, t in times.items()}
     memory = {name: _measure_memory(args, name) for name in ("ordinary", "release")}
-    params = 124_439_808 if args.layers == 12 else None
     record = {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": _cpu_name(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "policy": args.policy,
@@ -172,6 +173,13 @@ def main() -> None:
         )
     print(f"release / ordinary time: {record['ratio_release']:.3f}")
     print(f"weights bitwise equal after the timed steps: {same}")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
 
 
 def _cpu_name() -> str:

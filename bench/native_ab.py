@@ -30,7 +30,7 @@ from unittest import mock
 import torch
 
 from mixprec import device_caps
-from mixprec.optim import AdamW, native, step_batch
+from mixprec.optim import MOMENT_KINDS, AdamW, native, step_batch
 from mixprec.optim.native import build
 from mixprec.optim.native.binding import BuildInfo, NativeLibrary
 
@@ -57,11 +57,11 @@ def _build(rev: str | None, into: Path) -> NativeLibrary:
                     ["git", "show", f"{rev}:{path}"], cwd=REPO, check=True, capture_output=True
                 ).stdout
             )
-    flags = build.flag_sets()[0]
+    flags, compiler = build.flag_sets()[0], build._compiler()  # $CXX, as the library
     lib = into / "step_cpu.so"
     source = into / Path(build.SOURCE).relative_to(SRC)
-    subprocess.run(["g++", *flags, str(source), "-o", str(lib)], check=True)
-    return NativeLibrary(BuildInfo(lib, "g++", flags, 0.0))
+    subprocess.run([compiler, *flags, str(source), "-o", str(lib)], check=True)
+    return NativeLibrary(BuildInfo(lib, compiler, flags, 0.0))
 
 
 def _optimizer(lib: NativeLibrary, moments: str) -> AdamW:
@@ -79,10 +79,21 @@ def _optimizer(lib: NativeLibrary, moments: str) -> AdamW:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", required=True, help="git revision of the kernel to beat")
-    parser.add_argument("--moments", default="int4", help="moment format of both sides")
-    parser.add_argument("--base-moments", help="the base side's, if another (e.g. int8)")
-    parser.add_argument("--steps", type=int, default=11, help="timed pairs")
+    parser.add_argument("--moments", default="int4", choices=MOMENT_KINDS, help="both sides'")
+    parser.add_argument("--base-moments", choices=MOMENT_KINDS, help="the base side's, if another")
+    parser.add_argument("--steps", type=int, default=11, help="timed pairs (at least 1)")
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: time at least one pair")
+    rev = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{args.base}^{{commit}}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if rev.returncode != 0:
+        parser.error(f"--base {args.base}: not a commit of {REPO}")
     print(f"cpu: {device_caps('cpu').name}, torch {torch.__version__}, 1 thread, thread time")
     with tempfile.TemporaryDirectory() as tmp:
         base_lib = _build(args.base, Path(tmp) / "base")

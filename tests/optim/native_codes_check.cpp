@@ -1,12 +1,14 @@
-// The native kernel's AVX-512 moment codes against its scalar codes, on every float of
-// their range (tests/optim/test_native_int4.py builds it with the kernel's flags and -I
-// to the kernel's folder; exit 0: none differs, 1: some do, 2: no AVX-512 codes here):
-// - int8: code_signed16 (a root estimate) against code_signed for every x = |m| * f in
-//   [0, 2**18] (and every 4th run of 16 negated); code_square16 against code_square for every u in [0, 2**18]
-//   and for tiny u whose product with f rounds to 0 (code 1);
-// - int4: int4_code_signed16 (a root estimate) against int4_signed_code for every x in
-//   [0, 64] (and every 4th run of 16 negated); int4_square_code16 (a magic sum) against int4_square_code for
-//   every x in [0, 16.5);
+// The native kernel's AVX-512 moment codes against its scalar codes over their whole
+// range: every float from 2**-20 up and every subnormal, and every 256th normal float
+// below 2**-20 (coded 0, by the same arithmetic). tests/optim/test_native_int4.py builds
+// it with the kernel's flags and -I to the kernel's folder; exit 0: none differs, 1:
+// some do, 2: no AVX-512 codes here.
+// - int8: code_signed16 (a root estimate) against code_signed for x = |m| * f up to
+//   2**18 (every 4th run of 16 negated too); code_square16 against code_square for u
+//   up to 2**18, and for tiny u whose product with f rounds to 0 (code 1);
+// - int4: int4_code_signed16 (a root estimate) against int4_signed_code for x up to 64
+//   (every 4th run negated too); int4_square_code16 (a magic sum) against
+//   int4_square_code for x below 16.5;
 // and special values (0, subnormal, infinite, NaN) for each.
 #include <cstdio>
 
@@ -32,15 +34,18 @@ long compare(const char* what, const float* x, __m512i fast, int bits, Scalar sc
 
 long checked = 0;
 
-// Every float from 0 to `top` (bits), 16 at a time, over the threads; with `both`, every
-// 4th run of 16 negated too (the sign only changes how the code is stored). Returns how
-// many codes differ.
+// Every float from 2**-20 to `top` and every subnormal, 16 at a time, over the threads,
+// and of the normal floats below 2**-20 (all coded 0, by the same arithmetic) every
+// 16th run of 16; with `both`, every 4th run negated too (the sign only changes how
+// the code is stored). Returns how many codes differ.
 template <class Check>
 long every_float(float top, bool both, Check check) {
   const int64_t runs = static_cast<int64_t>(fbits(top)) / 16 + 1;
+  const int64_t tiny_lo = fbits(0x1p-126f) / 16, tiny_hi = fbits(0x1p-20f) / 16;
   long differ = 0, count = 0;
 #pragma omp parallel for schedule(static) reduction(+ : differ, count)
   for (int64_t r = 0; r < runs; ++r) {
+    if (r >= tiny_lo && r < tiny_hi && r % 16 != 0) continue;
     alignas(64) float x[16];
     for (int i = 0; i < 16; ++i) x[i] = bitsf(static_cast<uint32_t>(r * 16 + i));
     differ += check(x);

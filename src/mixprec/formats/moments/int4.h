@@ -62,7 +62,7 @@ inline __m512 int4_lookup16(const uint8_t* packed, __m512 table) {
 // 7.0001 * (2**-14 + 2**-24) < 2**-11 of the exact root, and an estimate at least 2**-9
 // from a half integer rounds as the exact root and as its float (within 2**-22 of it);
 // the other lanes, and NaN or infinite x, take vsqrtps. Checked against
-// int4_signed_code on every float x in [0, 64] (tests/optim/native_codes_check.cpp).
+// int4_signed_code on every float x up to 64 (tests/optim/native_codes_check.cpp).
 inline __m512i int4_code_signed16(__m512 m, __m512 f) {
   const __m512 sign = _mm512_and_ps(m, _mm512_set1_ps(-0.0f));
   const __m512 x = _mm512_mul_ps(_mm512_abs_ps(m), f);
@@ -89,7 +89,7 @@ inline __m512i int4_code_signed16(__m512 m, __m512 f) {
 // code is max(rint(x), 1) - 1, with rint from the magic sum (kMagic's low bits are 0).
 // vmaxps returns its second operand for a NaN x (a v of 0 times the infinite factor of a
 // tiny subnormal maximum): code 0, as the scalar's conversion gives; an infinite x, 15.
-// Checked against int4_square_code on every float x in [0, 16.5)
+// Checked against int4_square_code on every float x below 16.5
 // (tests/optim/native_codes_check.cpp).
 inline __m512i int4_square_code16(__m512 v, __m512 rf, __m512 cf) {
   const __m512 x = _mm512_mul_ps(_mm512_min_ps(_mm512_set1_ps(kInt4VMax), v), _mm512_max_ps(rf, cf));

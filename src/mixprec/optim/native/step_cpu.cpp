@@ -185,8 +185,8 @@ constexpr float kMagic = 12582912.0f;  // 1.5 * 2**23
 // below 512), so its rounding to an integer is the exact root's unless it lies within
 // 2**-9 of a half integer; those lanes (about 0.4%), and NaN or infinite x, take
 // vsqrtps. code_signed16 and code_square16 are checked against code_signed and
-// code_square on every float of magnitude up to 2**18, both signs
-// (tests/optim/native_codes_check.cpp). The square code keeps vsqrtps: with one root
+// code_square on every float of magnitude up to 2**18 (one in 256 of the normal ones
+// below 2**-20, all coded 0; tests/optim/native_codes_check.cpp). The square code keeps vsqrtps: with one root
 // on each path the divider and the vector ports are about equally busy (both roots
 // estimated was slower).
 inline __m512i rint_sqrt16_estimated(__m512 x, __m512 sign) {

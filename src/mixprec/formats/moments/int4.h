@@ -73,7 +73,8 @@ inline __m512i int4_code_signed16(__m512 m, __m512 f) {
   s = _mm512_or_ps(s, sign);
   __m512 t = _mm512_add_ps(s, magic);
   // s - rint(s) (vreduceps, nearest even); NaN for a NaN s
-  const __m512 off = _mm512_abs_ps(_mm512_reduce_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m512 off =
+      _mm512_abs_ps(_mm512_reduce_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   const __mmask16 sure = _mm512_cmp_ps_mask(off, _mm512_set1_ps(0.498046875f), _CMP_LE_OQ);
   if (__builtin_expect(sure != 0xFFFF, 0)) {
     const __m512 exact = _mm512_add_ps(_mm512_or_ps(_mm512_sqrt_ps(x), sign), magic);
@@ -92,8 +93,10 @@ inline __m512i int4_code_signed16(__m512 m, __m512 f) {
 // Checked against int4_square_code on every float x below 16.5
 // (tests/optim/native_codes_check.cpp).
 inline __m512i int4_square_code16(__m512 v, __m512 rf, __m512 cf) {
-  const __m512 x = _mm512_mul_ps(_mm512_min_ps(_mm512_set1_ps(kInt4VMax), v), _mm512_max_ps(rf, cf));
-  const __m512 t = _mm512_max_ps(_mm512_add_ps(x, _mm512_set1_ps(kMagic)), _mm512_set1_ps(kMagic + 1.0f));
+  const __m512 x =
+      _mm512_mul_ps(_mm512_min_ps(_mm512_set1_ps(kInt4VMax), v), _mm512_max_ps(rf, cf));
+  const __m512 t =
+      _mm512_max_ps(_mm512_add_ps(x, _mm512_set1_ps(kMagic)), _mm512_set1_ps(kMagic + 1.0f));
   return _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(1));
 }
 #endif
@@ -231,7 +234,8 @@ inline void int4_encode_square(const float* v, float row_f, const float* col_f, 
   const __m512 rf = _mm512_set1_ps(row_f);
   for (; j + 32 <= n; j += 32)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + j / 2),
-                     int4_pack32(int4_square_code16(_mm512_loadu_ps(v + j), rf, _mm512_loadu_ps(col_f + j)),
+                     int4_pack32(int4_square_code16(_mm512_loadu_ps(v + j), rf,
+                                                    _mm512_loadu_ps(col_f + j)),
                                  int4_square_code16(_mm512_loadu_ps(v + j + 16), rf,
                                                     _mm512_loadu_ps(col_f + j + 16))));
 #endif

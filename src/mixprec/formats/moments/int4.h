@@ -66,21 +66,10 @@ inline __m512 int4_lookup16(const uint8_t* packed, __m512 table) {
 inline __m512i int4_code_signed16(__m512 m, __m512 f) {
   const __m512 sign = _mm512_and_ps(m, _mm512_set1_ps(-0.0f));
   const __m512 x = _mm512_mul_ps(_mm512_abs_ps(m), f);
-  const __m512 magic = _mm512_set1_ps(kMagic);
   // x * rsqrt14(x), 0 for x == 0 (where the estimate is infinite)
-  __m512 s = _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NEQ_UQ), x,
-                                 _mm512_rsqrt14_ps(x));
-  s = _mm512_or_ps(s, sign);
-  __m512 t = _mm512_add_ps(s, magic);
-  // s - rint(s) (vreduceps, nearest even); NaN for a NaN s
-  const __m512 off =
-      _mm512_abs_ps(_mm512_reduce_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  const __mmask16 sure = _mm512_cmp_ps_mask(off, _mm512_set1_ps(0.498046875f), _CMP_LE_OQ);
-  if (__builtin_expect(sure != 0xFFFF, 0)) {
-    const __m512 exact = _mm512_add_ps(_mm512_or_ps(_mm512_sqrt_ps(x), sign), magic);
-    t = _mm512_mask_mov_ps(t, static_cast<__mmask16>(~sure), exact);
-  }
-  return _mm512_castps_si512(t);
+  const __m512 s = _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NEQ_UQ),
+                                       x, _mm512_rsqrt14_ps(x));
+  return rint_root16(_mm512_or_ps(s, sign), x, sign);
 }
 
 // int4_square_code of 16 lanes in the low nibble of each 32-bit lane (given

@@ -189,18 +189,13 @@ constexpr float kMagic = 12582912.0f;  // 1.5 * 2**23
 // below 2**-20, all coded 0; tests/optim/native_codes_check.cpp). The square code
 // keeps vsqrtps: with one root on each path the divider and the vector ports are
 // about equally busy (both roots estimated was 8% slower).
-inline __m512i rint_sqrt16_estimated(__m512 x, __m512 sign) {
-  const __m512 half = _mm512_set1_ps(0.5f);
+// The rounding of a root estimate s of x (s carrying `sign`) to an integer, plus
+// kMagic: s's own where it lies at least 2**-9 from a half integer, the exact root's
+// (vsqrtps) elsewhere; a NaN s (x infinite or NaN) compares false and takes the exact
+// root. s - rint(s) is vreduceps (nearest even). Shared by int4_code_signed16.
+inline __m512i rint_root16(__m512 s, __m512 x, __m512 sign) {
   const __m512 magic = _mm512_set1_ps(kMagic);
-  const __m512 y = _mm512_rsqrt14_ps(x);
-  const __m512 s0 = _mm512_mul_ps(x, y);
-  const __m512 r = _mm512_fnmadd_ps(s0, _mm512_mul_ps(y, half), half);  // 0.5 - s0 * y / 2
-  __m512 s = _mm512_fmadd_ps(s0, r, s0);
-  s = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NEQ_UQ), s);
-  s = _mm512_or_ps(s, sign);
   __m512 t = _mm512_add_ps(s, magic);
-  // s - rint(s) (vreduceps, nearest even); 0.5 - 2**-9; NaN (x infinite or NaN)
-  // compares false and takes the exact root.
   const __m512 off =
       _mm512_abs_ps(_mm512_reduce_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   const __mmask16 sure = _mm512_cmp_ps_mask(off, _mm512_set1_ps(0.498046875f), _CMP_LE_OQ);
@@ -209,6 +204,15 @@ inline __m512i rint_sqrt16_estimated(__m512 x, __m512 sign) {
     t = _mm512_mask_mov_ps(t, static_cast<__mmask16>(~sure), exact);
   }
   return _mm512_castps_si512(t);
+}
+inline __m512i rint_sqrt16_estimated(__m512 x, __m512 sign) {
+  const __m512 half = _mm512_set1_ps(0.5f);
+  const __m512 y = _mm512_rsqrt14_ps(x);
+  const __m512 s0 = _mm512_mul_ps(x, y);
+  const __m512 r = _mm512_fnmadd_ps(s0, _mm512_mul_ps(y, half), half);  // 0.5 - s0 * y / 2
+  __m512 s = _mm512_fmadd_ps(s0, r, s0);
+  s = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NEQ_UQ), s);
+  return rint_root16(_mm512_or_ps(s, sign), x, sign);
 }
 // code_signed and code_square of 16 lanes, in the low byte of each 32-bit lane. The
 // signed code: its sign is put on the root before the magic sum (1.5 * 2**23 keeps

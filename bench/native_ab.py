@@ -14,6 +14,12 @@ so each optimizer is made while ``native.library`` returns its side's build.
 
     OMP_NUM_THREADS=1 python bench/native_ab.py --base HEAD~1 [--moments int4]
         [--base-moments int8] [--steps 15]
+
+It prints each side's best step and the median of the per-pair ratios (working tree
+over base) with the middle half of those ratios: a median within the noise of the
+host shows as a middle half around 1. The base must hold the kernel files of today's
+layout (``step_cpu.cpp`` and the format headers it includes) and build with today's
+flags; an older one is refused.
 """
 
 from __future__ import annotations
@@ -60,7 +66,10 @@ def _build(rev: str | None, into: Path) -> NativeLibrary:
     flags, compiler = build.flag_sets()[0], build._compiler()  # $CXX, as the library
     lib = into / "step_cpu.so"
     source = into / Path(build.SOURCE).relative_to(SRC)
-    subprocess.run([compiler, *flags, str(source), "-o", str(lib)], check=True)
+    # the base's errors are refused in one line (main); the working tree's are shown
+    subprocess.run(
+        [compiler, *flags, str(source), "-o", str(lib)], check=True, capture_output=rev is not None
+    )
     return NativeLibrary(BuildInfo(lib, compiler, flags, 0.0))
 
 
@@ -94,10 +103,19 @@ def main() -> None:
     )
     if rev.returncode != 0:
         parser.error(f"--base {args.base}: not a commit of {REPO}")
-    print(f"cpu: {device_caps('cpu').name}, torch {torch.__version__}, 1 thread, thread time")
     with tempfile.TemporaryDirectory() as tmp:
-        base_lib = _build(args.base, Path(tmp) / "base")
-        work_lib = _build(None, Path(tmp) / "work")
+        try:
+            base_lib = _build(args.base, Path(tmp) / "base")
+        except subprocess.CalledProcessError as exc:  # no such file there, or no build
+            why = (exc.stderr or b"").decode(errors="replace").strip().splitlines()
+            parser.error(f"--base {args.base}: {why[0] if why else exc}; give a later commit")
+        try:
+            work_lib = _build(None, Path(tmp) / "work")
+        except subprocess.CalledProcessError:
+            parser.exit(
+                1, "the working tree's kernel did not build (the compiler's errors above)\n"
+            )
+        print(f"cpu: {device_caps('cpu').name}, torch {torch.__version__}, 1 thread, thread time")
         base = _optimizer(base_lib, args.base_moments or args.moments)
         work = _optimizer(work_lib, args.moments)
         gc.collect()
@@ -114,9 +132,14 @@ def main() -> None:
     print(f"working tree ({args.moments}): best {min(times['work']) * 1e3:.1f} ms")
     # The middle half of the pairs' ratios: a median inside it may be the host's noise
     # (9-pair medians of 0.96 here read 0.995 over 15 pairs).
-    low, high = (statistics.quantiles(ratios, n=4)[::2]) if len(ratios) > 1 else (ratios[0],) * 2
+    low, high = (
+        statistics.quantiles(ratios, n=4, method="inclusive")[::2]
+        if len(ratios) > 1
+        else (ratios[0],) * 2
+    )
+    pairs = "1 pair" if args.steps == 1 else f"{args.steps} pairs"
     print(
-        f"working / base: {statistics.median(ratios):.3f} (median of {args.steps} pairs; "
+        f"working / base: {statistics.median(ratios):.3f} (median of {pairs}; "
         f"middle half {low:.3f}-{high:.3f})"
     )
 

@@ -154,15 +154,16 @@ inline void int4_encode_signed_codes(const float* m, int64_t n, float am, uint8_
   int4_pack(codes, (n - j) / 2, packed + j / 2);
 }
 
-// quantize_signed4 of one block of n elements: its absmax (the maximum of |m| taken on
-// the bits, as int8's) and codes.
-inline void int4_encode_signed(const float* m, int64_t n, uint8_t* packed, float* absmax) {
+// quantize_signed4 of one block of n elements: m clamped (in place) to M_MAX, its absmax
+// (the maximum of |m| taken on the bits, as int8's) and codes.
+inline void int4_encode_signed(float* m, int64_t n, uint8_t* packed, float* absmax) {
   uint32_t bits = 0;
 #pragma GCC ivdep
   for (int64_t j = 0; j < n; ++j) {
     const uint32_t b = fbits(m[j]) & 0x7FFFFFFFu;
     bits = b > bits ? b : bits;
   }
+  bits = clamp_signed_block(m, n, bits);
   int4_encode_signed_codes(m, n, bitsf(bits), packed);
   *absmax = bitsf(bits);
 }

@@ -22,7 +22,8 @@ element ``2k`` of a row in the low nibble and ``2k + 1`` in the high one (shape
   the zero-free linear code ``v = (q + 1) / 16 * min(r_i, c_j)``, ``q`` in
   ``0..15`` (nearest level). A nonzero v never decodes to 0 (which would turn
   ``m / (sqrt(v) + eps)`` into a huge step); v is stored at most `V_MAX` so an
-  overflowing v cannot poison its row and column.
+  overflowing v cannot poison its row and column, and ``|m|`` at most `M_MAX`
+  (its root), so ``|m| / sqrt(v)`` stays at most 1 where v is capped.
 
 The column statistics span every row. For a parameter sharded by rows over several
 ranks (FSDP2), every rank holds them whole (a replicated DTensor) and the step takes
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BLOCK_SIZE",
+    "M_MAX",
     "SPEC",
     "V_MAX",
     "Int4Moments",
@@ -88,6 +90,10 @@ SPEC = MomentSpec(
 #: (every other element would then decode to inf or NaN). Finite moments never reach it.
 V_MAX = 2.0**126
 
+#: Largest |m| stored: sqrt(V_MAX), so ``|m| / sqrt(v)`` stays at most 1 where v is
+#: capped (as int8's M_MAX: a capped v with an uncapped m made a step of about 1e12).
+M_MAX = 2.0**63
+
 
 def _safe(x: torch.Tensor) -> torch.Tensor:
     import torch  # (see moments/__init__: specs load without torch)
@@ -112,12 +118,12 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
 def quantize_signed4(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 moments, a matrix ``(rows, cols)`` with cols a multiple of `BLOCK_SIZE`, to
     (packed codes ``(rows, cols // 2)``, fp32 absmax per block ``(rows, cols //
-    BLOCK_SIZE)``)."""
+    BLOCK_SIZE)``); ``|m|`` is stored at most `M_MAX`."""
     import torch
 
     from mixprec.formats.rounding import sqrt_rn
 
-    xb = m.reshape(-1, BLOCK_SIZE)
+    xb = m.reshape(-1, BLOCK_SIZE).clamp(-M_MAX, M_MAX)  # NaN stays NaN
     absmax = xb.abs().amax(dim=1).reshape(*m.shape[:-1], m.shape[-1] // BLOCK_SIZE)
     # reciprocal-then-multiply, as in the int8 format (see its comment)
     factor = torch.reciprocal(_safe(absmax)) * 49.0

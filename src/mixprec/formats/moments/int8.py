@@ -15,7 +15,9 @@ optimizer keeps fp32 moments for the others). Per block:
   ``(1/255)**4 = 2.4e-10`` of the block's largest v. A nonzero v that would
   round to code 0 is stored as code 1: the second moment is never flushed to
   zero, which would turn ``m / (sqrt(v) + eps)`` into a huge step. ``u`` is
-  stored at most `U_MAX` (an overflowing v would otherwise poison its block).
+  stored at most `U_MAX` (an overflowing v would otherwise poison its block), and
+  ``|m|`` at most `M_MAX`, so that ``|m| / sqrt(v)`` stays at most 1 where v is
+  capped (a capped v with an uncapped m made a step of about 1e12).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "M_MAX",
     "SPEC",
     "U_MAX",
     "Int8Moments",
@@ -73,11 +76,13 @@ def _safe(absmax: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_signed(xb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 blocks ``(num_blocks, block_size)`` to (int8 codes, fp32 per-block absmax)."""
+    """fp32 blocks ``(num_blocks, block_size)`` to (int8 codes, fp32 per-block absmax);
+    ``|m|`` is stored at most `M_MAX` (NaN stays NaN)."""
     import torch
 
     from mixprec.formats.rounding import sqrt_rn
 
+    xb = xb.clamp(-M_MAX, M_MAX)
     absmax = xb.abs().amax(dim=1)
     factor = torch.reciprocal(_safe(absmax)) * (127.0 * 127.0)
     q = torch.round(sqrt_rn(xb.abs() * factor[:, None]))
@@ -97,6 +102,13 @@ def dequantize_signed(codes: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor
 #: to NaN (inf * 0). Storing at most 2**63 keeps the decoded v = u**2 finite, with room
 #: for the decode's rounding (2**64 would square to inf). Finite moments never reach it.
 U_MAX = 2.0**63
+
+#: Largest |m| stored: the largest sqrt(v) stored. The gradient that overflows v to inf
+#: (capped at U_MAX**2) leaves m near its own size (0.1 * 1e36, say), and the next
+#: step's m / sqrt(v) would be about 1e16; capping m as well keeps it at most 1 there,
+#: a normal Adam step (fp32 moments freeze that element: m / inf). Only a gradient
+#: above 2**63 (9.2e18) makes an m that large.
+M_MAX = U_MAX
 
 
 def quantize_sqrt(vb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

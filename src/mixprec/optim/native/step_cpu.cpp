@@ -150,6 +150,28 @@ struct Math {
 // moments/int8.py U_MAX: the largest sqrt(v) stored, so a decoded v stays finite.
 constexpr float kUMax = 9223372036854775808.0f;  // 2**63
 
+// moments/int8.py and int4.py M_MAX: the largest |m| stored, the root of the largest v
+// either stores, so that m / sqrt(v) stays at most 1 where v is capped. As torch.clamp:
+// NaN stays NaN.
+constexpr float kMMax = 9223372036854775808.0f;  // 2**63
+inline float clamp_signed(float m) {
+  m = kMMax < m ? kMMax : m;
+  return m < -kMMax ? -kMMax : m;
+}
+// clamp_signed over the n new signed moments of one block whose largest |m| has the
+// bits `bits` (NaN's are larger still); returns the clamped block's. A moment above
+// M_MAX is rare, so the block's maximum is checked rather than each element.
+inline uint32_t clamp_signed_block(float* m, int64_t n, uint32_t bits) {
+  if (bits <= fbits(kMMax)) return bits;
+  bits = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    m[j] = clamp_signed(m[j]);
+    const uint32_t b = fbits(m[j]) & 0x7FFFFFFFu;
+    bits = b > bits ? b : bits;
+  }
+  return bits;
+}
+
 // moments/int8.py's codes of one element: signed, round(sqrt(|m| * f)) with m's sign;
 // square, round(sqrt(u * f)), and 1 for a positive u whose code would be 0. f is the
 // block's factor (code_max**2 / block max).
@@ -555,6 +577,7 @@ void int8_range(const Args& args, int64_t block_lo, int64_t block_hi) {
       mbits = mb > mbits ? mb : mbits;
       ubits = vb > ubits ? vb : ubits;
     }
+    mbits = clamp_signed_block(mloc, bs, mbits);
     const float am = bitsf(mbits);
     const float au = bitsf(ubits);
     const float mf = (1.0f / (am > 0.0f ? am : 1.0f)) * (127.0f * 127.0f);
@@ -751,8 +774,8 @@ inline void int8_decode_square(const uint8_t* q8, float umax, int64_t n, float* 
 }
 
 // moments/int8.py quantize_signed / quantize_sqrt of one block (int8_range's encoding;
-// the block maximum is taken on the bits, as there). x is overwritten (quantize_sqrt:
-// with sqrt(v)).
+// the block maximum is taken on the bits, as there). x is overwritten (quantize_signed:
+// clamped to M_MAX; quantize_sqrt: with sqrt(v)).
 inline void int8_encode_signed(float* x, int64_t n, int8_t* q8, float* absmax) {
   uint32_t bits = 0;
 #pragma GCC ivdep
@@ -760,7 +783,7 @@ inline void int8_encode_signed(float* x, int64_t n, int8_t* q8, float* absmax) {
     const uint32_t b = fbits(x[j]) & 0x7FFFFFFFu;
     bits = b > bits ? b : bits;
   }
-  const float am = bitsf(bits);
+  const float am = bitsf(clamp_signed_block(x, n, bits));
   const float f = (1.0f / (am > 0.0f ? am : 1.0f)) * (127.0f * 127.0f);
 #pragma GCC ivdep
   for (int64_t j = 0; j < n; ++j) {
@@ -1037,8 +1060,10 @@ void int4_adamw_apply(const Args& args, int64_t row_lo, int64_t row_hi) {
 #if defined(MIXPREC_INT8_AVX512)
       if constexpr (MASTER == M_REM8 && PDT == DT_BF16) {
         if (fast_row) {
-          const uint32_t bits = int4_rem8_block<GDT>(a, k, s, mabs[s / kInt4Block], row_max,
-                                                     cmax + c, row_f, x.col_f[0] + c, mloc);
+          const uint32_t bits = clamp_signed_block(
+              mloc, kInt4Block,
+              int4_rem8_block<GDT>(a, k, s, mabs[s / kInt4Block], row_max, cmax + c, row_f,
+                                   x.col_f[0] + c, mloc));
           int4_encode_signed_codes(mloc, kInt4Block, bitsf(bits), mq + s / 2);
           mabs[s / kInt4Block] = bitsf(bits);
           continue;
@@ -1061,6 +1086,7 @@ void int4_adamw_apply(const Args& args, int64_t row_lo, int64_t row_hi) {
         const uint32_t mb = fbits(m) & 0x7FFFFFFFu;
         mbits = mb > mbits ? mb : mbits;
       }
+      mbits = clamp_signed_block(mloc, kInt4Block, mbits);
       int4_encode_signed_codes(mloc, kInt4Block, bitsf(mbits), mq + s / 2);
       mabs[s / kInt4Block] = bitsf(mbits);
       int4_encode_square(vloc, row_f, x.col_f[0] + c, kInt4Block, vq + s / 2);

@@ -8,8 +8,11 @@ parameters) or ``--model shakespeare-small`` (the built-in workload's model).
 ``none`` and for the reference), one param group, against
 ``torch.optim.AdamW(fused=True)`` on fp32 copies; the ratio is the median of
 per-pair ratios, the two optimizers alternating step by step.
-Each row also gives the same optimizer on one flat tensor of the model's size
-(``1-tensor ratio``), so the cost of many tensors shows as the difference.
+Each row also gives the same optimizer on one tensor of the model's size
+(``1-tensor ratio``), so the cost of many tensors shows as the difference: a matrix
+as wide as the model's largest tensor (``(numel // 768, 768)`` for GPT-2 small, so
+int4 moments take it as they take the model's matrices), or flat if it does not
+divide.
 
 One parameter of N elements, bf16 unless said otherwise. Each row is measured
 paired with the reference (``torch.optim.AdamW(fused=True)``, fp32 params):
@@ -288,8 +291,12 @@ def run_model(name: str, combos: list[tuple[str, str]], steps: int) -> None:
     print(f"\n## {name}: {len(shapes)} tensors, {numel:,} parameters ({_clock.__name__})\n")
     print("| optimizer | ms best | ratio | 1-tensor ratio |")
     print("| --- | --- | --- | --- |")
+    # One tensor of the model's size: a matrix as wide as the model's largest tensor
+    # (int4 moments need a matrix), else flat.
+    width = max(shapes, key=math.prod)[-1]
+    one = (numel // width, width) if numel % width == 0 else (numel,)
     ref_model = torch.optim.AdamW(_model_params(shapes, torch.float32), fused=True)
-    ref_flat = torch.optim.AdamW(_model_params([(numel,)], torch.float32), fused=True)
+    ref_flat = torch.optim.AdamW(_model_params([one], torch.float32), fused=True)
     ref_model.step()
     best_ref = min(_timed(ref_model.step) for _ in range(steps))
     print(f"| torch AdamW fused (fp32) | {best_ref * 1e3:.2f} | 1.00 | 1.00 |", flush=True)
@@ -303,7 +310,7 @@ def run_model(name: str, combos: list[tuple[str, str]], steps: int) -> None:
         del opt, model_params
         gc.collect()
         flat = AdamW(
-            _model_params([(numel,)], dtype), master=master, moments=moments, fused=True, seed=0
+            _model_params([one], dtype), master=master, moments=moments, fused=True, seed=0
         )
         flat_ratio = _paired(flat.step, ref_flat.step, steps)
         del flat

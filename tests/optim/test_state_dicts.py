@@ -448,3 +448,23 @@ def test_each_class_converts_with_the_torch_optimizer_it_replaces(
     opt = cls([torch.nn.Parameter(torch.zeros(3))])
     rule = opt.rule_of(opt.param_groups[0])
     assert TORCH_FORMS[rule.name].torch_name == f"torch.optim.{torch_cls.__name__}"
+
+
+def test_a_state_dict_of_other_formats_is_refused_with_the_way_to_convert_it() -> None:
+    """Loading int4 moments into an int8 optimizer said only that they differ; the one
+    line now names the conversion, which this test follows."""
+    params = _params(dtype=torch.bfloat16)
+    saved_opt = AdamW(params, master="remainder8", moments="int4", min_int8_numel=256)
+    _run(saved_opt, params, range(2))
+    saved = _roundtrip(saved_opt.state_dict())
+    target = AdamW(params, master="exact", moments="int8", min_int8_numel=256)
+    with pytest.raises(ValueError, match="master='remainder8' differs") as refused:
+        target.load_state_dict(saved)
+    assert "torch_state_dict()" in str(refused.value) and "\n" not in str(refused.value)
+    # the way it names: an optimizer of the saved formats, then torch's form and masters
+    reader = AdamW(params, master="remainder8", moments="int4", min_int8_numel=256)
+    reader.load_state_dict(saved)
+    target.load_state_dict(reader.torch_state_dict())
+    target.load_master_weights(reader.master_weights())
+    assert target.last_conversion is not None and target.last_conversion.converted
+    assert target.formats() == [("exact", "int8"), ("exact", "fp32")]

@@ -523,7 +523,9 @@ def _check_groups(
             if saved.get(key) != group[key]:
                 raise ValueError(
                     f"group {i}: saved {key}={saved.get(key)!r} differs from "
-                    f"this optimizer's {group[key]!r}"
+                    f"this optimizer's {group[key]!r}: to convert, load it into an "
+                    "optimizer of the saved formats, then that one's torch_state_dict() "
+                    "and, with load_master_weights, its master_weights() into this one"
                 )
         for key in ("maximize", "amsgrad", "capturable", "differentiable"):
             if key in saved and not isinstance(saved[key], bool):
